@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make run` (the service on the shipped model) and `make test`.
+TORCH_SPEC ?= torch==2.13.0
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+CHECKPOINT ?= checkpoints/default
+
+.PHONY: run test lint bench browser clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+
+# Torch goes in first, pinned, so the project's looser `torch>=` never pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[dev,corpus]"
+	touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/musicrel serve --checkpoint $(CHECKPOINT) --host $(HOST) --port $(PORT)
+
+# Headless Chromium for the web-page test (Debian package; Playwright never downloads a browser here).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium missing: run 'sudo apt-get install chromium' for the browser test"; fi; }
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+
+test: $(VENV)/.installed browser lint
+	$(BIN)/pytest -q
+
+bench: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[bench]"
+	$(BIN)/musicrel bench codec
+	$(BIN)/musicrel bench attention
+	$(BIN)/musicrel bench generate
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,34 @@
+"""musicrel: a Music Transformer with memory-efficient relative attention.
+
+Public names are imported lazily so that `musicrel --help` and the codec do not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "MusicrelError": "musicrel.errors",
+    "InvalidMidiError": "musicrel.errors",
+    "ConfigError": "musicrel.errors",
+    "CheckpointError": "musicrel.errors",
+    "GenerationError": "musicrel.errors",
+    "EventCodec": "musicrel.codec",
+    "CodecConfig": "musicrel.codec",
+    "ModelConfig": "musicrel.config",
+    "MusicTransformer": "musicrel.model",
+    "save_model": "musicrel.checkpoint",
+    "load_model": "musicrel.checkpoint",
+    "load_codec": "musicrel.checkpoint",
+    "continue_midi": "musicrel.generate",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'musicrel' has no attribute {name!r}")

@@ -1,0 +1,43 @@
+"""Typed errors. Every error a user can cause carries a stable short `code` and a one-line message;
+the CLI prints it, the service maps it to JSON `{"error": {"code", "message"}}`."""
+
+from __future__ import annotations
+
+
+class MusicrelError(Exception):
+    """Base of every error musicrel raises on purpose."""
+
+    code: str = "error"
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class InvalidMidiError(MusicrelError, ValueError):
+    """The input is not MIDI we can use (not MIDI, truncated, hostile, or without notes)."""
+
+    code = "invalid_midi"
+
+
+class ConfigError(MusicrelError, ValueError):
+    """A configuration value is out of range; the message names the field."""
+
+    code = "invalid_config"
+
+
+class CheckpointError(MusicrelError):
+    """A checkpoint folder is missing files or does not match its config."""
+
+    code = "invalid_checkpoint"
+
+
+class GenerationError(MusicrelError, ValueError):
+    """Generation settings that cannot be honoured (e.g. a primer longer than the model can read)."""
+
+    code = "invalid_generation"

@@ -53,7 +53,7 @@ def _piano_motif(path: Path) -> None:
     ]
     for pitch, start, length in melody:
         piano.notes.append(pretty_midi.Note(92, pitch, start * beat, (start + length) * beat - 0.02))
-    chords = [(48, 55, 52), (48, 55, 52), (50, 57, 53), (43, 50, 47)]  # C C Dm G, Alberti: root-fifth-third-fifth
+    chords = [(48, 55, 52), (48, 55, 52), (50, 57, 53), (43, 50, 47)]  # C C Dm G as Alberti bass
     for bar, (root, fifth, third) in enumerate(chords):
         for i, pitch in enumerate((root, fifth, third, fifth) * 2):
             start = bar * 4 + i * 0.5

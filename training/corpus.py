@@ -1,0 +1,156 @@
+"""Export the corpus that ships inside the `music21` package to MIDI files.
+
+Every work music21 knows (`corpus.getPaths()`) becomes one MIDI file under OUT, mirroring the corpus folders;
+multi-tune ABC files (Essen, O'Neill's, Ryan's, Nottingham, ...) become one file per tune (`erk30-X0012.mid`),
+parsed one tune at a time through `corpus.parse(path, number=N)`. Works are converted in worker processes;
+outputs that exist are skipped, so an interrupted export resumes where it stopped. Failures are counted and
+listed in OUT/corpus_report.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from musicrel.errors import MusicrelError
+
+REPORT_NAME = "corpus_report.json"
+# A few scores make music21 crawl for minutes; one stuck work must not stall the export.
+WORK_TIMEOUT_S = 180
+_ABC_NUMBER = re.compile(r"^X:\s*(\d+)", flags=re.MULTILINE)
+
+
+def _music21():
+    try:
+        import music21
+    except ImportError:
+        raise MusicrelError(
+            "music21 is not installed: pip install 'musicrel[corpus]'", code="missing_dependency"
+        ) from None
+    return music21
+
+
+@dataclass(frozen=True)
+class Work:
+    path: str  # absolute path of the corpus file
+    number: int | None  # ABC tune number (X:) for multi-tune files, else None
+    out: str  # output path relative to OUT
+
+
+def list_works(limit: int | None = None) -> list[Work]:
+    """Every work of the music21 corpus, sorted, with one entry per tune of multi-tune ABC files."""
+    music21 = _music21()
+    paths = sorted(Path(p) for p in music21.corpus.getPaths())
+    root = Path(music21.corpus.__file__).resolve().parent
+    works: list[Work] = []
+    for path in paths:
+        try:
+            rel = path.resolve().relative_to(root)
+        except ValueError:  # a user-registered local corpus outside the package
+            rel = Path(path.name)
+        stem = rel.with_suffix("")
+        numbers: list[int] = []
+        if path.suffix.lower() == ".abc":
+            text = path.read_text(encoding="utf-8", errors="replace")
+            numbers = sorted({int(n) for n in _ABC_NUMBER.findall(text)})
+        if len(numbers) > 1:
+            for n in numbers:
+                works.append(Work(str(path), n, f"{stem}-X{n:04d}.mid"))
+        else:
+            works.append(Work(str(path), None, f"{stem}.mid"))
+        if limit is not None and len(works) >= limit:
+            return works[:limit]
+    return works
+
+
+def _timeout(signum, frame):
+    raise TimeoutError(f"took more than {WORK_TIMEOUT_S} s")
+
+
+def _export_one(args: tuple[Work, str]) -> tuple[str, str | None]:
+    """Worker: parse one work and write it (atomically). Returns (status, error)."""
+    work, out_dir = args
+    out = Path(out_dir) / work.out
+    if out.exists():
+        return "existing", None
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from music21 import corpus, stream
+
+    use_alarm = hasattr(signal, "SIGALRM")
+    if use_alarm:
+        signal.signal(signal.SIGALRM, _timeout)
+        signal.alarm(WORK_TIMEOUT_S)
+    try:
+        parsed = corpus.parse(work.path, number=work.number, forceSource=True)
+        scores = list(parsed.scores) if isinstance(parsed, stream.Opus) else [parsed]
+        if not scores:
+            return "failed", "EmptyOpus: the file holds no score"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # An opus found in a file we did not split gets one output per score; the first keeps the
+        # plain name so that "the output exists" stays the resume test.
+        for i, score in enumerate(scores):
+            target = out if i == 0 else out.with_name(f"{out.stem}-{i + 1}.mid")
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            score.write("midi", fp=str(tmp))
+            os.replace(tmp, target)
+        return "exported", None
+    except Exception as exc:  # music21 raises anything from its many parsers; count it and go on
+        return "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    finally:
+        if use_alarm:
+            signal.alarm(0)
+
+
+def export_music21(
+    out_dir: str | Path, workers: int | None = None, limit: int | None = None, progress: bool = True
+) -> dict:
+    """Export the music21 corpus to MIDI under out_dir; returns (and writes) the report."""
+    music21 = _music21()
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    works = list_works(limit)
+    workers = max(1, workers or os.cpu_count() or 1)
+    counts = {"exported": 0, "existing": 0, "failed": 0}
+    failures = []
+    start = time.perf_counter()
+    jobs = [(w, str(out_dir)) for w in works]
+    bar = tqdm(total=len(works), desc="music21 -> MIDI", unit="work", disable=not progress,
+               mininterval=0.5 if sys.stderr.isatty() else 30)
+    if workers == 1:
+        results = map(_export_one, jobs)
+        executor = None
+    else:
+        executor = ProcessPoolExecutor(max_workers=workers)
+        results = executor.map(_export_one, jobs, chunksize=4)
+    try:
+        for work, (status, error) in zip(works, results, strict=True):
+            counts[status] += 1
+            if error is not None:
+                failures.append({"path": work.path, "number": work.number, "out": work.out, "error": error})
+            bar.update(1)
+            bar.set_postfix(failed=counts["failed"], refresh=False)
+    finally:
+        bar.close()
+        if executor is not None:
+            executor.shutdown(cancel_futures=True)
+    report = {
+        "source": "music21",
+        "music21_version": music21.__version__,
+        "works": len(works),
+        **counts,
+        "seconds": round(time.perf_counter() - start, 1),
+        "failures": failures,
+    }
+    (out_dir / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    return report

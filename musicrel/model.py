@@ -1,0 +1,270 @@
+"""The Music Transformer (Huang et al. 2018): a decoder-only Transformer with relative self-attention.
+
+Read top to bottom: KVCache, CausalSelfAttention (the four position schemes), Block, MusicTransformer.
+Shapes: B batch, t queries in this call, T keys (everything the cache holds plus the t new positions),
+H heads, D head size, C = d_model, k the clipping distance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from musicrel.attention import (
+    causal_allowed,
+    clipped_table,
+    relative_distances,
+    relative_logits_skew,
+    sinusoidal_positions,
+    t5_buckets,
+)
+from musicrel.config import ModelConfig
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys and values of every layer, written in place as positions arrive.
+
+    Every scheme needs only K and V: relative terms depend on positions, which the cache knows (`length`).
+    All rows share one length; rows of different primer lengths are aligned by left padding (`left_pad`).
+    """
+
+    k: Tensor  # (n_layers, B, H, max_len, D)
+    v: Tensor  # (n_layers, B, H, max_len, D)
+    left_pad: Tensor | None = None  # (B,) long: leading padding positions per row, or None
+    length: int = 0  # positions held
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.size(1)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.size(3)
+
+    def reset(self, left_pad: Tensor | None = None) -> None:
+        """Forget everything (the buffers are reused) so the cache can be prefilled again."""
+        self.length = 0
+        self.left_pad = left_pad
+
+    def crop(self, length: int) -> None:
+        """Keep only the first `length` positions (e.g. to re-decode from there)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache holding {self.length} positions to {length}")
+        self.length = length
+
+    def select(self, rows: Tensor) -> KVCache:
+        """A new cache with only `rows` of the batch (e.g. drop finished samples); copies their K/V."""
+        left_pad = None if self.left_pad is None else self.left_pad[rows]
+        return KVCache(self.k[:, rows].clone(), self.v[:, rows].clone(), left_pad, self.length)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = cfg.dropout
+        k = cfg.relative_distance
+        if cfg.attention == "skew":
+            # One table per head (the paper learns E_r per head); last row = distance 0.
+            self.E_r = nn.Parameter(torch.empty(cfg.n_heads, k + 1, cfg.head_dim))
+        elif cfg.attention == "shaw":
+            # Shaw et al. share a^K, a^V across heads. Causal attention never sees negative distances, so the
+            # 2k+1 table shrinks to the k+1 vectors for distances 0..k (index = distance).
+            self.a_K = nn.Parameter(torch.empty(k + 1, cfg.head_dim))
+            self.a_V = nn.Parameter(torch.empty(k + 1, cfg.head_dim))
+        elif cfg.attention == "t5":
+            self.rel_bias = nn.Embedding(cfg.t5_num_buckets, cfg.n_heads)
+
+    def forward(self, x: Tensor, cache: KVCache | None, layer: int, left_pad: Tensor | None) -> Tensor:
+        B, t, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, t, D)
+        k = k.view(B, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, t, D)
+        v = v.view(B, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, t, D)
+        t0 = 0
+        if cache is not None:
+            t0 = cache.length
+            cache.k[layer, :, :, t0 : t0 + t] = k
+            cache.v[layer, :, :, t0 : t0 + t] = v
+            k = cache.k[layer, :, :, : t0 + t]  # (B, H, T, D)
+            v = cache.v[layer, :, :, : t0 + t]  # (B, H, T, D)
+
+        # Query blocks: block [s, e) needs keys up to t0 + e only, so no block ever holds a t x T tensor.
+        block = self.cfg.query_chunk_size or t
+        outs = [
+            self._attend(
+                q[:, :, s : s + block],
+                k[:, :, : t0 + min(s + block, t)],
+                v[:, :, : t0 + min(s + block, t)],
+                left_pad,
+            )
+            for s in range(0, t, block)
+        ]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, t, D)
+        y = y.transpose(1, 2).contiguous().view(B, t, C)  # (B, t, C)
+        return self.proj(y)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, left_pad: Tensor | None) -> Tensor:
+        """q (B, H, t, D) for the LAST t of T key positions; k, v (B, H, T, D) -> (B, H, t, D)."""
+        t, T = q.size(2), k.size(2)
+        scheme = self.cfg.attention
+        dropout_p = self.dropout if self.training else 0.0
+        scale = 1.0 / math.sqrt(self.head_dim)
+
+        if scheme == "absolute":
+            if left_pad is None and t == T:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            mask = None if left_pad is None and t == 1 else causal_allowed(t, T, left_pad, q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+        allowed = causal_allowed(t, T, left_pad, q.device)  # (t, T) or (B, 1, t, T)
+        if scheme == "skew":
+            # SDPA adds a float attn_mask after scaling Q·Kᵀ, so pre-scale E (O(T·D)) rather than S_rel.
+            E = clipped_table(self.E_r, T) * scale  # (H, T, D)
+            S_rel = relative_logits_skew(q, E)  # (B, H, t, T), a view into one fresh buffer
+            S_rel.masked_fill_(~allowed, float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=S_rel, dropout_p=dropout_p)
+
+        distance = relative_distances(t, T, q.device)  # (t, T)
+        if scheme == "t5":
+            buckets = t5_buckets(distance, self.cfg.t5_num_buckets, self.cfg.t5_max_distance)  # (t, T)
+            bias = self.rel_bias(buckets).permute(2, 0, 1)[None]  # (1, H, t, T)
+            bias = bias.masked_fill(~allowed, float("-inf"))  # (1 or B, H, t, T)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
+
+        # shaw: logits_ij = q_i·(k_j + a^K_d) with d = min(i - j, k); out_i = sum_j p_ij (v_j + a^V_d).
+        # Both relative terms go through the k+1 distance buckets: q·a^Kᵀ is (t, k+1) and then gathered; the
+        # probabilities are scatter-added per bucket and multiplied with a^V. Never a (t, T, D) tensor.
+        B, H = q.shape[:2]
+        index = distance.clamp(max=self.a_K.size(0) - 1).expand(B, H, t, T)  # (B, H, t, T)
+        att = q @ k.transpose(-2, -1)  # (B, H, t, T)
+        att = att + (q @ self.a_K.T).gather(-1, index)  # (B, H, t, k+1) gathered -> (B, H, t, T)
+        att = (att * scale).masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        att = F.dropout(att, p=dropout_p, training=self.training)
+        buckets = att.new_zeros(B, H, t, self.a_V.size(0)).scatter_add_(-1, index, att)  # (B, H, t, k+1)
+        return att @ v + buckets @ self.a_V  # (B, H, t, D)
+
+
+class Block(nn.Module):
+    """Pre-LN Transformer block."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, cfg.d_ff),
+            nn.GELU(),
+            nn.Linear(cfg.d_ff, cfg.d_model),
+            nn.Dropout(cfg.dropout),
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, cache: KVCache | None, layer: int, left_pad: Tensor | None) -> Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x), cache, layer, left_pad))
+        return x + self.mlp(self.ln_2(x))
+
+
+class MusicTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.attention == "absolute" and cfg.absolute_kind == "learned":
+            self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        elif cfg.attention == "absolute":
+            # Not persistent: it is a function of the config, so checkpoints do not carry it.
+            self.register_buffer(
+                "pos_table", sinusoidal_positions(cfg.max_seq_len, cfg.d_model), persistent=False
+            )
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith(
+                ("attn.proj.weight", "mlp.2.weight")
+            ):  # GPT-2: residual projections scaled by depth
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+            elif name.endswith(("E_r", "a_K", "a_V")):
+                nn.init.normal_(p, mean=0.0, std=0.02)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied weights are counted once by parameters()
+
+    def new_cache(
+        self, batch_size: int, max_len: int | None = None, left_pad: Tensor | None = None
+    ) -> KVCache:
+        """Empty preallocated cache for `batch_size` rows and up to `max_len` (<= max_seq_len) positions."""
+        max_len = self.cfg.max_seq_len if max_len is None else max_len
+        if not 1 <= max_len <= self.cfg.max_seq_len:
+            raise ValueError(
+                f"cache max_len must be in 1..{self.cfg.max_seq_len} (max_seq_len), got {max_len}"
+            )
+        p = self.tok_emb.weight
+        shape = (self.cfg.n_layers, batch_size, self.cfg.n_heads, max_len, self.cfg.head_dim)
+        return KVCache(p.new_zeros(shape), p.new_zeros(shape), self._check_left_pad(left_pad, batch_size))
+
+    def _check_left_pad(self, left_pad: Tensor | None, batch_size: int) -> Tensor | None:
+        if left_pad is None:
+            return None
+        left_pad = torch.as_tensor(left_pad, dtype=torch.long, device=self.tok_emb.weight.device)
+        if left_pad.shape != (batch_size,):
+            raise ValueError(f"left_pad must have shape ({batch_size},), got {tuple(left_pad.shape)}")
+        return left_pad
+
+    def forward(self, tokens: Tensor, cache: KVCache | None = None, left_pad: Tensor | None = None) -> Tensor:
+        """tokens (B, t) -> logits (B, t, vocab). With a cache, `tokens` continue what the cache holds
+        (left_pad, if given, replaces the cache's)."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, time), got shape {tuple(tokens.shape)}")
+        B, t = tokens.shape
+        t0 = 0
+        if cache is not None:
+            if cache.batch_size != B:
+                raise ValueError(f"cache holds {cache.batch_size} rows, tokens have {B}")
+            if cache.length + t > cache.max_len:
+                raise ValueError(
+                    f"cache holds {cache.length} of {cache.max_len} positions; {t} more do not fit"
+                )
+            if left_pad is not None:
+                cache.left_pad = self._check_left_pad(left_pad, B)
+            left_pad, t0 = cache.left_pad, cache.length
+        else:
+            left_pad = self._check_left_pad(left_pad, B)
+        if t0 + t > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {t0 + t} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
+
+        x = self.tok_emb(tokens)  # (B, t, C)
+        if self.cfg.attention == "absolute":
+            pos = torch.arange(t0, t0 + t, device=tokens.device)[None]  # (1, t)
+            if left_pad is not None:
+                pos = (pos - left_pad[:, None]).clamp(min=0)  # (B, t): count from each row's first real token
+            x = x + (self.pos_emb(pos) if hasattr(self, "pos_emb") else self.pos_table[pos])
+        x = self.drop(x)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer, left_pad)
+        if cache is not None:
+            cache.length += t
+        return self.head(self.ln_f(x))  # (B, t, vocab)

@@ -1,0 +1,772 @@
+// musicrel web page: no build step, no libraries. Parses MIDI itself (SMF), draws a piano roll on a canvas,
+// plays notes with a small WebAudio synth, and talks to the JSON form of POST /v1/continuations.
+"use strict";
+
+// ---------------------------------------------------------------------------------------------------------
+// Standard MIDI File parser: header, tracks, running status, note on/off, tempo map -> seconds.
+// ---------------------------------------------------------------------------------------------------------
+
+class MidiParseError extends Error {}
+
+function parseMidi(buffer) {
+  const data = new Uint8Array(buffer);
+  let pos = 0;
+  const need = (n) => {
+    if (pos + n > data.length) throw new MidiParseError("the file ends in the middle of a MIDI chunk");
+  };
+  const u8 = () => { need(1); return data[pos++]; };
+  const u16 = () => { need(2); const v = (data[pos] << 8) | data[pos + 1]; pos += 2; return v; };
+  const u32 = () => { need(4); const v = ((data[pos] << 24) >>> 0) + (data[pos + 1] << 16) + (data[pos + 2] << 8) + data[pos + 3]; pos += 4; return v; };
+  const tag = () => { need(4); const s = String.fromCharCode(...data.subarray(pos, pos + 4)); pos += 4; return s; };
+  const varlen = () => {
+    let v = 0;
+    for (let i = 0; i < 4; i++) {
+      const b = u8();
+      v = (v << 7) | (b & 0x7f);
+      if (!(b & 0x80)) return v;
+    }
+    throw new MidiParseError("variable-length quantity longer than 4 bytes");
+  };
+
+  if (data.length < 14 || tag() !== "MThd") throw new MidiParseError("not a MIDI file (no MThd header)");
+  const headerLen = u32();
+  const format = u16();
+  const nTracks = u16();
+  const division = u16();
+  pos = 8 + headerLen;
+  if (division === 0) throw new MidiParseError("MIDI header has a zero time division");
+  const smpte = (division & 0x8000) !== 0;
+  // SMPTE division: ticks are a fixed fraction of a second and tempo events do not apply.
+  const smpteTickSeconds = smpte ? 1 / ((256 - (division >> 8)) * (division & 0xff)) : 0;
+
+  const tracks = [];
+  const tempos = []; // {tick, usPerQuarter}
+  for (let t = 0; t < nTracks && pos < data.length; t++) {
+    const id = tag();
+    const len = u32();
+    const end = Math.min(pos + len, data.length);
+    if (id !== "MTrk") { pos = end; t--; continue; } // unknown chunks are skipped, per the SMF spec
+    const events = [];
+    let name = "";
+    let tick = 0;
+    let status = 0;
+    while (pos < end) {
+      tick += varlen();
+      let b = u8();
+      if (b === 0xff) {
+        const type = u8();
+        const mlen = varlen();
+        need(mlen);
+        if (type === 0x51 && mlen === 3) {
+          tempos.push({ tick, usPerQuarter: (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2] });
+        } else if (type === 0x03 && !name) {
+          name = new TextDecoder("latin1").decode(data.subarray(pos, pos + mlen));
+        }
+        pos += mlen;
+        if (type === 0x2f) break;
+        continue;
+      }
+      if (b === 0xf0 || b === 0xf7) { const slen = varlen(); need(slen); pos += slen; continue; }
+      if (b < 0x80) {
+        if (!status) throw new MidiParseError("data byte without a status (bad running status)");
+        pos--; // running status: this byte is the first data byte
+        b = status;
+      } else if (b < 0xf0) {
+        status = b;
+      } else {
+        continue; // system common / realtime bytes carry no note data here
+      }
+      const kind = b & 0xf0;
+      const channel = b & 0x0f;
+      const d1 = u8();
+      const d2 = kind === 0xc0 || kind === 0xd0 ? 0 : u8();
+      if (d1 > 127 || d2 > 127) throw new MidiParseError("MIDI data byte out of range");
+      events.push({ tick, kind, channel, d1, d2 });
+    }
+    pos = end;
+    tracks.push({ name, events });
+  }
+  if (!tracks.length) throw new MidiParseError("the MIDI file has no tracks");
+
+  // Tempo map: cumulative seconds at each tempo change, so tick -> seconds is a binary search.
+  tempos.sort((a, b) => a.tick - b.tick);
+  const map = [{ tick: 0, seconds: 0, spt: 500000 / 1e6 / division }];
+  for (const tc of tempos) {
+    const last = map[map.length - 1];
+    const seconds = last.seconds + (tc.tick - last.tick) * last.spt;
+    const entry = { tick: tc.tick, seconds, spt: tc.usPerQuarter / 1e6 / division };
+    if (tc.tick === last.tick) map[map.length - 1] = entry; else map.push(entry);
+  }
+  const toSeconds = (tick) => {
+    if (smpte) return tick * smpteTickSeconds;
+    let lo = 0, hi = map.length - 1;
+    while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (map[mid].tick <= tick) lo = mid; else hi = mid - 1; }
+    return map[lo].seconds + (tick - map[lo].tick) * map[lo].spt;
+  };
+
+  const notes = [];
+  tracks.forEach((track, ti) => {
+    const open = new Map(); // (channel, pitch) -> stack of note-ons: overlapping same-pitch notes close FIFO
+    const program = new Array(16).fill(0);
+    for (const ev of track.events) {
+      if (ev.kind === 0xc0) { program[ev.channel] = ev.d1; continue; }
+      const isOn = ev.kind === 0x90 && ev.d2 > 0;
+      const isOff = ev.kind === 0x80 || (ev.kind === 0x90 && ev.d2 === 0);
+      const key = ev.channel * 128 + ev.d1;
+      if (isOn) {
+        if (!open.has(key)) open.set(key, []);
+        open.get(key).push({ tick: ev.tick, velocity: ev.d2, program: program[ev.channel] });
+      } else if (isOff && open.has(key) && open.get(key).length) {
+        const on = open.get(key).shift();
+        const start = toSeconds(on.tick);
+        const end = toSeconds(ev.tick);
+        if (end > start) {
+          notes.push({ pitch: ev.d1, start, end, velocity: on.velocity, channel: ev.channel, track: ti,
+            program: on.program, drum: ev.channel === 9 });
+        }
+      }
+    }
+  });
+  notes.sort((a, b) => a.start - b.start || a.pitch - b.pitch);
+  const duration = notes.reduce((m, n) => Math.max(m, n.end), 0);
+  const bpm = tempos.length ? 60e6 / tempos[0].usPerQuarter : 120;
+  const used = new Set(notes.map((n) => n.track));
+  return { format, division, tracks: tracks.map((t) => t.name), noteTracks: used.size, notes, duration, bpm };
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Piano roll on a canvas (device-pixel-ratio aware; redrawn on resize and for the playhead).
+// ---------------------------------------------------------------------------------------------------------
+
+const NOTE_NAMES = ["C", "C♯", "D", "D♯", "E", "F", "F♯", "G", "G♯", "A", "A♯", "B"];
+const pitchName = (p) => NOTE_NAMES[p % 12] + (Math.floor(p / 12) - 1);
+
+function niceStep(span, target) {
+  const raw = span / target;
+  const pow = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 5, 10]) if (raw <= m * pow) return m * pow;
+  return 10 * pow;
+}
+
+class PianoRoll {
+  constructor(canvas) {
+    this.canvas = canvas;
+    this.layers = []; // {notes, color}
+    this.boundary = null; // seconds where the continuation starts
+    this.playhead = null;
+    new ResizeObserver(() => this.draw()).observe(canvas);
+  }
+
+  set(layers, boundary) {
+    this.layers = layers;
+    this.boundary = boundary;
+    this.playhead = null;
+    this.draw();
+  }
+
+  draw() {
+    const c = this.canvas;
+    const dpr = window.devicePixelRatio || 1;
+    const w = c.clientWidth, h = c.clientHeight;
+    if (!w || !h) return;
+    if (c.width !== Math.round(w * dpr) || c.height !== Math.round(h * dpr)) {
+      c.width = Math.round(w * dpr);
+      c.height = Math.round(h * dpr);
+    }
+    const ctx = c.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const css = getComputedStyle(document.documentElement);
+    const color = (v) => css.getPropertyValue(v).trim();
+    ctx.fillStyle = color("--roll-bg");
+    ctx.fillRect(0, 0, w, h);
+
+    const all = this.layers.flatMap((l) => l.notes);
+    const left = 40, bottom = 22, top = 8, right = 10;
+    const pw = w - left - right, ph = h - top - bottom;
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = color("--muted");
+    if (!all.length) {
+      ctx.textAlign = "center";
+      ctx.fillText("Load a motif to see its piano roll", w / 2, h / 2);
+      return;
+    }
+    const pitched = all.filter((n) => !n.drum);
+    let lo = pitched.length ? Math.min(...pitched.map((n) => n.pitch)) : 35;
+    let hi = pitched.length ? Math.max(...pitched.map((n) => n.pitch)) : 81;
+    lo = Math.max(0, lo - 2); hi = Math.min(127, hi + 2);
+    if (hi - lo < 24) { const pad = Math.ceil((24 - (hi - lo)) / 2); lo = Math.max(0, lo - pad); hi = Math.min(127, hi + pad); }
+    const tEnd = Math.max(1, ...all.map((n) => n.end));
+    this.view = { left, top, pw, ph, tEnd };
+    const x = (t) => left + (t / tEnd) * pw;
+    const rowH = ph / (hi - lo + 1);
+    const y = (p) => top + (hi - p) * rowH;
+
+    // Black-key rows shaded, C rows labelled: the usual piano-roll orientation aids.
+    for (let p = lo; p <= hi; p++) {
+      if ([1, 3, 6, 8, 10].includes(p % 12)) {
+        ctx.fillStyle = color("--roll-grid");
+        ctx.globalAlpha = 0.45;
+        ctx.fillRect(left, y(p), pw, rowH);
+        ctx.globalAlpha = 1;
+      }
+      if (p % 12 === 0) {
+        ctx.fillStyle = color("--roll-grid");
+        ctx.fillRect(left, y(p) + rowH - 1, pw, 1);
+        ctx.fillStyle = color("--muted");
+        ctx.textAlign = "right";
+        ctx.textBaseline = "middle";
+        if (rowH * 12 > 14) ctx.fillText(pitchName(p), left - 5, y(p) + rowH / 2);
+      }
+    }
+    // Time axis.
+    const step = niceStep(tEnd, Math.max(3, Math.floor(pw / 70)));
+    ctx.textAlign = "center";
+    ctx.textBaseline = "top";
+    for (let t = 0; t <= tEnd + 1e-9; t += step) {
+      ctx.fillStyle = color("--roll-grid");
+      ctx.fillRect(Math.round(x(t)), top, 1, ph);
+      ctx.fillStyle = color("--muted");
+      ctx.fillText(`${+t.toFixed(2)} s`, x(t), top + ph + 5);
+    }
+    ctx.save();
+    ctx.translate(10, top + ph / 2);
+    ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = "center";
+    ctx.textBaseline = "middle";
+    ctx.fillText("pitch", 0, 0);
+    ctx.restore();
+
+    for (const layer of this.layers) {
+      ctx.fillStyle = color(layer.color);
+      for (const n of layer.notes) {
+        const p = n.drum ? hi : n.pitch;
+        ctx.globalAlpha = 0.35 + 0.65 * (n.velocity / 127);
+        ctx.fillRect(x(n.start), y(p) + 0.5, Math.max(1.5, x(n.end) - x(n.start)), Math.max(1.5, rowH - 1));
+      }
+    }
+    ctx.globalAlpha = 1;
+    if (this.boundary != null) {
+      ctx.strokeStyle = color("--text");
+      ctx.setLineDash([4, 4]);
+      ctx.beginPath();
+      ctx.moveTo(Math.round(x(this.boundary)) + 0.5, top);
+      ctx.lineTo(Math.round(x(this.boundary)) + 0.5, top + ph);
+      ctx.stroke();
+      ctx.setLineDash([]);
+    }
+    if (this.playhead != null) {
+      ctx.fillStyle = "#e0245e";
+      ctx.fillRect(x(Math.min(this.playhead, tEnd)) - 1, top, 2, ph);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A small WebAudio synth: one oscillator + ADSR gain per note, drums as filtered noise bursts. Notes are
+// scheduled a little ahead of time in slices so long pieces do not create thousands of nodes at once.
+// ---------------------------------------------------------------------------------------------------------
+
+class Synth {
+  constructor(onTick, onEnd) {
+    this.ctx = null;
+    this.timer = null;
+    this.nodes = new Set();
+    this.onTick = onTick;
+    this.onEnd = onEnd;
+    this.volume = 0.6;
+  }
+
+  ensureContext() {
+    if (!this.ctx) {
+      const Ctx = window.AudioContext || window.webkitAudioContext;
+      if (!Ctx) throw new Error("this browser has no Web Audio support");
+      this.ctx = new Ctx();
+      this.master = this.ctx.createGain();
+      this.master.gain.value = this.volume;
+      const comp = this.ctx.createDynamicsCompressor(); // dense chords would otherwise clip
+      this.master.connect(comp).connect(this.ctx.destination);
+      const len = this.ctx.sampleRate * 0.3;
+      this.noise = this.ctx.createBuffer(1, len, this.ctx.sampleRate);
+      const ch = this.noise.getChannelData(0);
+      for (let i = 0; i < len; i++) ch[i] = Math.random() * 2 - 1;
+    }
+    if (this.ctx.state === "suspended") this.ctx.resume();
+    return this.ctx;
+  }
+
+  setVolume(v) {
+    this.volume = v;
+    if (this.master) this.master.gain.setTargetAtTime(v, this.ctx.currentTime, 0.02);
+  }
+
+  play(notes, from = 0) {
+    this.stop();
+    const ctx = this.ensureContext();
+    const sorted = notes.filter((n) => n.end > from).sort((a, b) => a.start - b.start);
+    const t0 = ctx.currentTime + 0.08 - from;
+    const total = sorted.reduce((m, n) => Math.max(m, n.end), from);
+    let i = 0;
+    const pump = () => {
+      const horizon = ctx.currentTime + 1.0 - t0;
+      while (i < sorted.length && sorted[i].start < horizon) this.voice(sorted[i++], t0);
+      const now = ctx.currentTime - t0;
+      this.onTick(now);
+      if (now > total + 0.3) { this.stop(); this.onEnd(); }
+    };
+    pump();
+    this.timer = setInterval(pump, 50);
+  }
+
+  voice(n, t0) {
+    const ctx = this.ctx;
+    const start = Math.max(ctx.currentTime, t0 + n.start);
+    const end = Math.max(start + 0.05, t0 + n.end);
+    const peak = 0.05 + 0.22 * (n.velocity / 127);
+    const g = ctx.createGain();
+    g.connect(this.master);
+    let src;
+    if (n.drum) {
+      src = ctx.createBufferSource();
+      src.buffer = this.noise;
+      const f = ctx.createBiquadFilter();
+      f.type = n.pitch < 40 ? "lowpass" : "highpass";
+      f.frequency.value = n.pitch < 40 ? 200 : 3000;
+      src.connect(f).connect(g);
+      g.gain.setValueAtTime(peak, start);
+      g.gain.exponentialRampToValueAtTime(0.001, start + 0.15);
+      src.start(start);
+      src.stop(start + 0.2);
+    } else {
+      src = ctx.createOscillator();
+      // Bass programs (32-39) get a rounder tone; everything else a soft triangle.
+      src.type = n.program >= 32 && n.program < 40 ? "sine" : "triangle";
+      src.frequency.value = 440 * 2 ** ((n.pitch - 69) / 12);
+      src.connect(g);
+      g.gain.setValueAtTime(0, start);
+      g.gain.linearRampToValueAtTime(peak, start + 0.01);
+      g.gain.setTargetAtTime(peak * 0.45, start + 0.01, 0.25); // piano-ish decay while held
+      g.gain.setValueAtTime(g.gain.value, end); // anchor so the release starts where the decay is
+      g.gain.cancelScheduledValues(end);
+      g.gain.setTargetAtTime(0, end, 0.06);
+      src.start(start);
+      src.stop(end + 0.4);
+    }
+    this.nodes.add(src);
+    src.onended = () => { this.nodes.delete(src); g.disconnect(); };
+  }
+
+  stop() {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+    for (const src of this.nodes) { try { src.stop(); } catch (_) { /* already stopped */ } }
+    this.nodes.clear();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Page logic.
+// ---------------------------------------------------------------------------------------------------------
+
+const $ = (id) => document.getElementById(id);
+const app = $("app");
+const roll = new PianoRoll($("roll"));
+const state = {
+  motifFile: null, // File (uploaded or example)
+  motif: null, // parsed motif
+  samples: [], // [{notes, motifNotes, boundary, bytes, url, raw}]
+  current: 0,
+  response: null,
+  abort: null,
+};
+
+const fmt = (x, digits = 2) => (typeof x === "number" ? +x.toFixed(digits) : x);
+
+function setState(s) { app.dataset.state = s; }
+
+function setStatus(text) { $("status").textContent = text; }
+
+function showError(message, code) {
+  const box = $("error");
+  box.replaceChildren();
+  const strong = document.createElement("strong");
+  strong.textContent = "Error: ";
+  box.append(strong, document.createTextNode(message));
+  if (code) {
+    const c = document.createElement("code");
+    c.textContent = ` (${code})`;
+    box.append(c);
+  }
+  box.hidden = false;
+}
+
+function clearError() { $("error").hidden = true; $("error").replaceChildren(); }
+
+function motifWindow(motif, primerSeconds) {
+  // The server primes on the last `primer_seconds` of the motif; show that window, shifted to start at 0.
+  const end = motif.duration;
+  const start = Math.max(0, end - primerSeconds);
+  const notes = motif.notes.filter((n) => n.end > start).map((n) => ({ ...n, start: Math.max(0, n.start - start), end: n.end - start }));
+  return { notes, start, end };
+}
+
+function rollLabel(motifNotes, contNotes, boundary) {
+  const total = [...motifNotes, ...contNotes].reduce((m, n) => Math.max(m, n.end), 0);
+  if (!contNotes.length) return `Piano roll: motif of ${motifNotes.length} notes over ${fmt(total, 1)} s`;
+  return `Piano roll: motif of ${motifNotes.length} notes, then a continuation of ${contNotes.length} notes ` +
+    `from ${fmt(boundary, 1)} s to ${fmt(total, 1)} s`;
+}
+
+function drawMotifOnly() {
+  if (!state.motif) { roll.set([], null); return; }
+  roll.set([{ notes: state.motif.notes, color: "--motif" }], null);
+  $("roll").setAttribute("aria-label", rollLabel(state.motif.notes, [], 0));
+  for (const id of ["play-all", "play-motif"]) $(id).disabled = !state.motif.notes.length;
+  $("play-cont").disabled = true;
+}
+
+async function loadMotif(file, sourceLabel) {
+  clearError();
+  resetResult();
+  state.motifFile = file;
+  state.motif = null;
+  try {
+    state.motif = parseMidi(await file.arrayBuffer());
+  } catch (err) {
+    // The browser's parser is only for the preview; the server's verdict is the one that counts.
+    state.motif = null;
+    $("motif-info").textContent = `${sourceLabel}: ${file.name} (${Math.ceil(file.size / 1024)} KB) — ` +
+      `cannot preview it here (${err.message}); the server will check it.`;
+    roll.set([], null);
+    $("continue").disabled = false;
+    setStatus("Ready: press Continue.");
+    return;
+  }
+  const m = state.motif;
+  const pitched = m.notes.filter((n) => !n.drum).length;
+  $("motif-info").textContent = `${sourceLabel}: ${file.name} — ${m.notes.length} notes` +
+    `${pitched !== m.notes.length ? ` (${m.notes.length - pitched} drum)` : ""}, ` +
+    `${fmt(m.duration, 1)} s, ${m.noteTracks} track${m.noteTracks === 1 ? "" : "s"} with notes, ${Math.round(m.bpm)} bpm`;
+  drawMotifOnly();
+  $("continue").disabled = false;
+  setStatus("Ready: press Continue.");
+}
+
+function resetResult() {
+  synth.stop();
+  for (const s of state.samples) URL.revokeObjectURL(s.url);
+  state.samples = [];
+  state.response = null;
+  $("download").hidden = true;
+  $("result-info").hidden = true;
+  $("sample-tabs").hidden = true;
+  $("sample-tabs").replaceChildren();
+  $("stop").disabled = true;
+  if (app.dataset.state === "done") setState("idle");
+}
+
+// --- input: file picker, drag and drop, examples ---
+
+$("file").addEventListener("change", () => {
+  const f = $("file").files[0];
+  if (f) { $("example").value = ""; $("example-description").textContent = ""; loadMotif(f, "Uploaded"); }
+});
+
+const dz = $("dropzone");
+for (const ev of ["dragenter", "dragover"]) {
+  dz.addEventListener(ev, (e) => { e.preventDefault(); dz.classList.add("dragover"); });
+}
+for (const ev of ["dragleave", "drop"]) dz.addEventListener(ev, () => dz.classList.remove("dragover"));
+dz.addEventListener("drop", (e) => {
+  e.preventDefault();
+  const f = e.dataTransfer.files[0];
+  if (f) { $("example").value = ""; $("example-description").textContent = ""; loadMotif(f, "Dropped"); }
+});
+// A file dropped outside the zone would otherwise navigate away from the page.
+window.addEventListener("dragover", (e) => e.preventDefault());
+window.addEventListener("drop", (e) => e.preventDefault());
+
+const examples = new Map();
+
+async function loadExamples() {
+  const fetchJson = (url) => fetch(url).then((r) => (r.ok ? r.json() : [])).catch(() => []);
+  const [api, index] = await Promise.all([fetchJson("/v1/examples"), fetchJson("/static/examples/index.json")]);
+  for (const e of Array.isArray(index) ? index : []) {
+    examples.set(e.file, { name: e.name, url: `/static/examples/${e.file}`, description: e.description || "" });
+  }
+  for (const e of Array.isArray(api) ? api : []) {
+    const file = (e.url || "").split("/").pop();
+    if (file && !examples.has(file)) examples.set(file, { name: e.name || file, url: e.url, description: "" });
+  }
+  const select = $("example");
+  for (const [file, e] of examples) {
+    const opt = document.createElement("option");
+    opt.value = file;
+    opt.textContent = e.name;
+    select.append(opt);
+  }
+}
+
+$("example").addEventListener("change", async () => {
+  const e = examples.get($("example").value);
+  $("example-description").textContent = e ? e.description : "";
+  if (!e) return;
+  try {
+    const r = await fetch(e.url);
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    const blob = await r.blob();
+    $("file").value = "";
+    await loadMotif(new File([blob], $("example").value, { type: "audio/midi" }), "Example");
+  } catch (err) {
+    showError(`could not load the example ${e.name}: ${err.message}`);
+  }
+});
+
+// --- settings ---
+
+function buildForm() {
+  const fd = new FormData();
+  fd.append("file", state.motifFile, state.motifFile.name);
+  for (const id of ["seconds", "temperature", "top_p", "num_samples", "primer_seconds"]) fd.append(id, $(id).value);
+  for (const id of ["top_k", "seed"]) if ($(id).value.trim() !== "") fd.append(id, $(id).value.trim());
+  const tracks = $("tracks").value.trim() || "merge";
+  fd.append("tracks", tracks.replace(/\s+/g, ""));
+  fd.append("include_primer", $("include_primer").checked ? "true" : "false");
+  return fd;
+}
+
+function validateSettings() {
+  for (const el of $("form").querySelectorAll("input")) {
+    if (!el.checkValidity()) {
+      const label = document.querySelector(`label[for="${el.id}"]`);
+      const name = label ? label.textContent.trim() : el.name;
+      el.focus();
+      return `${name}: ${el.validationMessage}`;
+    }
+  }
+  return null;
+}
+
+// --- request ---
+
+function decodeBase64(b64) {
+  const bin = atob(b64);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+async function readError(resp) {
+  let code = `http_${resp.status}`;
+  let message = resp.statusText || `the server answered HTTP ${resp.status}`;
+  try {
+    const body = await resp.json();
+    const err = body && body.error;
+    if (err) { code = err.code || code; message = err.message || message; }
+    else if (body && body.detail) {
+      // FastAPI's own validation shape: [{loc, msg}] -> "seconds: Input should be ..."
+      message = Array.isArray(body.detail)
+        ? body.detail.map((d) => `${(d.loc || []).filter((l) => l !== "body").join(".")}: ${d.msg}`).join("; ")
+        : String(body.detail);
+    }
+  } catch (_) { /* not JSON: keep the HTTP status text */ }
+  const retry = resp.headers.get("Retry-After");
+  if (retry) message += ` (retry in ${retry} s)`;
+  return { code, message };
+}
+
+$("form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  if (!state.motifFile || app.dataset.state === "loading") return;
+  clearError();
+  const invalid = validateSettings();
+  if (invalid) { showError(invalid, "invalid_setting"); return; }
+  resetResult();
+  if (state.motif) drawMotifOnly();
+  setState("loading");
+  $("continue").disabled = true;
+  $("cancel").hidden = false;
+  const started = performance.now();
+  const tick = setInterval(() => setStatus(`Generating… ${((performance.now() - started) / 1000).toFixed(1)} s`), 100);
+  setStatus("Generating…");
+  state.abort = new AbortController();
+  try {
+    const resp = await fetch("/v1/continuations", {
+      method: "POST", body: buildForm(), headers: { Accept: "application/json" }, signal: state.abort.signal,
+    });
+    if (!resp.ok) {
+      const { code, message } = await readError(resp);
+      throw Object.assign(new Error(message), { code });
+    }
+    const body = await resp.json();
+    showResult(body, (performance.now() - started) / 1000);
+  } catch (err) {
+    setState("error");
+    if (err.name === "AbortError") { setStatus("Cancelled."); }
+    else {
+      showError(err.code ? err.message : `could not reach the server (${err.message})`, err.code || "network");
+      setStatus("Failed — adjust and try again.");
+    }
+  } finally {
+    clearInterval(tick);
+    state.abort = null;
+    $("cancel").hidden = true;
+    $("continue").disabled = !state.motifFile;
+  }
+});
+
+$("cancel").addEventListener("click", () => state.abort && state.abort.abort());
+
+// --- result ---
+
+function showResult(body, elapsed) {
+  state.response = body;
+  const samples = body.samples || [];
+  if (!samples.length) throw Object.assign(new Error("the server returned no samples"), { code: "empty_result" });
+  const includePrimer = !!(body.settings && body.settings.include_primer);
+  const primerSeconds = Number((body.settings && body.settings.primer_seconds) || $("primer_seconds").value);
+  const win = state.motif ? motifWindow(state.motif, primerSeconds) : { notes: [], start: 0, end: 0 };
+  // Where the continuation starts, relative to the primer window's start: the server's figure when it gives one.
+  const primerLen = num(body.primer && body.primer.end_time) != null && num(body.primer.start_time) != null
+    ? body.primer.end_time - body.primer.start_time : win.end - win.start;
+  const base = (state.motifFile.name || "motif").replace(/\.(mid|midi)$/i, "");
+
+  state.samples = samples.map((s, i) => {
+    const bytes = decodeBase64(s.midi_base64);
+    let notes = [];
+    try { notes = parseMidi(bytes.buffer).notes; } catch (_) { /* drawn empty; download still offered */ }
+    let motifNotes, contNotes;
+    if (includePrimer) {
+      // The file already holds the primer then the continuation: split it at the boundary.
+      motifNotes = notes.filter((n) => n.start < primerLen - 1e-6);
+      contNotes = notes.filter((n) => n.start >= primerLen - 1e-6);
+    } else {
+      motifNotes = win.notes;
+      contNotes = notes.map((n) => ({ ...n, start: n.start + primerLen, end: n.end + primerLen }));
+    }
+    const url = URL.createObjectURL(new Blob([bytes], { type: "audio/midi" }));
+    const seed = s.seed ?? body.seed;
+    const suffix = samples.length > 1 ? `-${i + 1}` : "";
+    return { bytes, url, motifNotes, contNotes, boundary: primerLen, raw: s, seed,
+      filename: `${base}-continued${seed != null ? `-seed${seed}` : ""}${suffix}.mid` };
+  });
+
+  const tabs = $("sample-tabs");
+  tabs.replaceChildren();
+  if (state.samples.length > 1) {
+    state.samples.forEach((_, i) => {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.setAttribute("role", "tab");
+      b.id = `sample-tab-${i}`;
+      b.textContent = `Sample ${i + 1}`;
+      b.addEventListener("click", () => selectSample(i));
+      tabs.append(b);
+    });
+    tabs.hidden = false;
+  }
+  selectSample(0);
+
+  const t = body.timings || {};
+  const parts = Object.entries(t).filter(([, v]) => typeof v === "number").map(([k, v]) => `${k.replace(/_s$/, "")} ${fmt(v, 3)} s`);
+  parts.push(`round trip ${fmt(elapsed, 2)} s`);
+  $("info-timings").textContent = parts.join(" · ");
+  $("info-seed").textContent = body.seed ?? "—";
+  const tokens = body.new_tokens ?? samples.reduce((a, s) => a + (s.new_tokens ?? s.tokens ?? 0), 0);
+  $("info-tokens").textContent = tokens ? `${tokens} new${body.primer_tokens != null ? `, primer ${body.primer_tokens}` : ""}` : "—";
+  $("result-info").hidden = false;
+  setState("done");
+  const n = state.samples[0].contNotes.length;
+  setStatus(`Done in ${fmt(elapsed, 1)} s: ${state.samples.length} sample${state.samples.length > 1 ? "s" : ""}, ` +
+    `${n} new notes in the first.`);
+}
+
+const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+
+function selectSample(i) {
+  synth.stop();
+  state.current = i;
+  const s = state.samples[i];
+  for (const [j, tab] of [...$("sample-tabs").children].entries()) tab.setAttribute("aria-selected", String(i === j));
+  roll.set([{ notes: s.motifNotes, color: "--motif" }, { notes: s.contNotes, color: "--cont" }], s.boundary);
+  $("roll").setAttribute("aria-label", rollLabel(s.motifNotes, s.contNotes, s.boundary));
+  $("roll").dataset.notes = String(s.contNotes.length);
+  const a = $("download");
+  a.href = s.url;
+  a.download = s.filename;
+  a.textContent = `Download ${state.samples.length > 1 ? `sample ${i + 1}` : "continuation"} (.mid)`;
+  a.hidden = false;
+  $("info-notes").textContent = `${s.motifNotes.length} motif + ${s.contNotes.length} continuation`;
+  $("play-all").disabled = !(s.motifNotes.length + s.contNotes.length);
+  $("play-motif").disabled = !s.motifNotes.length;
+  $("play-cont").disabled = !s.contNotes.length;
+}
+
+// --- playback ---
+
+const synth = new Synth(
+  (t) => { roll.playhead = t; roll.draw(); },
+  () => { roll.playhead = null; roll.draw(); $("stop").disabled = true; },
+);
+
+function currentLayers() {
+  const s = state.samples[state.current];
+  if (s) return { motif: s.motifNotes, cont: s.contNotes, boundary: s.boundary };
+  return { motif: state.motif ? state.motif.notes : [], cont: [], boundary: 0 };
+}
+
+function play(which) {
+  const { motif, cont, boundary } = currentLayers();
+  const notes = which === "motif" ? motif : which === "cont" ? cont : [...motif, ...cont];
+  try {
+    synth.play(notes, which === "cont" ? boundary : 0);
+    $("stop").disabled = false;
+  } catch (err) {
+    showError(`cannot play audio: ${err.message}`, "audio");
+  }
+}
+
+$("play-all").addEventListener("click", () => play("all"));
+$("play-motif").addEventListener("click", () => play("motif"));
+$("play-cont").addEventListener("click", () => play("cont"));
+$("stop").addEventListener("click", () => { synth.stop(); roll.playhead = null; roll.draw(); $("stop").disabled = true; });
+$("volume").addEventListener("input", () => synth.setVolume(Number($("volume").value)));
+
+// --- server status ---
+
+async function pollReady() {
+  const banner = $("ready-banner");
+  try {
+    const r = await fetch("/readyz", { cache: "no-store" });
+    if (r.ok) { banner.hidden = true; return; }
+    banner.textContent = "The model is still loading (or the server is shutting down); requests may be refused.";
+  } catch (_) {
+    banner.textContent = "The server is not reachable right now.";
+  }
+  banner.hidden = false;
+  setTimeout(pollReady, 3000);
+}
+
+async function loadModelInfo() {
+  try {
+    const r = await fetch("/v1/model");
+    if (!r.ok) return;
+    const info = await r.json();
+    const m = info.model || info.config || {};
+    const bits = [];
+    if (m.n_layers) bits.push(`${m.n_layers} layers`);
+    if (m.d_model) bits.push(`d_model ${m.d_model}`);
+    if (m.attention) bits.push(`${m.attention} attention`);
+    if (info.vocab_size) bits.push(`vocabulary ${info.vocab_size}`);
+    const hash = info.checkpoint_sha256 || info.checkpoint_hash || info.sha256;
+    if (hash) bits.push(`checkpoint ${String(hash).slice(0, 12)}`);
+    if (bits.length) $("model-info").textContent = `Model: ${bits.join(" · ")}`;
+  } catch (_) { /* the footer line is optional */ }
+}
+
+drawMotifOnly();
+loadExamples();
+pollReady();
+loadModelInfo();
+
+// Exposed for tests and the console; the page itself does not need it.
+window.musicrel = { parseMidi, state };

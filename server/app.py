@@ -1,0 +1,63 @@
+"""The musicrel service: `uvicorn server.app:app` (settings from MUSICREL_* environment variables), or
+`create_app(Settings(...))` in tests.
+
+Start-up loads the checkpoint once, then the generation worker warms up with a tiny generation; /readyz says
+503 until that is done.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+import musicrel
+from server.errors import install_error_handlers
+from server.metrics import Metrics
+from server.middleware import BodyLimitMiddleware, MetricsMiddleware
+from server.routes import router
+from server.service import Service
+from server.settings import Settings
+
+log = logging.getLogger("musicrel.server")
+
+DESCRIPTION = """Upload a MIDI motif; a Music Transformer continues it.
+
+`POST /v1/continuations` answers `audio/midi` (the first sample) or, with `Accept: application/json`,
+every sample as base64 MIDI with the seed, the settings used and timings. Every error is JSON
+`{"error": {"code": ..., "message": ...}}`.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    service = Service(settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(service.load)
+        service.start()
+        service.install_sigterm_handler()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(service.stop)
+
+    app = FastAPI(title="musicrel", version=musicrel.__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.state.service = service
+    install_error_handlers(app)
+    app.include_router(router)
+    if settings.static_dir.is_dir():
+        app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
+    # Last added runs first: metrics see every answer (413s included); the body cap runs before any read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, service=service)
+    return app
+
+
+app = create_app()

@@ -1,0 +1,99 @@
+"""Every error leaves the service as JSON `{"error": {"code": ..., "message": ...}}` (+ `field` if any).
+
+Library errors keep their stable codes (the codec's `not_midi`, `truncated`, `no_notes`, ...); the service
+adds invalid_request (422), too_large (413), queue_full (429), not_ready / draining (503), timeout (504),
+not_found, method_not_allowed and, should a bug slip through, internal (500) without a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from musicrel.errors import CheckpointError, MusicrelError
+
+log = logging.getLogger("musicrel.server")
+
+HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "queue_full",
+    503: "unavailable",
+    504: "timeout",
+}
+
+
+class ApiError(Exception):
+    """An error the service itself raises, already shaped for the client."""
+
+    def __init__(
+        self, status: int, code: str, message: str, *, field: str | None = None, headers: dict | None = None
+    ):
+        super().__init__(message)
+        self.status, self.code, self.message, self.field, self.headers = status, code, message, field, headers
+
+
+def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if field is not None:
+        error["field"] = field
+    return {"error": error}
+
+
+def error_response(
+    status: int, code: str, message: str, field: str | None = None, headers: dict | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(code, message, field), status_code=status, headers=headers)
+
+
+def _validation_response(exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    # loc is ("body", "seconds") or ("query", ...): the client knows the field by its bare name.
+    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "header", "path")]
+    field = ".".join(loc) or None
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")
+    if field:
+        message = f"{field}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more)"
+    return error_response(422, "invalid_request", message, field)
+
+
+def _library_status(exc: MusicrelError) -> int:
+    # A bad checkpoint is the operator's problem, not the client's.
+    return 500 if isinstance(exc, CheckpointError) else 422
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+
+    @app.exception_handler(MusicrelError)
+    async def library_error(request: Request, exc: MusicrelError) -> JSONResponse:
+        return error_response(_library_status(exc), exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = getattr(exc, "code", None) or HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal", "internal error; it has been logged")

@@ -1,0 +1,65 @@
+"""Prometheus metrics. Each app gets its own registry, so several apps (tests) never share the global one.
+
+With `--workers N` every worker process reports its own numbers (or run one worker per container).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Seconds: from a few ms (parse, queue) to minutes (long generations on CPU).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "musicrel_http_requests",
+            "HTTP requests by route, method and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "musicrel_http_request_seconds",
+            "HTTP request latency by route",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge("musicrel_in_flight", "continuation requests being handled", registry=r)
+        self.queue_depth = Gauge(
+            "musicrel_queue_depth", "requests waiting for the generation worker", registry=r
+        )
+        self.parse_seconds = Histogram(
+            "musicrel_parse_seconds",
+            "MIDI upload parse + primer preparation",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "musicrel_queue_seconds",
+            "time a request waited for its batch",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.generation_seconds = Histogram(
+            "musicrel_generation_seconds",
+            "generate_batch wall time per batch",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens_generated = Counter("musicrel_tokens_generated", "new tokens generated", registry=r)
+        self.batches = Counter("musicrel_batches", "generate_batch calls", registry=r)
+        self.batched_jobs = Counter(
+            "musicrel_batched_jobs", "requests generated (summed over batches)", registry=r
+        )
+        self.batch_rows = Histogram(
+            "musicrel_batch_rows", "samples per batch", buckets=ROW_BUCKETS, registry=r
+        )
+        self.rejected = Counter(
+            "musicrel_rejected", "requests refused before generation", ["reason"], registry=r
+        )
+        self.stopped = Counter("musicrel_stopped_jobs", "generations stopped early", ["reason"], registry=r)

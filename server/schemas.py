@@ -1,0 +1,133 @@
+"""Request and response models. The Field bounds are the fixed sanity limits (documented in /docs); the
+operator's tighter limits (MUSICREL_MAX_SECONDS, ...) are checked on top in deps.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_SEED = 2**32 - 1
+MAX_TRACKS = 64
+
+
+class ContinuationParams(BaseModel):
+    """The form fields that go with the uploaded `file`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    seconds: float = Field(20.0, gt=0, le=600, description="length of the continuation, in seconds")
+    temperature: float = Field(1.0, gt=0, le=10, description="softmax temperature (lower: safer)")
+    top_k: int | None = Field(None, ge=1, le=4096, description="sample among the k likeliest tokens only")
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling mass (1 disables it)")
+    seed: int | None = Field(
+        None, ge=0, le=MAX_SEED, description="random seed; empty draws one (reported back)"
+    )
+    num_samples: int = Field(1, ge=1, le=64, description="independent continuations of the same motif")
+    primer_seconds: float = Field(
+        30.0, gt=0, le=3600, description="how much of the upload's end is read as the motif"
+    )
+    include_primer: bool = Field(False, description="return the motif followed by the continuation")
+    tracks: str = Field(
+        "merge",
+        max_length=400,
+        description='"merge" (every non-drum track) or comma-separated instrument indices, e.g. "0,2"',
+    )
+
+    @field_validator("top_k", "seed", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        # HTML forms send an empty string for a field left blank.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("tracks")
+    @classmethod
+    def _tracks(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value in ("", "merge", "all"):
+            return "merge"
+        parts = [p.strip() for p in value.split(",")]
+        if not all(p.isdigit() for p in parts):
+            raise ValueError('must be "merge" or comma-separated instrument indices such as "0,2"')
+        indices = sorted({int(p) for p in parts})
+        if len(indices) > MAX_TRACKS or indices[-1] > 1023:
+            raise ValueError(f"at most {MAX_TRACKS} instrument indices, each below 1024")
+        return ",".join(map(str, indices))
+
+    def track_selection(self) -> str | list[int]:
+        return "merge" if self.tracks == "merge" else [int(p) for p in self.tracks.split(",")]
+
+
+class Sample(BaseModel):
+    index: int
+    midi_base64: str = Field(description="a complete Standard MIDI File, base64-encoded")
+    new_tokens: int
+    notes: int
+    duration_s: float = Field(description="end of the last note, in seconds")
+
+
+class PrimerInfo(BaseModel):
+    tokens: int
+    start_time: float = Field(description="where the motif starts in the uploaded file, in seconds")
+    end_time: float
+    tempo: float
+    program: int
+    notes: int
+
+
+class Timings(BaseModel):
+    parse_ms: float
+    queue_ms: float
+    generation_ms: float
+    total_ms: float
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+
+
+class BatchInfo(BaseModel):
+    requests: int = Field(description="requests generated together in this request's batch")
+    rows: int = Field(description="samples in that batch")
+
+
+class ContinuationResponse(BaseModel):
+    seed: int
+    settings: ContinuationParams = Field(description="the settings used, with the seed filled in")
+    primer: PrimerInfo
+    samples: list[Sample]
+    new_tokens: int
+    stopped: bool = Field(description="true when generation stopped early (deadline)")
+    timings: Timings
+    batch: BatchInfo
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class ModelInfo(BaseModel):
+    checkpoint: str
+    sha256: str = Field(description="sha256 of model.safetensors")
+    parameters: int
+    vocab_size: int
+    model: dict[str, Any]
+    codec: dict[str, Any]
+    limits: dict[str, Any]
+    card: str | None = Field(None, description="MODEL_CARD.md, when the checkpoint has one")
+
+
+class Example(BaseModel):
+    name: str
+    file: str
+    url: str
+    description: str = ""
+
+
+class Health(BaseModel):
+    status: str
+    detail: str | None = None

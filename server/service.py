@@ -1,0 +1,173 @@
+"""What the app holds while it runs: the model and codec (loaded once), the generation worker, the parse
+limiter, and the readiness / draining state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from server.batcher import Batcher
+from server.errors import ApiError
+from server.metrics import Metrics
+from server.settings import Settings
+
+log = logging.getLogger("musicrel.server")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def warmup_midi() -> bytes:
+    """Two bars of a C-major arpeggio: enough to run prefill and a few decode steps through every path."""
+    import pretty_midi
+
+    pm = pretty_midi.PrettyMIDI(initial_tempo=120)
+    piano = pretty_midi.Instrument(program=0)
+    for i, pitch in enumerate((60, 64, 67, 72, 67, 64, 60, 64)):
+        piano.notes.append(pretty_midi.Note(80, pitch, i * 0.25, i * 0.25 + 0.24))
+    pm.instruments.append(piano)
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    return buffer.getvalue()
+
+
+class Service:
+    def __init__(self, settings: Settings, metrics: Metrics):
+        self.settings = settings
+        self.metrics = metrics
+        self.model: Any = None
+        self.codec: Any = None
+        self.batcher: Batcher | None = None
+        self.info: dict[str, Any] = {}
+        self.parse_limiter: anyio.CapacityLimiter | None = None
+        self.draining = False
+        self.in_flight = 0  # continuation requests between arrival and answer (MetricsMiddleware)
+        self._previous_sigterm: Any = None
+        self._drain_task: asyncio.Task | None = None
+
+    # ---- start-up --------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load the checkpoint once (blocking: called in a thread during start-up)."""
+        from musicrel.checkpoint import load_codec, load_model
+
+        folder = Path(self.settings.checkpoint)
+        self.model = load_model(folder, device=self.settings.device)
+        self.codec = load_codec(folder)
+        config = self.model.cfg
+        card = folder / "MODEL_CARD.md"
+        self.info = {
+            "checkpoint": str(folder),
+            "sha256": sha256_file(folder / "model.safetensors"),
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "vocab_size": self.codec.vocab_size,
+            "model": config.to_dict(),
+            "codec": self.codec.config.to_dict(),
+            "card": card.read_text(errors="replace") if card.is_file() else None,
+        }
+        log.info(
+            "loaded %s: %d parameters, sha256 %s", folder, self.info["parameters"], self.info["sha256"][:12]
+        )
+
+    def start(self) -> None:
+        s = self.settings
+        self.parse_limiter = anyio.CapacityLimiter(s.parse_threads)
+        self.batcher = Batcher(
+            self.model,
+            self.codec,
+            metrics=self.metrics,
+            max_queue=s.max_queue,
+            max_batch_rows=s.max_batch_rows,
+            batch_window_s=s.batch_window_ms / 1000,
+            warmup=self._warmup if s.warmup else None,
+        )
+        self.batcher.start()
+
+    def _warmup(self) -> None:
+        from musicrel.generate import SamplingParams, generate_batch, prepare_primer
+
+        start = time.perf_counter()
+        primer = prepare_primer(self.codec, warmup_midi(), primer_seconds=2.0)
+        params = SamplingParams(seconds=0.5, seed=0, num_samples=1, max_new_tokens=8)
+        generate_batch(self.model, self.codec, [(primer, params)])
+        log.info("warm-up generation took %.0f ms", 1000 * (time.perf_counter() - start))
+
+    def stop(self) -> None:
+        self.draining = True
+        if self.batcher is not None:
+            self.batcher.stop(timeout=self.settings.drain_timeout_s)
+        if self._previous_sigterm is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
+
+    # ---- state -----------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.batcher is not None and self.batcher.ready.is_set() and not self.draining
+
+    def not_ready_reason(self) -> tuple[str, str]:
+        if self.draining:
+            return "draining", "the service is shutting down; retry on another instance"
+        if self.batcher is not None and self.batcher.failed:
+            return "not_ready", self.batcher.failed
+        return "not_ready", "the model is loading or warming up"
+
+    def check_accepting(self) -> None:
+        if not self.ready:
+            code, message = self.not_ready_reason()
+            raise ApiError(503, code, message, headers={"Retry-After": str(self.settings.retry_after_s)})
+
+    # ---- draining on SIGTERM ---------------------------------------------------------------------
+
+    def install_sigterm_handler(self) -> None:
+        """On SIGTERM: turn /readyz to 503 and refuse new work at once, let the requests in flight finish
+        (up to MUSICREL_DRAIN_TIMEOUT_S), and only then hand the signal to uvicorn, which closes the sockets,
+        waits for open responses and runs the lifespan shutdown. A second SIGTERM skips the wait."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals can only be caught in the main thread (TestClient runs the app elsewhere)
+        previous = signal.getsignal(signal.SIGTERM)
+        if not callable(previous):
+            return  # not under uvicorn's signal handling: leave the default behaviour alone
+        loop = asyncio.get_running_loop()
+        self._previous_sigterm = previous
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            if self.draining:
+                previous(signum, frame)
+                return
+            self.draining = True
+            log.info(
+                "SIGTERM: draining %d request(s) for up to %.0f s",
+                self.in_flight,
+                self.settings.drain_timeout_s,
+            )
+            loop.call_soon_threadsafe(self._start_drain, loop, previous, signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _start_drain(self, loop: asyncio.AbstractEventLoop, handler: Any, signum: int) -> None:
+        self._drain_task = loop.create_task(self._drain_then(handler, signum))
+
+    async def _drain_then(self, handler: Any, signum: int) -> None:
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.in_flight:
+            log.warning("drain timeout: %d request(s) still running", self.in_flight)
+        handler(signum, None)

@@ -1,0 +1,44 @@
+"""Service settings: every limit is an environment variable prefixed MUSICREL_ (e.g. MUSICREL_MAX_QUEUE)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MUSICREL_", extra="ignore")
+
+    checkpoint: Path = Field(
+        Path("checkpoints/default"), description="Folder with config.json + model.safetensors"
+    )
+    device: str = Field("cpu", description="torch device the model runs on (cpu, cuda, cuda:1, ...)")
+
+    # Bodies beyond this are refused with 413 before any multipart parsing.
+    max_upload_bytes: int = Field(2_000_000, ge=1024)
+    # Requests waiting for the generation worker (not yet started); one more gets 429.
+    max_queue: int = Field(64, ge=1)
+    retry_after_s: int = Field(2, ge=1, description="Retry-After sent with 429 and 503")
+    # Micro-batching: the worker waits this long after the first queued request for others to join its batch.
+    batch_window_ms: float = Field(20.0, ge=0, le=10_000)
+    max_batch_rows: int = Field(16, ge=1, le=1024, description="samples generated together in one batch")
+    request_timeout_s: float = Field(120.0, gt=0, description="per-request deadline, upload to answer (504)")
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="after SIGTERM, how long in-flight requests may run"
+    )
+    parse_threads: int = Field(2, ge=1, le=64, description="threads that parse uploaded MIDI")
+    disconnect_poll_s: float = Field(
+        0.1, gt=0, le=5, description="how often a waiting request checks its client"
+    )
+
+    # Bounds of the request fields beyond the fixed sanity bounds in schemas.py.
+    max_seconds: float = Field(60.0, gt=0, le=600, description="longest continuation a request may ask for")
+    max_primer_seconds: float = Field(120.0, gt=0, le=3600)
+    max_num_samples: int = Field(4, ge=1, le=64)
+
+    warmup: bool = Field(True, description="run a tiny generation before reporting ready")
+    static_dir: Path = STATIC_DIR

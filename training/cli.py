@@ -33,8 +33,82 @@ def register(subparsers) -> None:
     _register_rest(subparsers)
 
 
+def _prepare(args) -> int:
+    from musicrel.codec import CodecConfig, EventCodec
+    from training.prepare import MANIFEST, prepare
+
+    overrides = {k: v for k, v in (("pedal", args.pedal), ("step_ms", args.step_ms),
+                                   ("velocity_bins", args.velocity_bins)) if v is not None}
+    codec = EventCodec(CodecConfig(**overrides))
+    m = prepare(args.sources, args.out, codec=codec, workers=args.workers, progress=not args.quiet)
+    c = m["counts"]
+    print(f"found {c['found']} files: {c['duplicates']} duplicates, {c['encoded']} encoded "
+          f"({c['newly_encoded']} new, {c['cached']} cached), {c['skipped']} skipped "
+          f"{m['skipped_by_code'] or ''}".rstrip())
+    for split, info in m["splits"].items():
+        print(f"  {split:5s} {info['pieces']:6d} pieces {info['stream_tokens']:10d} tokens")
+    print(f"manifest: {args.out}/{MANIFEST}")
+    return 0
+
+
+def _train(args) -> int:
+    from training.module import run_cli
+
+    run_cli(args.args)
+    return 0
+
+
+def _export(args) -> int:
+    from training.export import export_checkpoint
+
+    folder = export_checkpoint(args.checkpoint, args.out, card=args.card)
+    print(f"exported {args.checkpoint} -> {folder}")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from training.evaluate import evaluate, format_table
+
+    result = evaluate(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
+                      max_windows=args.max_windows, seq_len=args.seq_len)
+    print(format_table(result))
+    return 0
+
+
 def _register_rest(subparsers) -> None:
-    pass
+    p = subparsers.add_parser("prepare", help="encode MIDI files into a training data folder")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="MIDI files or folders (searched recursively)")
+    p.add_argument("--out", required=True, help="data folder (re-runs reuse its cache)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--pedal", choices=["extend", "events"], default=None, help="codec pedal handling")
+    p.add_argument("--step-ms", type=int, default=None, help="codec time-shift resolution in ms")
+    p.add_argument("--velocity-bins", type=int, default=None, help="codec velocity bins")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_prepare)
+
+    # Everything after `train` goes to LightningCLI (`musicrel train --help` prints its help).
+    p = subparsers.add_parser(
+        "train", add_help=False, help="train a model: --config configs/X.yaml [--section.key value ...]",
+        description="Forwards its arguments to LightningCLI's fit; see `musicrel train --help`.",
+        prefix_chars="\0",  # no options of its own: `--config`, `--help`... all land in `args` for LightningCLI
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_train)
+
+    p = subparsers.add_parser("export", help="Lightning checkpoint -> self-contained model folder")
+    p.add_argument("checkpoint", help="a .ckpt written by `musicrel train`")
+    p.add_argument("--out", required=True, help="model folder to write (e.g. checkpoints/NAME)")
+    p.add_argument("--card", default=None, help="Markdown file to ship as MODEL_CARD.md")
+    p.set_defaults(func=_export)
+
+    p = subparsers.add_parser("evaluate", help="NLL / perplexity / accuracy of a model on a prepared split")
+    p.add_argument("--checkpoint", required=True, help="model folder (config.json + model.safetensors)")
+    p.add_argument("--data", required=True, help="data folder written by `musicrel prepare`")
+    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=None, help="window length (default: the model's max_seq_len)")
+    p.add_argument("--max-windows", type=int, default=None, help="score at most this many windows")
+    p.set_defaults(func=_evaluate)
 
 
 if __name__ == "__main__":  # pragma: no cover

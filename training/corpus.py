@@ -9,6 +9,7 @@ listed in OUT/corpus_report.json.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -45,11 +46,12 @@ class Work:
 
 
 def list_works(limit: int | None = None) -> list[Work]:
-    """Every work of the music21 corpus, sorted, with one entry per tune of multi-tune ABC files."""
+    """Every work of the music21 corpus, one entry per tune of multi-tune ABC files, in round-robin order over
+    the collections (bach, essenFolksong, palestrina, ...) so that a partial export is already varied."""
     music21 = _music21()
     paths = sorted(Path(p) for p in music21.corpus.getPaths())
     root = Path(music21.corpus.__file__).resolve().parent
-    works: list[Work] = []
+    collections: dict[str, list[Work]] = {}
     for path in paths:
         try:
             rel = path.resolve().relative_to(root)
@@ -60,14 +62,13 @@ def list_works(limit: int | None = None) -> list[Work]:
         if path.suffix.lower() == ".abc":
             text = path.read_text(encoding="utf-8", errors="replace")
             numbers = sorted({int(n) for n in _ABC_NUMBER.findall(text)})
+        bucket = collections.setdefault(rel.parts[0] if len(rel.parts) > 1 else "", [])
         if len(numbers) > 1:
-            for n in numbers:
-                works.append(Work(str(path), n, f"{stem}-X{n:04d}.mid"))
+            bucket.extend(Work(str(path), n, f"{stem}-X{n:04d}.mid") for n in numbers)
         else:
-            works.append(Work(str(path), None, f"{stem}.mid"))
-        if limit is not None and len(works) >= limit:
-            return works[:limit]
-    return works
+            bucket.append(Work(str(path), None, f"{stem}.mid"))
+    works = [w for group in itertools.zip_longest(*collections.values()) for w in group if w is not None]
+    return works if limit is None else works[:limit]
 
 
 def _timeout(signum, frame):

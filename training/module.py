@@ -1,0 +1,260 @@
+"""Lightning side of training: the LightningModule around MusicTransformer, the DataModule over a prepared
+folder, and the LightningCLI that reads configs/*.yaml (+ command-line overrides) for `musicrel train`.
+
+The YAML's `model:` section holds the ModelConfig fields (plus optimiser settings); `vocab_size` and the codec
+settings are not written there: they come from the prepared data (`data.data_dir`'s manifest) and are linked into
+the module, whose hyper-parameters (plain JSON-able types) therefore hold everything `musicrel export` needs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LightningCLI
+from torchmetrics import MeanMetric
+
+from musicrel.config import ModelConfig
+from musicrel.model import MusicTransformer
+from training.data import STRETCH_FACTORS, CropDataset, ResumableLoader, ResumableSampler, WindowDataset
+from training.prepare import load_manifest, load_split
+
+MODEL_FIELDS = tuple(f for f in ModelConfig.__dataclass_fields__)
+
+
+class MusicLM(L.LightningModule):
+    """Next-event prediction with a MusicTransformer; loss and NLL in nats per token."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        codec: dict | None = None,
+        n_layers: int = 6,
+        d_model: int = 256,
+        n_heads: int = 8,
+        d_ff: int = 1024,
+        max_seq_len: int = 1024,
+        dropout: float = 0.1,
+        attention: str = "skew",
+        max_relative_distance: int | None = None,
+        absolute_kind: str = "learned",
+        t5_num_buckets: int = 32,
+        t5_max_distance: int = 128,
+        query_chunk_size: int | None = None,
+        tie_embeddings: bool = True,
+        lr: float = 3e-4,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 200,
+        decay_steps: int | None = None,
+        min_lr_ratio: float = 0.1,
+        label_smoothing: float = 0.0,
+        compile: bool | None = None,
+    ):
+        """
+        Args:
+            vocab_size: Linked from the prepared data's codec (not set in the YAML).
+            codec: Linked codec settings (CodecConfig.to_dict()) of the prepared data; saved for export.
+            n_layers..tie_embeddings: ModelConfig fields (see musicrel/config.py).
+            lr: Peak learning rate of AdamW, reached after `warmup_steps` of linear warm-up.
+            decay_steps: Steps of the cosine decay to `min_lr_ratio * lr` (default: trainer.max_steps, else the
+                estimated steps of the run).
+            label_smoothing: Optimised loss only; the logged NLL is always the plain cross-entropy.
+            compile: torch.compile the model; None = only on a GPU.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.cfg = ModelConfig(**{k: v for k, v in self.hparams.items() if k in MODEL_FIELDS})
+        self.model = MusicTransformer(self.cfg)
+        self.val_nll = MeanMetric()
+        self.val_acc = MeanMetric()
+        self._last_step_time: float | None = None
+
+    def configure_model(self) -> None:
+        want = self.hparams.compile
+        if want or (want is None and torch.cuda.is_available()):
+            self.model.compile()  # in place: state_dict keys stay those of the plain model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens)
+
+    def _loss(self, batch, smoothing: float = 0.0):
+        logits = self.model(batch["inputs"])  # (B, T, V)
+        targets = batch["targets"]  # (B, T), -100 = padding
+        flat_logits, flat_targets = logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1)
+        nll = F.cross_entropy(flat_logits, flat_targets, ignore_index=-100)
+        loss = nll
+        if smoothing:
+            loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=-100, label_smoothing=smoothing)
+        mask = flat_targets != -100
+        n = mask.sum()
+        acc = ((flat_logits.argmax(-1) == flat_targets) & mask).sum() / n.clamp(min=1)
+        return loss, nll, acc, n
+
+    def training_step(self, batch, batch_idx):
+        loss, nll, acc, n = self._loss(batch, self.hparams.label_smoothing)
+        now = time.perf_counter()
+        bs = batch["inputs"].size(0)
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log("train/nll", nll, batch_size=bs)
+        self.log("train/acc", acc, batch_size=bs)
+        self.log("lr", self.lr_schedulers().get_last_lr()[0], prog_bar=True, batch_size=bs)
+        if self._last_step_time is not None:
+            # Wall time since the previous step: forward+backward+optimizer+data of one step.
+            rate = float(n) * self.trainer.world_size / max(now - self._last_step_time, 1e-9)
+            self.log("train/tokens_per_s", rate, prog_bar=True, batch_size=bs)
+        self._last_step_time = now
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._last_step_time = None
+
+    def validation_step(self, batch, batch_idx):
+        _, nll, acc, n = self._loss(batch)
+        self.val_nll.update(nll, weight=n)
+        self.val_acc.update(acc, weight=n)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.val_nll.update_count == 0:
+            return
+        nll = self.val_nll.compute()
+        self.log("val_nll", nll, prog_bar=True, sync_dist=False)
+        self.log("val_ppl", torch.exp(nll))
+        self.log("val_acc", self.val_acc.compute())
+        self.val_nll.reset()
+        self.val_acc.reset()
+        self._last_step_time = None  # validation time is not training throughput
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        decay, no_decay = [], []
+        for p in self.model.parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 else no_decay).append(p)
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr, betas=tuple(hp.betas), fused=None,
+        )
+        total = hp.decay_steps
+        if total is None:
+            total = self.trainer.max_steps if self.trainer.max_steps > 0 else self.trainer.estimated_stepping_batches
+        total = max(int(total), hp.warmup_steps + 1)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: lr_factor(step, hp.warmup_steps, total, hp.min_lr_ratio)
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up to 1, then cosine decay to min_ratio at `total`, flat after."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class MusicDataModule(L.LightningDataModule):
+    """A folder written by `musicrel prepare`: random augmented crops for training, fixed windows for validation.
+
+    The codec is the one the folder was prepared with (its manifest); `vocab_size` and `codec_config` are linked
+    into the model.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        batch_size: int = 8,
+        seq_len: int = 1024,
+        examples_per_epoch: int | None = None,
+        val_windows: int | None = 256,
+        num_workers: int = 0,
+        seed: int = 0,
+        augment: bool = True,
+        transpose: int = 3,
+        stretch: list[float] = list(STRETCH_FACTORS),  # noqa: B006 (jsonargparse reads the default)
+    ):
+        """
+        Args:
+            data_dir: Output folder of `musicrel prepare`.
+            seq_len: Tokens per example (linked from model.max_seq_len).
+            examples_per_epoch: Random crops per epoch (default: train tokens / seq_len).
+            val_windows: At most this many non-overlapping validation windows (None = the whole split).
+            seed: Crop positions and augmentations are a function of (seed, epoch, index).
+            transpose: Transpose by a uniform integer in [-transpose, transpose] semitones.
+            stretch: Time-stretch factors drawn uniformly.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        manifest = load_manifest(data_dir)
+        self.codec_config: dict = manifest["codec"]
+        self.vocab_size: int = int(manifest["vocab_size"])
+        self.pad_id: int = int(manifest["pad_id"])
+        self._codec = None
+
+    @property
+    def codec(self):
+        if self._codec is None:
+            from musicrel.codec import CodecConfig, EventCodec
+
+            self._codec = EventCodec(CodecConfig.from_dict(self.codec_config))
+        return self._codec
+
+    def train_dataloader(self):
+        hp = self.hparams
+        stream, _ = load_split(hp.data_dir, "train")
+        n = hp.examples_per_epoch or max(1, (stream.size - 1) // hp.seq_len)
+        ds = CropDataset(stream, hp.seq_len, self.codec, n, seed=hp.seed, transpose=hp.transpose,
+                         stretch=tuple(hp.stretch), augment=hp.augment)
+        return ResumableLoader(ds, batch_size=hp.batch_size, sampler=ResumableSampler(n), drop_last=True,
+                               num_workers=hp.num_workers, persistent_workers=False)
+
+    def val_dataloader(self):
+        hp = self.hparams
+        stream, _ = load_split(hp.data_dir, "val")
+        ds = WindowDataset(np.asarray(stream), hp.seq_len, self.pad_id, limit=hp.val_windows)
+        return torch.utils.data.DataLoader(ds, batch_size=hp.batch_size, num_workers=hp.num_workers)
+
+
+class MusicCLI(LightningCLI):
+    """LightningCLI with the links between data and model, and CSV + TensorBoard loggers by default."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("model.max_seq_len", "data.seq_len")
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.codec_config", "model.codec", apply_on="instantiate")
+        parser.add_argument("--run_name", default="run", help="Logs go to <trainer.default_root_dir>/<run_name>/")
+
+    def instantiate_trainer(self, **kwargs):
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer = config["trainer"]
+        if trainer.get("precision") is None:  # None = bf16 mixed precision where the GPU has it
+            bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+            kwargs["precision"] = "bf16-mixed" if bf16 else "32-true"
+        if trainer.get("logger") in (None, True):  # unset: CSV + TensorBoard side by side in one run folder
+            from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+            root = Path(trainer.get("default_root_dir") or "runs")
+            csv = CSVLogger(root, name=config["run_name"])
+            tb = TensorBoardLogger(root, name=config["run_name"], version=csv.version, default_hp_metric=False)
+            kwargs["logger"] = [csv, tb]
+        return super().instantiate_trainer(**kwargs)
+
+
+def run_cli(argv: list[str]) -> None:
+    """`musicrel train ARGS` = LightningCLI `fit ARGS` (`--resume PATH` is `--ckpt_path PATH`)."""
+    args = []
+    it = iter(argv)
+    for a in it:
+        if a == "--resume":
+            args += ["--ckpt_path", next(it, "")]
+        elif a.startswith("--resume="):
+            args.append("--ckpt_path=" + a.split("=", 1)[1])
+        else:
+            args.append(a)
+    MusicCLI(MusicLM, MusicDataModule, args=["fit", *args], save_config_kwargs={"overwrite": True},
+             parser_kwargs={"fit": {"description": "Train a Music Transformer (musicrel train)."}})

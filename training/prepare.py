@@ -1,0 +1,277 @@
+"""`musicrel prepare`: MIDI files -> de-duplicated, split, memory-mappable token arrays.
+
+Layout of OUT:
+    manifest.json             codec settings + hash, counts, token totals, every skipped file with its code
+    train.npy / val.npy / test.npy
+                              uint16, one stream per split: [bos] piece [eos] [bos] piece [eos] ...
+    train_offsets.npy ...     int64 [n_pieces + 1]: where each piece's bos starts (last = stream length)
+    cache/<codec hash>/<sha256>.npy | .json
+                              the encoded events (or the InvalidMidiError) of one file content, so that a re-run
+                              (or a run with more sources) encodes nothing twice
+
+Files are identified by the sha256 of their bytes: duplicates (same bytes under another name) are counted and
+dropped, and the split is a function of the hash alone, so a file stays in its split when the corpus grows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from musicrel.errors import ConfigError, InvalidMidiError
+
+SPLITS = ("train", "val", "test")
+MIDI_SUFFIXES = (".mid", ".midi")
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+# Percent of the hash space per split (train, val, test).
+SPLIT_PERCENT = (90, 5, 5)
+
+
+def discover(sources) -> list[Path]:
+    """Every .mid/.midi file under the sources (files or folders, searched recursively), sorted, unique."""
+    found: set[Path] = set()
+    for src in sources:
+        src = Path(src)
+        if src.is_file():
+            found.add(src.resolve())
+        elif src.is_dir():
+            for root, _dirs, files in os.walk(src):
+                for name in files:
+                    if name.lower().endswith(MIDI_SUFFIXES):
+                        found.add((Path(root) / name).resolve())
+        else:
+            raise FileNotFoundError(2, "no such file or folder", str(src))
+    return sorted(found)
+
+
+def codec_hash(codec) -> str:
+    """Short hash of the codec settings: token caches are only reused by an identical codec."""
+    text = json.dumps(codec.config.to_dict(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def split_of(sha: str) -> str:
+    bucket = int(sha[:8], 16) % 100
+    if bucket < SPLIT_PERCENT[0]:
+        return "train"
+    return "val" if bucket < SPLIT_PERCENT[0] + SPLIT_PERCENT[1] else "test"
+
+
+def assign_splits(hashes: list[str]) -> dict[str, str]:
+    """sha -> split, by hash; with >= 3 files, val and test each get at least one file (taken from train,
+    the train files whose hash is highest), so small data sets can still be validated."""
+    splits = {h: split_of(h) for h in hashes}
+    if len(hashes) >= 3:
+        for need in ("val", "test"):
+            if need not in splits.values():
+                donors = sorted(h for h, s in splits.items() if s == "train")
+                donor = donors[-1] if donors else None
+                if donor is None:  # every file landed in the other held-out split
+                    donor = sorted(h for h, s in splits.items())[-1]
+                splits[donor] = need
+        if "train" not in splits.values():
+            splits[sorted(splits)[0]] = "train"
+    return splits
+
+
+# ---------------------------------------------------------------- worker side
+_CODEC = None
+
+
+def _init_worker(codec_config: dict) -> None:
+    global _CODEC
+    import warnings
+
+    from musicrel.codec import CodecConfig, EventCodec
+
+    warnings.simplefilter("ignore")  # pretty_midi warns about odd meta events on every other file
+    _CODEC = EventCodec(CodecConfig.from_dict(codec_config))
+
+
+def _encode_one(job: tuple[str, str, str]) -> tuple[str, str, int, str | None, str | None]:
+    """Encode one file into its cache entry. Returns (sha, status, n_tokens, code, message)."""
+    path, sha, cache_dir = job
+    try:
+        data = Path(path).read_bytes()
+        tokens = np.asarray(_CODEC.encode(data))
+        if tokens.size == 0:
+            raise InvalidMidiError("the file encodes to no events", code="no_notes")
+    except InvalidMidiError as exc:
+        _write_json(Path(cache_dir) / f"{sha}.json", {"code": exc.code, "message": str(exc)})
+        return sha, "skipped", 0, exc.code, str(exc)
+    except Exception as exc:  # a codec bug must not kill a 15k-file run; reported, not cached
+        return sha, "skipped", 0, "internal_error", f"{type(exc).__name__}: {exc}"
+    _save_npy(Path(cache_dir) / f"{sha}.npy", tokens.astype(np.uint16))
+    return sha, "encoded", int(tokens.size), None, None
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
+    np.save(tmp, array)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- main
+def prepare(sources, out_dir, codec=None, workers: int | None = None, progress: bool = True) -> dict:
+    """Encode every MIDI file under `sources` into OUT (see the module docstring); returns the manifest."""
+    from tqdm import tqdm
+
+    from musicrel.codec import EventCodec
+
+    codec = codec or EventCodec()
+    if codec.vocab_size > np.iinfo(np.uint16).max:
+        raise ConfigError(f"vocab_size {codec.vocab_size} does not fit the uint16 token arrays")
+    out_dir = Path(out_dir)
+    chash = codec_hash(codec)
+    cache_dir = out_dir / "cache" / chash
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+
+    paths = discover(sources)
+    first_path: dict[str, Path] = {}
+    duplicates = []
+    for path in tqdm(paths, desc="hashing", unit="file", disable=not progress, leave=False):
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        if sha in first_path:
+            duplicates.append({"path": str(path), "same_as": str(first_path[sha])})
+        else:
+            first_path[sha] = path
+
+    results: dict[str, tuple[str, int, str | None, str | None]] = {}
+    jobs = []
+    for sha, path in first_path.items():
+        if (cache_dir / f"{sha}.npy").is_file():
+            results[sha] = ("cached", 0, None, None)
+        elif (cache_dir / f"{sha}.json").is_file():
+            err = json.loads((cache_dir / f"{sha}.json").read_text())
+            results[sha] = ("cached_skip", 0, err["code"], err["message"])
+        else:
+            jobs.append((str(path), sha, str(cache_dir)))
+
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
+    bar = tqdm(total=len(jobs), desc="encoding", unit="file", disable=not progress or not jobs,
+               mininterval=0.5 if sys.stderr.isatty() else 30)
+    try:
+        if workers == 1:
+            _init_worker(codec.config.to_dict())
+            outcomes = map(_encode_one, jobs)
+            executor = None
+        else:
+            executor = ProcessPoolExecutor(workers, initializer=_init_worker,
+                                           initargs=(codec.config.to_dict(),))
+            outcomes = executor.map(_encode_one, jobs, chunksize=8)
+        for sha, status, n, code, message in outcomes:
+            results[sha] = (status, n, code, message)
+            bar.update(1)
+    finally:
+        bar.close()
+        if workers > 1 and executor is not None:
+            executor.shutdown(cancel_futures=True)
+
+    usable = sorted(sha for sha, r in results.items() if r[0] in ("encoded", "cached"))
+    skipped = [
+        {"path": str(first_path[sha]), "sha256": sha, "code": r[2], "message": r[3]}
+        for sha, r in sorted(results.items(), key=lambda kv: str(first_path[kv[0]]))
+        if r[0] in ("skipped", "cached_skip")
+    ]
+    splits = assign_splits(usable)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "codec": codec.config.to_dict(),
+        "codec_hash": chash,
+        "vocab_size": codec.vocab_size,
+        "pad_id": codec.pad_id,
+        "bos_id": codec.bos_id,
+        "eos_id": codec.eos_id,
+        "sources": [str(Path(s).resolve()) for s in sources],
+        "split_percent": dict(zip(SPLITS, SPLIT_PERCENT, strict=True)),
+        "counts": {
+            "found": len(paths),
+            "duplicates": len(duplicates),
+            "unique": len(first_path),
+            "encoded": len(usable),
+            "skipped": len(skipped),
+            "newly_encoded": sum(r[0] in ("encoded", "skipped") for r in results.values()),
+            "cached": sum(r[0] in ("cached", "cached_skip") for r in results.values()),
+        },
+        "skipped_by_code": {},
+        "splits": {},
+        "skipped": skipped,
+        "duplicates": duplicates,
+    }
+    for item in skipped:
+        manifest["skipped_by_code"][item["code"]] = manifest["skipped_by_code"].get(item["code"], 0) + 1
+
+    for split in SPLITS:
+        members = [sha for sha in usable if splits[sha] == split]
+        files = [{"path": str(first_path[sha]), "sha256": sha} for sha in members]
+        key = hashlib.sha256((chash + split + ",".join(members)).encode()).hexdigest()
+        info = _write_split(out_dir, split, members, cache_dir, codec, key)
+        for f, n in zip(files, info.pop("piece_tokens"), strict=True):
+            f["tokens"] = n
+        manifest["splits"][split] = {**info, "files": files}
+    manifest["seconds"] = round(time.perf_counter() - start, 2)
+    _write_json(out_dir / MANIFEST, manifest)
+    return manifest
+
+
+def _write_split(out_dir: Path, split: str, members: list[str], cache_dir: Path, codec, key: str) -> dict:
+    """Concatenate the split's pieces as [bos] piece [eos]...; skipped when the same content is already there
+    (same codec, same files), so an idempotent re-run rewrites nothing."""
+    stream_path, offsets_path = out_dir / f"{split}.npy", out_dir / f"{split}_offsets.npy"
+    key_path = out_dir / f".{split}.key"
+    pieces = [np.load(cache_dir / f"{sha}.npy", mmap_mode="r") for sha in members]
+    lengths = [int(p.size) for p in pieces]
+    fresh = not (stream_path.is_file() and offsets_path.is_file() and key_path.is_file()
+                 and key_path.read_text() == key)
+    if fresh:
+        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([n + 2 for n in lengths])
+        stream = np.empty(int(offsets[-1]), dtype=np.uint16)
+        for p, a, b in zip(pieces, offsets[:-1], offsets[1:], strict=True):
+            stream[a] = codec.bos_id
+            stream[a + 1 : b - 1] = p
+            stream[b - 1] = codec.eos_id
+        _save_npy(stream_path, stream)
+        _save_npy(offsets_path, offsets)
+        key_path.write_text(key)
+    return {
+        "pieces": len(pieces),
+        "event_tokens": int(sum(lengths)),
+        "stream_tokens": int(sum(lengths) + 2 * len(lengths)),
+        "written": fresh,
+        "piece_tokens": lengths,
+    }
+
+
+def load_manifest(data_dir) -> dict:
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        raise ConfigError(f"{data_dir} is not a prepared data folder (no {MANIFEST}); run `musicrel prepare`",
+                          code="not_prepared")
+    return json.loads(path.read_text())
+
+
+def load_split(data_dir, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(stream, offsets) of a split, memory-mapped."""
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
+    data_dir = Path(data_dir)
+    load_manifest(data_dir)
+    stream = np.load(data_dir / f"{split}.npy", mmap_mode="r")
+    offsets = np.load(data_dir / f"{split}_offsets.npy")
+    return stream, offsets

@@ -1,0 +1,307 @@
+"""Generation: determinism, cache == recompute, batch independence, lengths, grammar, rendering."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pretty_midi
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from musicrel.codec import EventCodec
+from musicrel.config import ModelConfig
+from musicrel.errors import GenerationError
+from musicrel.generate import (
+    Grammar,
+    SamplingParams,
+    continue_midi,
+    generate,
+    generate_batch,
+    open_pitches,
+    prepare_primer,
+    render,
+    sample,
+    shift_steps,
+)
+from musicrel.model import MusicTransformer
+
+CODEC = EventCodec()
+STEP = CODEC.config.step_ms / 1000.0
+
+
+def tiny_model(max_seq_len: int = 128, seed: int = 0) -> MusicTransformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        vocab_size=CODEC.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=max_seq_len
+    )
+    return MusicTransformer(cfg).eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models on a shared machine: thread hand-offs cost more than the arithmetic.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model() -> MusicTransformer:
+    return tiny_model()
+
+
+def make_motif(n_notes: int = 16, tempo: float = 96.0, program: int = 24, offset: float = 0.0, drums: bool = True):
+    pm = pretty_midi.PrettyMIDI(initial_tempo=tempo)
+    if drums:  # a drum track first: the kept program must be the first NON-drum one
+        kit = pretty_midi.Instrument(program=0, is_drum=True)
+        kit.notes = [pretty_midi.Note(100, 36, offset + k * 0.5, offset + k * 0.5 + 0.1) for k in range(4)]
+        pm.instruments.append(kit)
+    inst = pretty_midi.Instrument(program=program)
+    for k in range(n_notes):
+        start = offset + k * 0.25
+        inst.notes.append(pretty_midi.Note(70 + k % 5 * 5, 60 + (k * 7) % 12, start, start + 0.35))
+    pm.instruments.append(inst)
+    return pm
+
+
+def midi_bytes(pm: pretty_midi.PrettyMIDI) -> bytes:
+    buf = io.BytesIO()
+    pm.write(buf)
+    return buf.getvalue()
+
+
+def notes_of(pm):
+    return [(n.pitch, n.velocity, round(n.start, 4), round(n.end, 4)) for i in pm.instruments for n in i.notes]
+
+
+def check_grammar(tokens: np.ndarray, start_open: np.ndarray | None = None) -> None:
+    """Replays a generated stream: note-offs only for sounding pitches, note-ons only for silent ones,
+    no specials."""
+    sounding = np.zeros(128, bool) if start_open is None else start_open.copy()
+    for t in tokens:
+        t = int(t)
+        assert t not in (CODEC.pad_id, CODEC.bos_id, CODEC.eos_id)
+        if CODEC.note_on_offset <= t < CODEC.note_on_offset + 128:
+            assert not sounding[t - CODEC.note_on_offset], "note-on for a pitch already sounding"
+            sounding[t - CODEC.note_on_offset] = True
+        elif CODEC.note_off_offset <= t < CODEC.note_off_offset + 128:
+            assert sounding[t - CODEC.note_off_offset], "orphan note-off"
+            sounding[t - CODEC.note_off_offset] = False
+
+
+def test_same_seed_identical_and_different_seeds_differ(model):
+    motif = make_motif()
+    a = continue_midi(model, motif, seconds=2.0, seed=7, num_samples=2, codec=CODEC)
+    b = continue_midi(model, motif, seconds=2.0, seed=7, num_samples=2, codec=CODEC)
+    c = continue_midi(model, motif, seconds=2.0, seed=8, num_samples=2, codec=CODEC)
+    assert len(a) == 2
+    assert [midi_bytes(x) for x in a] == [midi_bytes(x) for x in b]
+    assert notes_of(a[0]) != notes_of(c[0])
+    assert notes_of(a[0]) != notes_of(a[1])  # the samples of one job differ from each other
+    assert any(t.text == "musicrel seed=7 sample=1" for t in a[1].text_events)
+
+
+def test_random_seed_is_drawn_reported_and_reproduces(model):
+    primer = prepare_primer(CODEC, make_motif(), 10.0)
+    first = generate_batch(model, CODEC, [(primer, SamplingParams(seconds=1.5, seed=None))])[0]
+    again = generate_batch(model, CODEC, [(primer, SamplingParams(seconds=1.5, seed=first.seed))])[0]
+    assert isinstance(first.seed, int) and first.seed >= 0
+    np.testing.assert_array_equal(first.tokens[0], again.tokens[0])
+    assert any(t.text == f"musicrel seed={first.seed} sample=0" for t in first.midis[0].text_events)
+
+
+@pytest.mark.parametrize("max_seq_len", [128, 32])
+def test_cached_generation_equals_full_recompute(max_seq_len):
+    """The KV cache (and the sliding window past max_seq_len) changes speed, never the tokens."""
+    m = tiny_model(max_seq_len)
+    primer = np.asarray(prepare_primer(CODEC, make_motif(), 2.0, max_tokens=max_seq_len - 8).tokens)
+    prompt = torch.as_tensor(primer)[None].repeat(3, 1)
+
+    def run(use_cache: bool) -> torch.Tensor:
+        grammar = Grammar(CODEC, [primer] * 3, [10_000] * 3)
+        gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+        it = generate(
+            m, prompt, 100, temperature=torch.tensor([1.0, 0.7, 1.3]), top_k=torch.tensor([391, 20, 391]),
+            top_p=torch.tensor([0.9, 1.0, 0.8]), generators=gens, grammar=grammar, use_cache=use_cache,
+        )  # fmt: skip
+        return torch.stack(list(it), dim=1)
+
+    cached, full = run(True), run(False)
+    assert cached.shape == (3, 100)
+    torch.testing.assert_close(cached, full, rtol=0, atol=0)
+
+
+def test_job_is_the_same_alone_or_batched(model):
+    short = prepare_primer(CODEC, make_motif(8), 1.0)
+    long = prepare_primer(CODEC, make_motif(24, program=40), 30.0)
+    assert len(short.tokens) < len(long.tokens)  # rows of the batch are left-padded differently
+    p_short = SamplingParams(seconds=2.0, seed=11, num_samples=2, temperature=0.9, top_k=50)
+    p_long = SamplingParams(seconds=3.0, seed=5, num_samples=1, top_p=0.8)
+    alone_short = generate_batch(model, CODEC, [(short, p_short)])[0]
+    alone_long = generate_batch(model, CODEC, [(long, p_long)])[0]
+    both = generate_batch(model, CODEC, [(long, p_long), (short, p_short)])
+    for x, y in ((alone_short, both[1]), (alone_long, both[0])):
+        assert len(x.tokens) == len(y.tokens)
+        for a, b in zip(x.tokens, y.tokens, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert [notes_of(m) for m in x.midis] == [notes_of(m) for m in y.midis]
+
+
+@settings(max_examples=8, deadline=None)
+@given(seconds=st.floats(0.05, 4.0), seed=st.integers(0, 2**31))
+def test_requested_seconds_met_within_one_time_step(model, seconds, seed):
+    primer = prepare_primer(CODEC, make_motif(), 5.0)
+    res = generate_batch(model, CODEC, [(primer, SamplingParams(seconds=seconds, seed=seed, num_samples=2))])[0]
+    for tokens, pm in zip(res.tokens, res.midis, strict=True):
+        length = shift_steps(CODEC)[tokens].sum() * STEP
+        assert seconds - 1e-9 <= length < seconds + STEP + 1e-9
+        assert pm.get_end_time() == pytest.approx(length)
+        assert all(n.end <= length + 1e-9 for n in pm.instruments[0].notes)
+    assert seconds - 1e-9 <= res.seconds < seconds + STEP + 1e-9
+
+
+def test_generation_past_the_context_window():
+    m = tiny_model(max_seq_len=32)
+    primer = prepare_primer(CODEC, make_motif(30), 30.0, max_tokens=24)
+    assert 0 < len(primer.tokens) <= 24
+    res = generate_batch(m, CODEC, [(primer, SamplingParams(seconds=1000.0, max_new_tokens=200, seed=3))])[0]
+    assert len(res.tokens[0]) == 200
+    check_grammar(res.tokens[0], open_pitches(CODEC, primer.tokens))
+
+
+def test_grammar_of_generated_streams(model):
+    primer = prepare_primer(CODEC, make_motif(), 4.0)
+    jobs = [(primer, SamplingParams(seconds=3.0, seed=s, num_samples=3, temperature=1.5)) for s in range(2)]
+    for res in generate_batch(model, CODEC, jobs):
+        for tokens, pm in zip(res.tokens, res.midis, strict=True):
+            check_grammar(tokens, open_pitches(CODEC, primer.tokens))
+            length = shift_steps(CODEC)[tokens].sum() * STEP
+            notes = pm.instruments[0].notes
+            assert notes, "a random tiny model still plays notes in 3 s"
+            assert all(0 <= n.start < n.end <= length + 1e-9 for n in notes)  # closed, never backwards
+            assert [n.start for n in notes] == sorted(n.start for n in notes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.lists(st.integers(-5, CODEC.vocab_size + 5), max_size=200), include=st.booleans())
+def test_garbage_token_streams_render_to_valid_files(tokens, include):
+    primer = prepare_primer(CODEC, make_motif(6), 2.0)
+    pm = render(CODEC, primer, np.array(tokens, dtype=np.int64), include_primer=include, seed=1, sample_index=0)
+    back = pretty_midi.PrettyMIDI(io.BytesIO(midi_bytes(pm)))
+    for n in back.instruments[0].notes if back.instruments else []:
+        assert 0 <= n.start < n.end
+
+
+def test_should_stop_stops_only_that_job(model):
+    primer = prepare_primer(CODEC, make_motif(), 4.0)
+    params = SamplingParams(seconds=3.0, seed=2, num_samples=2)
+    steps = {"n": 0}
+
+    def should_stop(job: int) -> bool:
+        if job == 1:
+            steps["n"] += 1
+            return steps["n"] > 5  # the client of job 1 goes away after a few steps
+        return False
+
+    alone = generate_batch(model, CODEC, [(primer, params)])[0]
+    kept, cut = generate_batch(model, CODEC, [(primer, params), (primer, params)], should_stop=should_stop)
+    assert cut.stopped and not kept.stopped
+    assert all(len(t) <= 5 for t in cut.tokens)
+    for a, b in zip(alone.tokens, kept.tokens, strict=True):
+        np.testing.assert_array_equal(a, b)
+    stopped_at_once = generate_batch(model, CODEC, [(primer, params)], should_stop=lambda j: True)[0]
+    assert stopped_at_once.stopped and stopped_at_once.new_tokens == 0
+
+
+def test_include_primer_puts_motif_then_continuation_and_keeps_tempo_program(model):
+    motif = make_motif(12, tempo=84.0, program=33, offset=1.0)
+    end = max(n.end for n in motif.instruments[1].notes)
+    (cont,) = continue_midi(model, motif, seconds=2.0, seed=4, num_samples=1, codec=CODEC)
+    (full,) = continue_midi(model, motif, seconds=2.0, seed=4, num_samples=1, include_primer=True, codec=CODEC)
+    for pm in (cont, full):
+        assert len(pm.instruments) == 1 and pm.instruments[0].program == 33
+        assert pm.get_tempo_changes()[1][0] == pytest.approx(84.0, abs=0.01)
+    motif_notes = sorted(notes_of(motif)[4:])  # without the drums
+    full_notes = notes_of(full)
+    assert sorted(n for n in full_notes if n[2] < end - 1e-6) == motif_notes
+    shifted = sorted((p, v, round(s + end, 3), round(e + end, 3)) for p, v, s, e in notes_of(cont))
+    assert sorted((p, v, round(s, 3), round(e, 3)) for p, v, s, e in full_notes if s >= end - 1e-6) == shifted
+    assert full.get_end_time() == pytest.approx(end + cont.get_end_time())
+
+
+def test_primer_window_clips_notes_sounding_at_the_cut():
+    pm = pretty_midi.PrettyMIDI()
+    inst = pretty_midi.Instrument(program=0)
+    inst.notes = [
+        pretty_midi.Note(80, 60, 0.0, 1.0),
+        pretty_midi.Note(80, 62, 1.5, 4.0),  # sounding at the cut (end - 2 s = 2.0)
+        pretty_midi.Note(80, 64, 3.0, 3.5),
+    ]
+    pm.instruments.append(inst)
+    primer = prepare_primer(CODEC, pm, primer_seconds=2.0)
+    assert primer.start_time == pytest.approx(2.0) and primer.end_time == pytest.approx(4.0)
+    assert [(n.pitch, n.start, n.end) for n in primer.notes] == [(62, 2.0, 4.0), (64, 3.0, 3.5)]
+    decoded = CODEC.decode_notes(primer.tokens)
+    assert [(n.pitch, round(n.start, 2), round(n.end, 2)) for n in decoded] == [(62, 0.0, 2.0), (64, 1.0, 1.5)]
+
+
+def test_long_primer_is_cropped_at_an_event_boundary():
+    motif = make_motif(200, drums=False)
+    full = prepare_primer(CODEC, motif, 1000.0)
+    cropped = prepare_primer(CODEC, motif, 1000.0, max_tokens=40)
+    assert len(full.tokens) > 40 >= len(cropped.tokens) > 20
+    assert cropped.start_time > full.start_time and cropped.end_time == full.end_time
+    check_grammar(cropped.tokens)  # re-encoded: it opens every note it closes
+    assert not open_pitches(CODEC, cropped.tokens).any()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("seconds", 0),
+        ("seconds", float("nan")),
+        ("temperature", 0.0),
+        ("temperature", -1),
+        ("top_k", 0),
+        ("top_k", 2.5),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("num_samples", 0),
+        ("seed", -1),
+        ("max_new_tokens", 0),
+        ("include_primer", "yes"),
+    ],
+)
+def test_sampling_params_are_validated(field, value):
+    with pytest.raises(GenerationError, match=field) as info:
+        SamplingParams(**{field: value})
+    assert info.value.code == "invalid_params"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    top_k=st.integers(1, 20),
+    top_p=st.floats(0.01, 1.0),
+    temperature=st.floats(0.05, 3.0),
+)
+def test_sample_respects_top_k_and_top_p(seed, top_k, top_p, temperature):
+    torch.manual_seed(seed)
+    logits = torch.randn(4, 50) * 3
+    logits[1, 10:] = float("-inf")  # masked tokens are never drawn
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(4)]
+    k = torch.full((4,), top_k)
+    tokens = sample(logits, torch.full((4,), temperature), k, torch.full((4,), top_p), gens)
+    probs = (logits / temperature).softmax(-1)
+    for row, tok in enumerate(tokens.tolist()):
+        order = probs[row].argsort(descending=True).tolist()
+        assert order.index(tok) < top_k
+        mass_before = probs[row][order[: order.index(tok)]].sum().item()
+        assert mass_before < top_p + 1e-5
+        assert torch.isfinite(logits[row, tok])
+    greedy = sample(logits, torch.ones(4), torch.ones(4, dtype=torch.long), torch.ones(4), gens)
+    assert greedy.tolist() == logits.argmax(-1).tolist()

@@ -370,7 +370,10 @@ class EventCodec:
 
     # ---------------------------------------------------------------- decoding
     def _decode(self, tokens) -> tuple[list[pretty_midi.Note], list[tuple[float, bool]]]:
-        toks = np.asarray(tokens).astype(np.int64, copy=False).ravel().tolist()
+        try:
+            toks = np.asarray(tokens).astype(np.int64, copy=False).ravel().tolist()
+        except (OverflowError, TypeError, ValueError):  # ints beyond int64 are out of range anyway
+            toks = [int(t) if abs(int(t)) < 1 << 62 else -1 for t in np.asarray(tokens, dtype=object).ravel()]
         step = self.step
         off_off, ts_off, vel_off = (
             self.note_off_offset,

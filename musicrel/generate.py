@@ -82,7 +82,7 @@ class SamplingParams:
 class Primer:
     """The tokens the model reads before it continues, and what rendering the result needs."""
 
-    tokens: np.ndarray  # int events of the primer window, times shifted so the window starts at 0
+    tokens: np.ndarray  # events of the primer window from time 0 (led by bos when it holds the whole motif)
     start_time: float  # seconds in the source file where the primer window starts
     end_time: float  # seconds in the source file where the motif ends (last note-off): continuation starts
     tempo: float  # bpm: the motif's first tempo
@@ -325,7 +325,8 @@ def prepare_primer(codec, midi, primer_seconds: float = 30.0, tracks="merge", ma
     pm = codec.read(midi)
     notes = codec.to_notes(pm)
     end_time = max(n.end for n in notes)
-    start = max(min(n.start for n in notes), end_time - float(primer_seconds))
+    first_start = min(n.start for n in notes)
+    start = max(first_start, end_time - float(primer_seconds))
     tokens = np.asarray(codec.encode_notes(_window_notes(notes, start)), dtype=np.int64)
     step = codec.config.step_ms / 1000.0
     for _ in range(64):
@@ -337,6 +338,9 @@ def prepare_primer(codec, midi, primer_seconds: float = 30.0, tracks="merge", ma
         tokens = np.asarray(codec.encode_notes(_window_notes(notes, start)), dtype=np.int64)
     if max_tokens is not None and len(tokens) > max_tokens:  # e.g. one huge chord: keep the tail as is
         tokens = tokens[-max_tokens:]
+    elif start <= first_start and (max_tokens is None or len(tokens) < max_tokens):
+        # The window holds the whole motif: mark a piece start, as training streams do ([bos] piece [eos]).
+        tokens = np.concatenate([[codec.bos_id], tokens])
 
     _, tempi = pm.get_tempo_changes()
     tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0

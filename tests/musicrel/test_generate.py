@@ -54,7 +54,9 @@ def model() -> MusicTransformer:
     return tiny_model()
 
 
-def make_motif(n_notes: int = 16, tempo: float = 96.0, program: int = 24, offset: float = 0.0, drums: bool = True):
+def make_motif(
+    n_notes: int = 16, tempo: float = 96.0, program: int = 24, offset: float = 0.0, drums: bool = True
+):
     pm = pretty_midi.PrettyMIDI(initial_tempo=tempo)
     if drums:  # a drum track first: the kept program must be the first NON-drum one
         kit = pretty_midi.Instrument(program=0, is_drum=True)
@@ -75,7 +77,9 @@ def midi_bytes(pm: pretty_midi.PrettyMIDI) -> bytes:
 
 
 def notes_of(pm):
-    return [(n.pitch, n.velocity, round(n.start, 4), round(n.end, 4)) for i in pm.instruments for n in i.notes]
+    return [
+        (n.pitch, n.velocity, round(n.start, 4), round(n.end, 4)) for i in pm.instruments for n in i.notes
+    ]
 
 
 def check_grammar(tokens: np.ndarray, start_open: np.ndarray | None = None) -> None:
@@ -155,7 +159,9 @@ def test_job_is_the_same_alone_or_batched(model):
 @given(seconds=st.floats(0.05, 4.0), seed=st.integers(0, 2**31))
 def test_requested_seconds_met_within_one_time_step(model, seconds, seed):
     primer = prepare_primer(CODEC, make_motif(), 5.0)
-    res = generate_batch(model, CODEC, [(primer, SamplingParams(seconds=seconds, seed=seed, num_samples=2))])[0]
+    res = generate_batch(model, CODEC, [(primer, SamplingParams(seconds=seconds, seed=seed, num_samples=2))])[
+        0
+    ]
     for tokens, pm in zip(res.tokens, res.midis, strict=True):
         length = shift_steps(CODEC)[tokens].sum() * STEP
         assert seconds - 1e-9 <= length < seconds + STEP + 1e-9
@@ -190,7 +196,9 @@ def test_grammar_of_generated_streams(model):
 @given(tokens=st.lists(st.integers(-5, CODEC.vocab_size + 5), max_size=200), include=st.booleans())
 def test_garbage_token_streams_render_to_valid_files(tokens, include):
     primer = prepare_primer(CODEC, make_motif(6), 2.0)
-    pm = render(CODEC, primer, np.array(tokens, dtype=np.int64), include_primer=include, seed=1, sample_index=0)
+    pm = render(
+        CODEC, primer, np.array(tokens, dtype=np.int64), include_primer=include, seed=1, sample_index=0
+    )
     back = pretty_midi.PrettyMIDI(io.BytesIO(midi_bytes(pm)))
     for n in back.instruments[0].notes if back.instruments else []:
         assert 0 <= n.start < n.end
@@ -221,7 +229,9 @@ def test_include_primer_puts_motif_then_continuation_and_keeps_tempo_program(mod
     motif = make_motif(12, tempo=84.0, program=33, offset=1.0)
     end = max(n.end for n in motif.instruments[1].notes)
     (cont,) = continue_midi(model, motif, seconds=2.0, seed=4, num_samples=1, codec=CODEC)
-    (full,) = continue_midi(model, motif, seconds=2.0, seed=4, num_samples=1, include_primer=True, codec=CODEC)
+    (full,) = continue_midi(
+        model, motif, seconds=2.0, seed=4, num_samples=1, include_primer=True, codec=CODEC
+    )
     for pm in (cont, full):
         assert len(pm.instruments) == 1 and pm.instruments[0].program == 33
         assert pm.get_tempo_changes()[1][0] == pytest.approx(84.0, abs=0.01)
@@ -246,7 +256,10 @@ def test_primer_window_clips_notes_sounding_at_the_cut():
     assert primer.start_time == pytest.approx(2.0) and primer.end_time == pytest.approx(4.0)
     assert [(n.pitch, n.start, n.end) for n in primer.notes] == [(62, 2.0, 4.0), (64, 3.0, 3.5)]
     decoded = CODEC.decode_notes(primer.tokens)
-    assert [(n.pitch, round(n.start, 2), round(n.end, 2)) for n in decoded] == [(62, 0.0, 2.0), (64, 1.0, 1.5)]
+    assert [(n.pitch, round(n.start, 2), round(n.end, 2)) for n in decoded] == [
+        (62, 0.0, 2.0),
+        (64, 1.0, 1.5),
+    ]
 
 
 def test_long_primer_is_cropped_at_an_event_boundary():

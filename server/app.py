@@ -8,7 +8,7 @@ Start-up loads the checkpoint once, then the generation worker warms up with a t
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -33,10 +33,11 @@ every sample as base64 MIDI with the seed, the settings used and timings. Every 
 """
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, generate: Callable[..., list] | None = None) -> FastAPI:
+    """`generate` replaces musicrel.generate.generate_batch (same signature); tests wrap it."""
     settings = settings or Settings()
     metrics = Metrics()
-    service = Service(settings, metrics)
+    service = Service(settings, metrics, generate=generate)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -130,4 +130,3 @@ class Example(BaseModel):
 
 class Health(BaseModel):
     status: str
-    detail: str | None = None

@@ -11,6 +11,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,10 @@ def warmup_midi() -> bytes:
 
 
 class Service:
-    def __init__(self, settings: Settings, metrics: Metrics):
+    def __init__(self, settings: Settings, metrics: Metrics, generate: Callable[..., list] | None = None):
         self.settings = settings
         self.metrics = metrics
+        self.generate = generate  # None: musicrel.generate.generate_batch (tests pass a wrapper around it)
         self.model: Any = None
         self.codec: Any = None
         self.batcher: Batcher | None = None
@@ -94,6 +96,7 @@ class Service:
             max_queue=s.max_queue,
             max_batch_rows=s.max_batch_rows,
             batch_window_s=s.batch_window_ms / 1000,
+            generate=self.generate,
             warmup=self._warmup if s.warmup else None,
         )
         self.batcher.start()
@@ -104,7 +107,7 @@ class Service:
         start = time.perf_counter()
         primer = prepare_primer(self.codec, warmup_midi(), primer_seconds=2.0)
         params = SamplingParams(seconds=0.5, seed=0, num_samples=1, max_new_tokens=8)
-        generate_batch(self.model, self.codec, [(primer, params)])
+        (self.generate or generate_batch)(self.model, self.codec, [(primer, params)])
         log.info("warm-up generation took %.0f ms", 1000 * (time.perf_counter() - start))
 
     def stop(self) -> None:

@@ -1,0 +1,482 @@
+"""The HTTP API in-process (TestClient): every route, every field bound, every error code, both response
+forms, micro-batching, back-pressure, deadlines, disconnects and draining."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import io
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pretty_midi
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from musicrel.generate import generate_batch
+from server.app import create_app
+from server.settings import Settings
+
+FAST = {"seconds": "0.3", "seed": "7"}  # a short continuation keeps each generation cheap on the tiny model
+MIDI_CODES = {
+    "not_midi", "truncated", "bad_data_byte", "no_notes", "smpte_division", "zero_division", "too_large",
+    "too_many_tracks", "too_many_events", "too_long", "no_such_track",
+}  # fmt: skip
+
+
+def motif(n_notes: int = 16, programs: tuple[int, ...] = (0,)) -> bytes:
+    """A small pretty_midi-written file: one rising line per program."""
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    for k, program in enumerate(programs):
+        inst = pretty_midi.Instrument(program=program)
+        for i in range(n_notes):
+            inst.notes.append(pretty_midi.Note(70 + 5 * k, 48 + 12 * k + i % 12, i * 0.2, i * 0.2 + 0.18))
+        pm.instruments.append(inst)
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    return buffer.getvalue()
+
+
+MOTIF = motif()
+
+
+class Gate:
+    """Wraps generate_batch: a batch waits at the gate until it is opened (or until every job of the batch
+    should stop, so deadlines and disconnects still end it), then really runs. Records calls and results."""
+
+    def __init__(self, open_: bool = True):
+        self.opened = threading.Event()
+        self.entered = threading.Event()
+        self.results: list = []
+        if open_:
+            self.opened.set()
+
+    def hold(self) -> None:
+        """Close the gate and forget what passed it so far (the warm-up)."""
+        self.opened.clear()
+        self.entered.clear()
+        self.results.clear()
+
+    def __call__(self, model, codec, jobs, should_stop=None):
+        self.entered.set()
+        while not self.opened.wait(0.01):
+            if should_stop is not None and all(should_stop(i) for i in range(len(jobs))):
+                break
+        out = generate_batch(model, codec, jobs, should_stop=should_stop)
+        self.results.append(out)
+        return out
+
+
+@contextlib.contextmanager
+def serve(checkpoint, *, generate=None, wait_ready: bool = True, raise_errors: bool = True, **overrides):
+    app = create_app(Settings(checkpoint=checkpoint, **overrides), generate=generate)
+    with TestClient(app, raise_server_exceptions=raise_errors) as client:
+        service = app.state.service
+        if wait_ready:
+            assert service.batcher.ready.wait(60), service.batcher.failed
+        yield client, service
+
+
+def post(client: TestClient, data: bytes = MOTIF, json: bool = False, **fields) -> httpx.Response:
+    headers = {"accept": "application/json"} if json else {}
+    return client.post(
+        "/v1/continuations", files={"file": ("motif.mid", data, "audio/midi")}, data=fields, headers=headers
+    )
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def metric(service, name: str, **labels) -> float:
+    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return body["error"]
+
+
+@pytest.fixture(scope="module")
+def app_client(tiny_checkpoint) -> Iterator[tuple[TestClient, object]]:
+    with serve(tiny_checkpoint, batch_window_ms=0) as pair:
+        yield pair
+
+
+@pytest.fixture
+def client(app_client) -> TestClient:
+    return app_client[0]
+
+
+# ---- routes --------------------------------------------------------------------------------------
+
+
+def test_health_ready_docs(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+    assert client.get("/docs").status_code == 200
+    spec = client.get("/openapi.json").json()
+    form = spec["paths"]["/v1/continuations"]["post"]
+    assert {"413", "422", "429", "503", "504"} <= set(form["responses"])
+
+
+def test_model_info(client, tiny_checkpoint):
+    from musicrel.codec import EventCodec
+
+    info = client.get("/v1/model").json()
+    assert info["sha256"] == hashlib.sha256((tiny_checkpoint / "model.safetensors").read_bytes()).hexdigest()
+    assert info["vocab_size"] == EventCodec().vocab_size == info["model"]["vocab_size"]
+    assert info["model"]["n_layers"] == 1 and info["model"]["d_model"] == 32
+    assert info["codec"]["step_ms"] == EventCodec().config.step_ms
+    d, v, ff, L = 32, info["vocab_size"], 64, 256
+    assert info["parameters"] > v * d + d * ff  # embeddings and the feed-forward block at least
+    assert info["limits"]["max_seconds"] == Settings().max_seconds
+    assert info["limits"]["defaults"]["top_p"] == 0.95
+    assert info["model"]["max_seq_len"] == L
+
+
+def test_examples_are_served_midi(client):
+    examples = client.get("/v1/examples").json()
+    assert examples, "server/static/examples holds the bundled motifs"
+    for example in examples:
+        assert example["url"] == f"/static/examples/{example['file']}"
+        response = client.get(example["url"])
+        assert response.status_code == 200
+        assert pretty_midi.PrettyMIDI(io.BytesIO(response.content)).instruments
+
+
+def test_root_serves_page_or_points_to_docs(client, tiny_checkpoint, tmp_path):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    with serve(tiny_checkpoint, static_dir=tmp_path, wait_ready=False) as (bare, _):
+        assert bare.get("/").json()["docs"] == "/docs"
+        assert bare.get("/v1/examples").json() == []
+        assert error_of(bare.get("/static/x.js"))["code"] == "not_found"
+
+
+def test_metrics_exposed(client, app_client):
+    service = app_client[1]
+    before = metric(service, "musicrel_http_requests_total", route="/healthz", method="GET", status="200")
+    client.get("/healthz")
+    text = client.get("/metrics").text
+    for name in ("musicrel_queue_depth", "musicrel_in_flight", "musicrel_parse_seconds_bucket",
+                 "musicrel_queue_seconds_bucket", "musicrel_generation_seconds_bucket",
+                 "musicrel_tokens_generated_total"):  # fmt: skip
+        assert name in text
+    after = metric(service, "musicrel_http_requests_total", route="/healthz", method="GET", status="200")
+    assert after == before + 1
+
+
+def test_unknown_route_and_method_are_json(client):
+    assert error_of(client.get("/v2/nothing"))["code"] == "not_found"
+    assert error_of(client.put("/healthz"))["code"] == "method_not_allowed"
+
+
+# ---- continuations: both response forms ----------------------------------------------------------
+
+
+def test_midi_response(client, app_client):
+    service = app_client[1]
+    tokens_before = metric(service, "musicrel_tokens_generated_total")
+    response = post(client, **FAST)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "audio/midi"
+    assert response.headers["x-musicrel-seed"] == "7"
+    new_tokens = int(response.headers["x-musicrel-tokens"])
+    assert new_tokens > 0
+    assert int(response.headers["x-musicrel-primer-tokens"]) > 0
+    assert all(f"{k};dur=" in response.headers["server-timing"] for k in ("parse", "queue", "generate"))
+    pm = pretty_midi.PrettyMIDI(io.BytesIO(response.content))
+    assert pm.get_end_time() <= 0.3 + 0.05
+    assert metric(service, "musicrel_tokens_generated_total") == tokens_before + new_tokens
+    # The same seed gives the same continuation.
+    assert post(client, **FAST).content == response.content
+
+
+def test_json_response_has_every_sample(client):
+    fields = {"num_samples": "2", "include_primer": "true", "seconds": "0.3", "temperature": "0.9"}
+    response = post(client, json=True, **fields)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert len(body["samples"]) == 2
+    assert body["settings"]["seed"] == body["seed"]  # drawn by the server and reported
+    assert body["settings"]["num_samples"] == 2 and body["settings"]["temperature"] == 0.9
+    assert body["new_tokens"] == sum(s["new_tokens"] for s in body["samples"])
+    assert body["primer"]["notes"] == 16 and body["primer"]["tokens"] > 0
+    assert set(body["timings"]) >= {"parse_ms", "queue_ms", "generation_ms", "total_ms"}
+    for sample in body["samples"]:
+        pm = pretty_midi.PrettyMIDI(io.BytesIO(base64.b64decode(sample["midi_base64"])))
+        notes = sum(len(i.notes) for i in pm.instruments)
+        assert notes == sample["notes"] >= 16  # include_primer: the motif's notes come first
+    # A seed reproduces the first request.
+    again = post(client, json=True, **fields, seed=str(body["seed"]))
+    assert [s["midi_base64"] for s in again.json()["samples"]] == [s["midi_base64"] for s in body["samples"]]
+
+
+def test_tracks_select_an_instrument(client):
+    two = motif(8, programs=(0, 33))
+    body = post(client, two, json=True, tracks="1", **FAST).json()
+    assert body["primer"]["program"] == 33 and body["primer"]["notes"] == 8
+    assert body["settings"]["tracks"] == "1"
+    response = post(client, two, tracks="0,5", **FAST)
+    assert response.status_code == 422 and error_of(response)["code"] == "no_such_track"
+
+
+# ---- bounds --------------------------------------------------------------------------------------
+
+OUT_OF_RANGE = [
+    ("seconds", "0"), ("seconds", "-1"), ("seconds", "601"), ("seconds", "nan"), ("seconds", "abc"),
+    ("seconds", "61"),  # above MUSICREL_MAX_SECONDS (60)
+    ("temperature", "0"), ("temperature", "10.5"), ("temperature", "hot"),
+    ("top_k", "0"), ("top_k", "4097"), ("top_k", "1.5"), ("top_k", "1000"),  # 1000 > vocabulary
+    ("top_p", "0"), ("top_p", "1.01"),
+    ("seed", "-1"), ("seed", str(2**32)),
+    ("num_samples", "0"), ("num_samples", "65"), ("num_samples", "5"),  # above MUSICREL_MAX_NUM_SAMPLES (4)
+    ("primer_seconds", "0"), ("primer_seconds", "3601"), ("primer_seconds", "121"),  # above the server max
+    ("include_primer", "maybe"),
+    ("tracks", "drums"), ("tracks", "0,-1"), ("tracks", "0;1"), ("tracks", "1" * 401), ("tracks", "2000"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value"), OUT_OF_RANGE)
+def test_out_of_range_field_is_422(client, field, value):
+    response = post(client, **{field: value})
+    assert response.status_code == 422, response.text
+    error = error_of(response)
+    assert error["code"] == "invalid_request"
+    assert error["field"] == field and field in error["message"]
+
+
+def test_missing_file_is_422(client):
+    response = client.post("/v1/continuations", data={"seconds": "1"})
+    assert response.status_code == 422 and error_of(response) | {"message": ""} == {
+        "code": "invalid_request", "field": "file", "message": ""
+    }  # fmt: skip
+
+
+def test_blank_optional_fields_mean_default(client):
+    response = post(client, top_k="", seed="", seconds="0.3")
+    assert response.status_code == 200, response.text
+    assert int(response.headers["x-musicrel-seed"]) >= 0
+
+
+# ---- bad uploads ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"", "not_midi"),
+        (b"RIFF\x00\x00\x00\x00WAVEfmt ", "not_midi"),
+        (MOTIF[: len(MOTIF) // 2], "truncated"),
+        (MOTIF[:10], "truncated"),
+        (b"MThd\x00\x00\x00\x06\x00\x01\xff\xff\x00\x60", "too_many_tracks"),
+        (motif(0), "no_notes"),
+    ],
+    ids=["empty", "wav", "truncated", "header-only", "hostile-track-count", "no-notes"],
+)
+def test_bad_midi_is_422_with_codec_code(client, data, code):
+    response = post(client, data, **FAST)
+    assert response.status_code == 422
+    assert error_of(response)["code"] == code
+
+
+def test_shared_broken_files(client, broken_midi_files):
+    expected = {"empty.mid": "no_notes", "ValueError_Control168.mid": "bad_data_byte"}
+    for path in broken_midi_files:
+        response = post(client, path.read_bytes(), **FAST)
+        assert response.status_code == 422, (path.name, response.text)
+        assert error_of(response)["code"] == expected.get(path.name, error_of(response)["code"])
+        assert error_of(response)["code"] in MIDI_CODES
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_mangled_uploads_never_500(client, data):
+    """Random bytes, truncations and byte flips of a valid file: 200 or 422 with a known code, never a 500."""
+    kind = data.draw(st.sampled_from(["random", "truncate", "flip"]))
+    if kind == "random":
+        blob = data.draw(st.binary(max_size=300))
+    elif kind == "truncate":
+        blob = MOTIF[: data.draw(st.integers(0, len(MOTIF) - 1))]
+    else:
+        blob = bytearray(MOTIF)
+        for _ in range(data.draw(st.integers(1, 4))):
+            blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
+        blob = bytes(blob)
+    response = post(client, blob, seconds="0.05", seed="1")
+    assert response.status_code in (200, 422), response.text
+    if response.status_code == 422:
+        assert error_of(response)["code"] in MIDI_CODES
+    else:
+        pretty_midi.PrettyMIDI(io.BytesIO(response.content))
+
+
+def test_oversize_upload_is_413_before_parsing(tiny_checkpoint):
+    with serve(tiny_checkpoint, max_upload_bytes=4096) as (client, service):
+        big = MOTIF + b"\x00" * 5000
+        response = post(client, big, **FAST)
+        assert response.status_code == 413 and error_of(response)["code"] == "too_large"
+
+        def chunks():  # no Content-Length: the cap counts streamed bytes
+            for _ in range(10):
+                yield b"x" * 1024
+
+        response = client.post(
+            "/v1/continuations", content=chunks(), headers={"content-type": "multipart/form-data; boundary=b"}
+        )
+        assert "content-length" not in response.request.headers
+        assert response.status_code == 413 and error_of(response)["code"] == "too_large"
+        assert metric(service, "musicrel_parse_seconds_count") == 0  # nothing reached the MIDI parser
+        assert post(client, MOTIF, **FAST).status_code == 200  # under the cap: fine
+        assert metric(service, "musicrel_parse_seconds_count") == 1
+
+
+# ---- load: micro-batching, queue, deadline, disconnect, drain ------------------------------------
+
+
+def _concurrently(fn, n: int) -> list:
+    results: list = [None] * n
+
+    def run(i: int) -> None:
+        results[i] = fn(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_concurrent_requests_share_batches(tiny_checkpoint):
+    n = 6
+    with serve(tiny_checkpoint, batch_window_ms=1500, max_batch_rows=16) as (client, service):
+        batches_before = metric(service, "musicrel_batches_total")
+        responses = _concurrently(lambda i: post(client, json=True, seconds="0.3", seed=str(i)), n)
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+        batches = metric(service, "musicrel_batches_total") - batches_before
+        assert metric(service, "musicrel_batched_jobs_total") == n
+        assert batches < n
+        assert max(r.json()["batch"]["requests"] for r in responses) > 1
+        assert sorted(r.json()["seed"] for r in responses) == list(range(n))  # each got its own answer
+
+
+def test_queue_full_is_429_and_deadline_is_504(tiny_checkpoint):
+    gate = Gate()
+    with serve(
+        tiny_checkpoint, generate=gate, max_queue=1, batch_window_ms=0, max_batch_rows=1, request_timeout_s=3
+    ) as (client, service):
+        gate.hold()
+        first: dict = {}
+        waiting = threading.Thread(target=lambda: first.update(r=post(client, **FAST)))
+        waiting.start()
+        assert gate.entered.wait(10)  # the first request holds the worker ...
+        second: dict = {}
+        queued = threading.Thread(target=lambda: second.update(r=post(client, **FAST)))
+        queued.start()
+        wait_for(lambda: service.batcher.queue_depth == 1)
+        # ... the second fills the queue, so a third is turned away at once.
+        response = post(client, **FAST)
+        assert response.status_code == 429 and error_of(response)["code"] == "queue_full"
+        assert int(response.headers["retry-after"]) >= 1
+        assert metric(service, "musicrel_rejected_total", reason="queue_full") == 1
+        # The held requests reach their deadline: 504, and their generation is stopped, not run to the end.
+        waiting.join(30)
+        queued.join(30)
+        assert first["r"].status_code == 504 and error_of(first["r"])["code"] == "timeout"
+        assert second["r"].status_code == 504
+        wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="deadline") >= 2)
+        assert metric(service, "musicrel_stopped_jobs_total", reason="deadline") == 2
+        assert gate.results[-1][0].stopped and gate.results[-1][0].new_tokens == 0
+        gate.opened.set()
+        assert post(client, **FAST).status_code == 200  # the service carries on
+
+
+def test_client_disconnect_stops_generation(tiny_checkpoint):
+    gate = Gate()
+    with serve(tiny_checkpoint, generate=gate, batch_window_ms=0, disconnect_poll_s=0.02) as pair:
+        client, service = pair
+        gate.hold()
+        request = httpx.Request("POST", "http://test/v1/continuations", files={"file": ("m.mid", MOTIF)},
+                                data={"seconds": "30"})  # fmt: skip
+        body = request.read()
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/v1/continuations", "raw_path": b"/v1/continuations",
+            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("test", 80),
+            "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
+        }  # fmt: skip
+        messages: list = []
+
+        async def call_and_leave() -> None:
+            import anyio
+
+            sent = False
+
+            async def receive():
+                nonlocal sent
+                if not sent:
+                    sent = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                if gate.entered.is_set():  # the client leaves once its generation has begun
+                    return {"type": "http.disconnect"}
+                await anyio.sleep(3600)
+
+            async def send(message):
+                messages.append(message)
+
+            await client.app(scope, receive, send)
+
+        client.portal.call(call_and_leave)
+        wait_for(lambda: gate.results)
+        assert messages[0]["status"] == 499
+        result = gate.results[-1][0]
+        assert result.stopped and result.new_tokens == 0  # 30 s of music asked for, nothing generated
+        assert metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1
+
+
+def test_not_ready_until_warm(tiny_checkpoint):
+    gate = Gate(open_=False)  # holds the warm-up generation
+    with serve(tiny_checkpoint, generate=gate, wait_ready=False) as (client, service):
+        response = client.get("/readyz")
+        assert response.status_code == 503 and error_of(response)["code"] == "not_ready"
+        assert client.get("/healthz").status_code == 200  # alive, just not ready
+        refused = post(client, **FAST)
+        assert refused.status_code == 503 and error_of(refused)["code"] == "not_ready"
+        assert "retry-after" in refused.headers
+        gate.opened.set()
+        assert service.batcher.ready.wait(30)
+        assert client.get("/readyz").status_code == 200
+
+
+def test_draining_refuses_new_work(tiny_checkpoint):
+    with serve(tiny_checkpoint) as (client, service):
+        service.draining = True  # what SIGTERM sets (the real signal is tested in test_live.py)
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and error_of(ready)["code"] == "draining"
+        refused = post(client, **FAST)
+        assert refused.status_code == 503 and error_of(refused)["code"] == "draining"
+        assert client.get("/healthz").status_code == 200
+
+
+def test_unexpected_failure_is_json_500(tiny_checkpoint):
+    def broken(model, codec, jobs, should_stop=None):
+        if len(jobs[0][0].tokens) > 40:  # the warm-up primer is short and passes
+            raise RuntimeError("boom")
+        return generate_batch(model, codec, jobs, should_stop=should_stop)
+
+    with serve(tiny_checkpoint, generate=broken, raise_errors=False) as (client, _):
+        response = post(client, **FAST)
+        assert response.status_code == 500
+        assert error_of(response)["code"] == "internal" and "boom" not in response.text

@@ -1,0 +1,285 @@
+"""`musicrel generate` (continue every motif of a file or folder) and `musicrel evaluate-continuations`.
+
+Torch and Lightning are imported inside the handlers so that `musicrel --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+MIDI_SUFFIXES = (".mid", ".midi")
+SUMMARY_FILE = "summary.json"
+
+
+def find_motifs(path: Path) -> list[Path]:
+    """The file itself, or every .mid/.midi under the folder (recursive, sorted)."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    return sorted(p for p in path.rglob("*") if p.suffix.lower() in MIDI_SUFFIXES and p.is_file())
+
+
+def output_paths(motif: Path, root: Path, out: Path, num_samples: int) -> list[Path]:
+    """`<out>/<relative folder>/<name>.sample<i>.mid`: folders are mirrored so equal names never collide."""
+    rel = motif.relative_to(root) if root.is_dir() else Path(motif.name)
+    return [out / rel.parent / f"{rel.stem}.sample{i}.mid" for i in range(num_samples)]
+
+
+def _tracks(value: str):
+    if value == "merge":
+        return "merge"
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        msg = f"must be 'merge' or instrument indices like 0,2, got {value!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def _write_midi(pm, path: Path) -> None:
+    """Write atomically, so an interrupted run never leaves a half file that a rerun would skip."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pm.write(str(tmp))
+    os.replace(tmp, path)
+
+
+def run_jobs(model, codec, items, params, primer_seconds: float, tracks) -> list[dict]:
+    """Continue the motifs of `items` ((motif path, output paths) pairs) in ONE batch; write the outputs and
+    return one record per motif. Unreadable motifs get an error record and do not stop the others."""
+    from musicrel.errors import MusicrelError
+    from musicrel.generate import default_max_primer_tokens, generate_batch, prepare_primer
+
+    records, jobs, ready = [], [], []
+    for motif, outputs in items:
+        record = {"input": str(motif)}
+        try:
+            primer = prepare_primer(
+                codec, motif, primer_seconds, tracks, max_tokens=default_max_primer_tokens(model)
+            )
+        except MusicrelError as exc:
+            record.update(status="error", error={"code": exc.code, "message": str(exc)})
+        except OSError as exc:
+            record.update(status="error", error={"code": "unreadable", "message": exc.strerror or str(exc)})
+        else:
+            jobs.append((primer, params))
+            ready.append((record, outputs))
+        records.append(record)
+    if jobs:
+        for (record, outputs), result in zip(ready, generate_batch(model, codec, jobs), strict=True):
+            for pm, path in zip(result.midis, outputs, strict=True):
+                _write_midi(pm, path)
+            record.update(
+                status="ok",
+                outputs=[str(p) for p in outputs],
+                seed=result.seed,
+                primer_tokens=result.primer_tokens,
+                new_tokens=result.new_tokens,
+                seconds=round(result.seconds, 3),
+                timings={k: round(v, 4) for k, v in result.timings.items()},
+            )
+    return records
+
+
+def _lightning_predict(model, codec, todo, params, args) -> list[dict] | None:
+    """Spread the motifs over devices with Lightning's predict loop (DDP when devices > 1)."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Motifs(Dataset):
+        def __init__(self, items):
+            self.items = items
+
+        def __len__(self):
+            return len(self.items)
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+    class Generator(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def predict_step(self, batch, batch_idx):
+            return run_jobs(self.model, codec, batch, params, args.primer_seconds, args.tracks)
+
+    loader = DataLoader(Motifs(todo), batch_size=args.batch_size, collate_fn=list, shuffle=False)
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        logger=False,
+        enable_progress_bar=not args.quiet,
+        enable_model_summary=False,
+    )
+    batches = trainer.predict(Generator(), loader) or []
+    records = [r for batch in batches for r in batch]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, records)
+        records = [r for part in gathered for r in part]
+    if not trainer.is_global_zero:
+        return None
+    # The distributed sampler may repeat a motif to even out the ranks: keep one record per input.
+    return list({r["input"]: r for r in records}.values())
+
+
+def _generate(args) -> int:
+    from tqdm import tqdm
+
+    from musicrel.checkpoint import load_codec, load_model
+    from musicrel.generate import SamplingParams
+
+    params = SamplingParams(
+        seconds=args.seconds,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens,
+        include_primer=args.include_primer,
+    )
+    root, out = Path(args.input), Path(args.out)
+    motifs = find_motifs(root)
+    if not motifs:
+        print(f"musicrel generate: no .mid/.midi files in {root}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    model = load_model(args.checkpoint)
+    codec = load_codec(args.checkpoint)
+    out.mkdir(parents=True, exist_ok=True)
+
+    records, todo = [], []
+    for motif in motifs:
+        outputs = output_paths(motif, root, out, args.num_samples)
+        if all(p.is_file() for p in outputs):
+            records.append({"input": str(motif), "outputs": [str(p) for p in outputs], "status": "exists"})
+        else:
+            todo.append((motif, outputs))
+
+    if args.devices is not None or args.accelerator is not None:
+        args.devices = args.devices or 1
+        args.accelerator = args.accelerator or "cpu"
+        done = _lightning_predict(model, codec, todo, params, args)
+        if done is None:
+            return 0  # a non-zero rank: rank 0 writes the summary
+    else:
+        done = []
+        with tqdm(total=len(todo), unit="motif", disable=args.quiet, file=sys.stderr) as bar:
+            for i in range(0, len(todo), args.batch_size):
+                batch = todo[i : i + args.batch_size]
+                done += run_jobs(model, codec, batch, params, args.primer_seconds, args.tracks)
+                bar.update(len(batch))
+    records += done
+
+    for r in records:
+        if r["status"] == "error":
+            print(f"musicrel generate: skipped {r['input']}: [{r['error']['code']}] {r['error']['message']}",
+                  file=sys.stderr)  # fmt: skip
+    counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "exists", "error")}
+    summary = {
+        "checkpoint": str(args.checkpoint),
+        "input": str(root),
+        "settings": {
+            "seconds": params.seconds,
+            "temperature": params.temperature,
+            "top_k": params.top_k,
+            "top_p": params.top_p,
+            "seed": params.seed,
+            "num_samples": params.num_samples,
+            "max_new_tokens": params.max_new_tokens,
+            "include_primer": params.include_primer,
+            "primer_seconds": args.primer_seconds,
+            "tracks": args.tracks,
+            "batch_size": args.batch_size,
+            "devices": args.devices,
+            "accelerator": args.accelerator,
+        },
+        "counts": counts,
+        "seconds_total": round(time.perf_counter() - started, 3),
+        "files": sorted(records, key=lambda r: r["input"]),
+    }
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    print(
+        f"{counts['ok']} motifs continued, {counts['exists']} already done, {counts['error']} skipped "
+        f"({summary['seconds_total']} s); summary: {out / SUMMARY_FILE}"
+    )
+    return 0 if counts["ok"] + counts["exists"] > 0 else 2
+
+
+def _evaluate(args) -> int:
+    from musicrel.evaluation import evaluate_continuations, format_table
+
+    report = evaluate_continuations(
+        args.checkpoint,
+        args.input,
+        motif_seconds=args.motif_seconds,
+        seconds=args.seconds,
+        limit=args.limit,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+    )
+    print(format_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return n
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="continue every motif of a MIDI file or folder",
+        description="Continue every .mid/.midi motif of --input (recursive); writes <name>.sample<i>.mid and "
+        "summary.json to --out. Outputs that already exist are skipped, so an interrupted run resumes.",
+    )
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + model.safetensors)")
+    p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--num-samples", type=_positive_int, default=2, help="continuations per motif")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of each continuation in seconds")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, saved in summary)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="cap on tokens per continuation")
+    p.add_argument("--primer-seconds", type=float, default=30.0, help="seconds of the motif the model reads")
+    p.add_argument("--include-primer", action="store_true", help="output = motif + continuation")
+    p.add_argument("--tracks", type=_tracks, default="merge", help="'merge' or instrument indices, e.g. 0,2")
+    p.add_argument("--batch-size", type=_positive_int, default=4, help="motifs generated together")
+    p.add_argument("--devices", type=_positive_int, default=None, help="spread over N devices (Lightning)")
+    p.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "mps", "auto"], default=None)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_generate)
+
+    e = subparsers.add_parser(
+        "evaluate-continuations",
+        help="continue held-out pieces and compare with their true continuations",
+        description="For each piece: the first --motif-seconds are the motif, the next --seconds the "
+        "reference. The model, the motif repeated and an untrained model are scored side by side.",
+    )
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--input", required=True, help="folder of held-out MIDI files")
+    e.add_argument("--motif-seconds", type=float, default=10.0)
+    e.add_argument("--seconds", type=float, default=10.0)
+    e.add_argument("--limit", type=_positive_int, default=None, help="use at most N pieces")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--batch-size", type=_positive_int, default=8)
+    e.add_argument("--json", default=None, help="also write the report as JSON here")
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=_evaluate)

@@ -57,7 +57,7 @@ function parseMidi(buffer) {
         const type = u8();
         const mlen = varlen();
         need(mlen);
-        if (type === 0x51 && mlen === 3) {
+        if (type === 0x51 && mlen === 3 && tracks.length === 0) { // tempo lives in track 0 (SMF 0 and 1)
           tempos.push({ tick, usPerQuarter: (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2] });
         } else if (type === 0x03 && !name) {
           name = new TextDecoder("latin1").decode(data.subarray(pos, pos + mlen));
@@ -104,26 +104,27 @@ function parseMidi(buffer) {
     return map[lo].seconds + (tick - map[lo].tick) * map[lo].spt;
   };
 
+  // Note pairing follows pretty_midi (which the server's codec reads with), so the page draws what the model
+  // hears: a note-off closes every open note of its pitch and channel begun at an earlier tick.
   const notes = [];
   tracks.forEach((track, ti) => {
-    const open = new Map(); // (channel, pitch) -> stack of note-ons: overlapping same-pitch notes close FIFO
+    const open = new Map(); // channel * 128 + pitch -> [{tick, velocity, program}]
     const program = new Array(16).fill(0);
     for (const ev of track.events) {
       if (ev.kind === 0xc0) { program[ev.channel] = ev.d1; continue; }
-      const isOn = ev.kind === 0x90 && ev.d2 > 0;
-      const isOff = ev.kind === 0x80 || (ev.kind === 0x90 && ev.d2 === 0);
       const key = ev.channel * 128 + ev.d1;
-      if (isOn) {
+      if (ev.kind === 0x90 && ev.d2 > 0) {
         if (!open.has(key)) open.set(key, []);
         open.get(key).push({ tick: ev.tick, velocity: ev.d2, program: program[ev.channel] });
-      } else if (isOff && open.has(key) && open.get(key).length) {
-        const on = open.get(key).shift();
-        const start = toSeconds(on.tick);
-        const end = toSeconds(ev.tick);
-        if (end > start) {
-          notes.push({ pitch: ev.d1, start, end, velocity: on.velocity, channel: ev.channel, track: ti,
-            program: on.program, drum: ev.channel === 9 });
+      } else if ((ev.kind === 0x80 || ev.kind === 0x90) && open.has(key)) {
+        const pending = open.get(key);
+        const close = pending.filter((on) => on.tick !== ev.tick);
+        const keep = pending.filter((on) => on.tick === ev.tick);
+        for (const on of close) {
+          notes.push({ pitch: ev.d1, start: toSeconds(on.tick), end: toSeconds(ev.tick), velocity: on.velocity,
+            channel: ev.channel, track: ti, program: on.program, drum: ev.channel === 9 });
         }
+        if (close.length && keep.length) open.set(key, keep); else open.delete(key);
       }
     }
   });
@@ -379,6 +380,7 @@ const state = {
   abort: null,
 };
 
+const fmtBytes = (b) => (b >= 1e6 ? `${+(b / 1e6).toFixed(1)} MB` : `${Math.round(b / 1e3)} KB`);
 const fmt = (x, digits = 2) => (typeof x === "number" ? +x.toFixed(digits) : x);
 
 function setState(s) { app.dataset.state = s; }
@@ -402,11 +404,11 @@ function showError(message, code) {
 function clearError() { $("error").hidden = true; $("error").replaceChildren(); }
 
 function motifWindow(motif, primerSeconds) {
-  // The server primes on the last `primer_seconds` of the motif; show that window, shifted to start at 0.
-  const end = motif.duration;
-  const start = Math.max(0, end - primerSeconds);
-  const notes = motif.notes.filter((n) => n.end > start).map((n) => ({ ...n, start: Math.max(0, n.start - start), end: n.end - start }));
-  return { notes, start, end };
+  // Same rule as the server's prepare_primer: the last primer_seconds of the pitched notes.
+  const pitched = motif.notes.filter((n) => !n.drum);
+  if (!pitched.length) return { start: 0, end: 0 };
+  const end = Math.max(...pitched.map((n) => n.end));
+  return { start: Math.max(Math.min(...pitched.map((n) => n.start)), end - primerSeconds), end };
 }
 
 function rollLabel(motifNotes, contNotes, boundary) {
@@ -488,20 +490,21 @@ window.addEventListener("drop", (e) => e.preventDefault());
 const examples = new Map();
 
 async function loadExamples() {
-  const fetchJson = (url) => fetch(url).then((r) => (r.ok ? r.json() : [])).catch(() => []);
-  const [api, index] = await Promise.all([fetchJson("/v1/examples"), fetchJson("/static/examples/index.json")]);
-  for (const e of Array.isArray(index) ? index : []) {
-    examples.set(e.file, { name: e.name, url: `/static/examples/${e.file}`, description: e.description || "" });
-  }
-  for (const e of Array.isArray(api) ? api : []) {
-    const file = (e.url || "").split("/").pop();
-    if (file && !examples.has(file)) examples.set(file, { name: e.name || file, url: e.url, description: "" });
+  // The API's list first (it checks the files exist); the static index when the API is not there.
+  const fetchJson = (url) => fetch(url).then((r) => (r.ok ? r.json() : null)).catch(() => null);
+  let list = await fetchJson("/v1/examples");
+  if (!Array.isArray(list) || !list.length) {
+    const index = await fetchJson("/static/examples/index.json");
+    list = (Array.isArray(index) ? index : []).map((e) => ({ ...e, url: `/static/examples/${e.file}` }));
   }
   const select = $("example");
-  for (const [file, e] of examples) {
+  for (const e of list) {
+    const file = e.file || (e.url || "").split("/").pop();
+    if (!file || examples.has(file)) continue;
+    examples.set(file, { name: e.name || file, url: e.url, description: e.description || "" });
     const opt = document.createElement("option");
     opt.value = file;
-    opt.textContent = e.name;
+    opt.textContent = e.name || file;
     select.append(opt);
   }
 }
@@ -623,31 +626,36 @@ function showResult(body, elapsed) {
   const samples = body.samples || [];
   if (!samples.length) throw Object.assign(new Error("the server returned no samples"), { code: "empty_result" });
   const includePrimer = !!(body.settings && body.settings.include_primer);
-  const primerSeconds = Number((body.settings && body.settings.primer_seconds) || $("primer_seconds").value);
-  const win = state.motif ? motifWindow(state.motif, primerSeconds) : { notes: [], start: 0, end: 0 };
-  // Where the continuation starts, relative to the primer window's start: the server's figure when it gives one.
-  const primerLen = num(body.primer && body.primer.end_time) != null && num(body.primer.start_time) != null
-    ? body.primer.end_time - body.primer.start_time : win.end - win.start;
+  // The server primes on [primer.start_time, primer.end_time] of the upload (its last primer_seconds); the
+  // roll shows that window from 0 and the continuation from where the motif ends.
+  const fallback = state.motif ? motifWindow(state.motif, Number($("primer_seconds").value)) : { start: 0, end: 0 };
+  const p = body.primer || {};
+  const winStart = num(p.start_time) ?? fallback.start;
+  const motifEnd = num(p.end_time) ?? fallback.end;
+  const boundary = motifEnd - winStart;
+  const inWindow = (notes, shift) => notes
+    .filter((n) => !n.drum && n.end > winStart + shift)
+    .map((n) => ({ ...n, start: Math.max(0, n.start - shift - winStart), end: n.end - shift - winStart }));
+  const uploadedMotif = state.motif ? inWindow(state.motif.notes, 0) : [];
   const base = (state.motifFile.name || "motif").replace(/\.(mid|midi)$/i, "");
 
   state.samples = samples.map((s, i) => {
     const bytes = decodeBase64(s.midi_base64);
     let notes = [];
-    try { notes = parseMidi(bytes.buffer).notes; } catch (_) { /* drawn empty; download still offered */ }
+    try { notes = parseMidi(bytes.buffer).notes; } catch (_) { /* drawn empty; the download is still offered */ }
     let motifNotes, contNotes;
     if (includePrimer) {
-      // The file already holds the primer then the continuation: split it at the boundary.
-      motifNotes = notes.filter((n) => n.start < primerLen - 1e-6);
-      contNotes = notes.filter((n) => n.start >= primerLen - 1e-6);
+      // The file holds the whole motif at its own times, then the continuation from the motif's end.
+      motifNotes = inWindow(notes.filter((n) => n.start < motifEnd - 1e-6), 0);
+      contNotes = inWindow(notes.filter((n) => n.start >= motifEnd - 1e-6), 0);
     } else {
-      motifNotes = win.notes;
-      contNotes = notes.map((n) => ({ ...n, start: n.start + primerLen, end: n.end + primerLen }));
+      motifNotes = uploadedMotif;
+      contNotes = notes.map((n) => ({ ...n, start: n.start + boundary, end: n.end + boundary }));
     }
     const url = URL.createObjectURL(new Blob([bytes], { type: "audio/midi" }));
-    const seed = s.seed ?? body.seed;
-    const suffix = samples.length > 1 ? `-${i + 1}` : "";
-    return { bytes, url, motifNotes, contNotes, boundary: primerLen, raw: s, seed,
-      filename: `${base}-continued${seed != null ? `-seed${seed}` : ""}${suffix}.mid` };
+    const suffix = samples.length > 1 ? `-${(s.index ?? i) + 1}` : "";
+    return { bytes, url, motifNotes, contNotes, boundary, raw: s,
+      filename: `${base}-continued${body.seed != null ? `-seed${body.seed}` : ""}${suffix}.mid` };
   });
 
   const tabs = $("sample-tabs");
@@ -667,17 +675,20 @@ function showResult(body, elapsed) {
   selectSample(0);
 
   const t = body.timings || {};
-  const parts = Object.entries(t).filter(([, v]) => typeof v === "number").map(([k, v]) => `${k.replace(/_s$/, "")} ${fmt(v, 3)} s`);
-  parts.push(`round trip ${fmt(elapsed, 2)} s`);
-  $("info-timings").textContent = parts.join(" · ");
+  const ms = (k, label) => (num(t[k]) != null ? `${label} ${fmt(t[k] / 1000, 3)} s` : null);
+  $("info-timings").textContent = [
+    ms("parse_ms", "parse"), ms("queue_ms", "queue"), ms("prefill_ms", "prefill"), ms("decode_ms", "decode"),
+    ms("total_ms", "server total"), `round trip ${fmt(elapsed, 2)} s`,
+  ].filter(Boolean).join(" · ");
   $("info-seed").textContent = body.seed ?? "—";
-  const tokens = body.new_tokens ?? samples.reduce((a, s) => a + (s.new_tokens ?? s.tokens ?? 0), 0);
-  $("info-tokens").textContent = tokens ? `${tokens} new${body.primer_tokens != null ? `, primer ${body.primer_tokens}` : ""}` : "—";
+  const tokens = body.new_tokens ?? samples.reduce((a, s) => a + (s.new_tokens || 0), 0);
+  $("info-tokens").textContent = `${tokens} new` + (num(p.tokens) != null ? `, primer ${p.tokens}` : "") +
+    (body.batch && body.batch.requests > 1 ? ` (batched with ${body.batch.requests - 1} other request${body.batch.requests > 2 ? "s" : ""})` : "");
   $("result-info").hidden = false;
   setState("done");
   const n = state.samples[0].contNotes.length;
   setStatus(`Done in ${fmt(elapsed, 1)} s: ${state.samples.length} sample${state.samples.length > 1 ? "s" : ""}, ` +
-    `${n} new notes in the first.`);
+    `${n} new notes in the first${body.stopped ? " (stopped early at the deadline)" : ""}.`);
 }
 
 const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
@@ -751,16 +762,32 @@ async function loadModelInfo() {
     const r = await fetch("/v1/model");
     if (!r.ok) return;
     const info = await r.json();
-    const m = info.model || info.config || {};
+    const m = info.model || {};
     const bits = [];
     if (m.n_layers) bits.push(`${m.n_layers} layers`);
     if (m.d_model) bits.push(`d_model ${m.d_model}`);
     if (m.attention) bits.push(`${m.attention} attention`);
+    if (info.parameters) bits.push(`${(info.parameters / 1e6).toFixed(info.parameters < 1e6 ? 3 : 1)} M parameters`);
     if (info.vocab_size) bits.push(`vocabulary ${info.vocab_size}`);
-    const hash = info.checkpoint_sha256 || info.checkpoint_hash || info.sha256;
-    if (hash) bits.push(`checkpoint ${String(hash).slice(0, 12)}`);
+    if (info.sha256) bits.push(`checkpoint ${String(info.sha256).slice(0, 12)}`);
     if (bits.length) $("model-info").textContent = `Model: ${bits.join(" · ")}`;
-  } catch (_) { /* the footer line is optional */ }
+    // The operator may have set tighter limits than the page's defaults: follow the server.
+    const limits = info.limits || {};
+    const cap = (id, value) => {
+      if (num(value) == null) return;
+      const el = $(id);
+      el.max = String(value);
+      if (Number(el.value) > value) el.value = String(value);
+    };
+    cap("seconds", limits.max_seconds);
+    cap("primer_seconds", limits.max_primer_seconds);
+    cap("num_samples", num(limits.max_num_samples) != null && num(limits.max_batch_rows) != null
+      ? Math.min(limits.max_num_samples, limits.max_batch_rows) : limits.max_num_samples);
+    cap("top_k", info.vocab_size);
+    if (num(limits.max_upload_bytes) != null) {
+      $("upload-hint").textContent = `.mid / .midi, up to ${fmtBytes(limits.max_upload_bytes)}`;
+    }
+  } catch (_) { /* the footer line and limits are optional */ }
 }
 
 drawMotifOnly();

@@ -1,0 +1,127 @@
+"""The web page's static contract, without a browser: its form matches the API's fields, defaults and bounds,
+and it needs nothing from outside the app (no CDN, no build step)."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from server.schemas import ContinuationParams
+from server.settings import STATIC_DIR, Settings
+
+PAGE = STATIC_DIR / "index.html"
+
+
+class _Collector(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+@pytest.fixture(scope="module")
+def tags() -> list[tuple[str, dict[str, str | None]]]:
+    collector = _Collector()
+    collector.feed(PAGE.read_text())
+    return collector.tags
+
+
+@pytest.fixture(scope="module")
+def form_inputs(tags) -> dict[str, dict[str, str | None]]:
+    return {a["name"]: a for t, a in tags if t == "input" and a.get("name") and a["name"] != "file"}
+
+
+def _bound(field: str, kind: str) -> float | None:
+    for meta in ContinuationParams.model_fields[field].metadata:
+        value = getattr(meta, kind, None)
+        if value is not None:
+            return value
+    return None
+
+
+def test_every_form_field_is_an_api_field_and_every_api_field_has_an_input(form_inputs):
+    assert set(form_inputs) == set(ContinuationParams.model_fields)
+
+
+def test_every_input_has_a_label(tags):
+    labelled = {a.get("for") for t, a in tags if t == "label"}
+    ids = [a["id"] for t, a in tags if t in ("input", "select") and a.get("type") != "hidden"]
+    assert ids, "no inputs found"
+    assert [i for i in ids if i not in labelled] == []
+
+
+NUMBER_FIELDS = ["seconds", "temperature", "top_k", "top_p", "seed", "num_samples", "primer_seconds"]
+
+
+@pytest.mark.parametrize("name", NUMBER_FIELDS)
+def test_number_input_bounds_match_the_api(form_inputs, name):
+    """max = the tighter of the schema's bound and the default server limit; min respects gt/ge."""
+    attrs = form_inputs[name]
+    assert attrs["type"] == "number"
+    default = {k: f.default for k, f in Settings.model_fields.items()}  # not the environment's overrides
+    operator_cap = {
+        "seconds": default["max_seconds"],
+        "primer_seconds": default["max_primer_seconds"],
+        "num_samples": min(default["max_num_samples"], default["max_batch_rows"]),
+    }.get(name)
+    schema_max = _bound(name, "le")
+    expected_max = min(v for v in (schema_max, operator_cap) if v is not None)
+    assert float(attrs["max"]) == pytest.approx(expected_max)
+    low = float(attrs["min"])
+    if (gt := _bound(name, "gt")) is not None:
+        assert low > gt
+    if (ge := _bound(name, "ge")) is not None:
+        assert low >= ge
+    # The page's minimum must itself be accepted by the API, or the spinner's lowest value gives a 422.
+    ContinuationParams(**{name: low})
+
+
+def test_defaults_match_the_api(form_inputs):
+    defaults = ContinuationParams()
+    for name, attrs in form_inputs.items():
+        expected = getattr(defaults, name)
+        if attrs["type"] == "checkbox":
+            assert ("checked" in attrs) is expected, name
+        elif expected is None:
+            assert not attrs.get("value"), f"{name}: blank means None in the API"
+        elif attrs["type"] == "number":
+            assert float(attrs["value"]) == pytest.approx(expected), name
+        else:
+            assert attrs["value"] == expected, name
+
+
+def test_tracks_pattern_agrees_with_the_api_validator(form_inputs):
+    pattern = re.compile(f"^(?:{form_inputs['tracks']['pattern']})$")  # HTML patterns are anchored
+    for ok in ["merge", "0", "0,2", "1, 3"]:
+        assert pattern.match(ok), ok
+        ContinuationParams(tracks=ok)
+    for bad in ["piano", "0;2", "-1", "1,"]:
+        assert not pattern.match(bad), bad
+        with pytest.raises(ValueError):
+            ContinuationParams(tracks=bad)
+
+
+def test_page_loads_only_its_own_assets(tags):
+    refs = [a.get("src") or a.get("href") for t, a in tags if t in ("script", "link", "img")]
+    refs = [r for r in refs if r and not r.startswith("data:")]
+    assert "/static/app.js" in refs and "/static/style.css" in refs
+    for ref in refs:
+        assert ref.startswith("/static/"), f"{ref}: the page must not load anything from elsewhere"
+        assert (STATIC_DIR / ref.removeprefix("/static/")).is_file(), ref
+
+
+@pytest.mark.parametrize("asset", ["index.html", "app.js", "style.css"])
+def test_no_external_urls_or_imports(asset):
+    text = (STATIC_DIR / asset).read_text()
+    external = r"""(src|href)\s*=\s*["']https?://|url\(\s*["']?https?://|@import|\bimport\s*\("""
+    assert not re.search(external, text)
+    assert not re.search(r"""\bfetch\(\s*["'`]https?://""", text)
+
+
+def test_static_dir_is_the_package_folder():
+    assert Path(STATIC_DIR).resolve() == (Path(__file__).resolve().parents[2] / "server" / "static")

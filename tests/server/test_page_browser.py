@@ -1,0 +1,183 @@
+"""The web page in real headless Chromium (Debian's `chromium` driven by Playwright; `make browser`
+installs it) against a real uvicorn process serving a tiny checkpoint: upload, Continue, piano roll,
+download, errors."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pretty_midi
+import pytest
+
+from server.settings import STATIC_DIR
+from tests.conftest import SHARED_MIDI
+
+CHROMIUM = os.environ.get("MUSICREL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+GENERATION_TIMEOUT_MS = 30_000
+
+
+def _require_chromium() -> None:
+    if Path(CHROMIUM).is_file() or shutil.which(CHROMIUM):
+        return
+    message = f"headless Chromium not found at {CHROMIUM}: run `make browser` (apt-get install chromium)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)  # CI must run the browser test, never skip it silently
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, live_server):
+    context = browser.new_context(accept_downloads=True, viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{live_server}/")
+    yield page
+    context.close()
+    assert errors == [], f"uncaught JavaScript errors: {errors}"
+
+
+@pytest.fixture(scope="module")
+def motif_file(tmp_path_factory) -> Path:
+    """A short real file from the shared set when present, else a pretty_midi-written motif."""
+    shared = SHARED_MIDI / "real" / "POP909_008.mid"
+    if shared.is_file():
+        return shared
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    piano = pretty_midi.Instrument(program=0)
+    for i, pitch in enumerate([60, 64, 67, 72, 67, 64, 62, 65, 69, 74, 69, 65]):
+        piano.notes.append(pretty_midi.Note(90, pitch, i * 0.3, i * 0.3 + 0.28))
+    pm.instruments.append(piano)
+    path = tmp_path_factory.mktemp("motif") / "motif.mid"
+    pm.write(str(path))
+    return path
+
+
+def _set_fast_settings(page) -> None:
+    page.fill("#seconds", "2")
+    page.fill("#num_samples", "1")
+    page.fill("#seed", "7")
+
+
+def test_upload_continue_draws_the_roll_and_downloads_a_midi_file(page, motif_file):
+    page.set_input_files("#file", str(motif_file))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    assert "notes" in page.inner_text("#motif-info")
+    _set_fast_settings(page)
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+
+    assert page.is_visible("#download")
+    assert page.is_enabled("#continue"), "the button must be usable again after a result"
+    assert page.inner_text("#info-seed").strip() == "7"
+    assert "decode" in page.inner_text("#info-timings")
+    label = page.get_attribute("#roll", "aria-label")
+    assert "motif of" in label and "continuation" in label
+    drawn = page.evaluate(
+        """() => {
+          const c = document.getElementById('roll');
+          const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+          let differing = 0;
+          for (let i = 0; i < px.length; i += 4) {
+            const d = Math.abs(px[i] - px[0]) + Math.abs(px[i + 1] - px[1]) + Math.abs(px[i + 2] - px[2]);
+            if (d > 60) differing++;
+          }
+          return differing;
+        }"""
+    )
+    assert drawn > 500, "the piano roll canvas stayed (almost) blank"
+
+    with page.expect_download() as info:
+        page.click("#download")
+    download = info.value
+    assert download.suggested_filename.endswith(".mid")
+    data = Path(download.path()).read_bytes()
+    assert data[:4] == b"MThd"
+    pm = pretty_midi.PrettyMIDI(io.BytesIO(data))
+    # The page counts the notes of the downloaded file itself: both must agree.
+    assert sum(len(i.notes) for i in pm.instruments) == int(page.get_attribute("#roll", "data-notes"))
+
+
+def test_non_midi_upload_shows_the_api_error_in_words(page):
+    fake = {"name": "notes.mid", "mimeType": "audio/midi", "buffer": b"not a midi"}
+    page.set_input_files("#file", files=[fake])
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    _set_fast_settings(page)
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=error]", timeout=GENERATION_TIMEOUT_MS)
+    error = page.inner_text("#error")
+    assert page.is_visible("#error")
+    assert "not_midi" in error, error
+    assert len(error) > len("Error: (not_midi)") + 10, f"no message in words: {error!r}"
+    assert page.is_enabled("#continue"), "the button must be re-enabled after an error"
+    assert not page.is_visible("#download")
+
+
+def test_out_of_bounds_setting_is_refused_before_sending(page, motif_file):
+    page.set_input_files("#file", str(motif_file))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    page.fill("#top_p", "1.5")
+    page.click("#continue")
+    assert "Top-p" in page.inner_text("#error")
+    assert page.get_attribute("#app", "data-state") != "loading"
+
+
+def test_example_list_and_parser_agree_with_pretty_midi(page, motif_file):
+    """Every bundled example is offered, and the page's own SMF parser reads the same notes as pretty_midi
+    (which the server's codec uses), so the roll shows what the model hears."""
+    page.wait_for_function("document.querySelectorAll('#example option').length > 1")
+    offered = page.eval_on_selector_all("#example option", "opts => opts.map(o => o.value).filter(Boolean)")
+    assert sorted(offered) == sorted(p.name for p in (STATIC_DIR / "examples").glob("*.mid"))
+
+    # The five smallest shared files (piano, POP909, multitrack pop with drums) keep this test quick.
+    shared = sorted((SHARED_MIDI / "real").glob("*.mid"), key=lambda p: p.stat().st_size)[:5]
+    for path in [*sorted((STATIC_DIR / "examples").glob("*.mid")), motif_file, *shared]:
+        notes = page.evaluate(
+            """b64 => {
+              const bin = atob(b64), bytes = new Uint8Array(bin.length);
+              for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+              const notes = window.musicrel.parseMidi(bytes.buffer).notes;
+              return notes.map(n => [n.start, n.end, n.pitch, n.velocity]);
+            }""",
+            base64.b64encode(path.read_bytes()).decode(),
+        )
+        pm = pretty_midi.PrettyMIDI(str(path))
+        expected = sorted((n.start, n.end, n.pitch, n.velocity) for i in pm.instruments for n in i.notes)
+        got = np.array(sorted(map(tuple, notes))).reshape(-1, 4)
+        want = np.array(expected).reshape(-1, 4)
+        assert got.shape == want.shape, f"{path.name}: page {len(got)} notes, pretty_midi {len(want)}"
+        np.testing.assert_allclose(got, want, atol=1e-6, err_msg=path.name)
+
+
+def test_example_pick_then_narrow_screen_has_no_horizontal_scroll(page):
+    page.set_viewport_size({"width": 360, "height": 800})
+    page.wait_for_function("document.querySelectorAll('#example option').length > 1")
+    page.select_option("#example", index=1)
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    assert page.inner_text("#motif-info").startswith("Example:")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 360

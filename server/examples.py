@@ -24,6 +24,7 @@ class Example:
     file: str
     description: str
     build: Callable[[Path], None]
+    needs_corpus: bool = False  # built from the music21 corpus (the `corpus` extra)
 
 
 def _corpus_excerpt(work: str, first_measure: int, last_measure: int) -> Callable[[Path], None]:
@@ -86,10 +87,10 @@ def _blues_riff(path: Path) -> None:
 EXAMPLES: tuple[Example, ...] = (
     Example("Bach chorale (BWV 66.6)", "bach_bwv66_6.mid",
             "Opening bars of a four-voice J. S. Bach chorale, from the music21 corpus.",
-            _corpus_excerpt("bach/bwv66.6", 0, 4)),
+            _corpus_excerpt("bach/bwv66.6", 0, 4), needs_corpus=True),
     Example("Chopin mazurka (Op. 6 No. 2)", "chopin_mazurka_op6_no2.mid",
             "First sixteen bars of a Chopin mazurka in 3/4, from the music21 corpus.",
-            _corpus_excerpt("chopin/mazurka06-2.krn", 1, 16)),
+            _corpus_excerpt("chopin/mazurka06-2.krn", 1, 16), needs_corpus=True),
     Example("Piano theme in C", "piano_theme_c.mid",
             "A four-bar melody over an Alberti bass, written note by note with pretty_midi.",
             _piano_motif),

@@ -1,0 +1,90 @@
+"""`musicrel generate` on a folder: outputs, summary, broken files reported, reruns resume; Lightning path."""
+
+from __future__ import annotations
+
+import json
+
+import pretty_midi
+import pytest
+import torch
+
+from musicrel.checkpoint import save_model
+from musicrel.cli import main
+from musicrel.codec import EventCodec
+from musicrel.config import ModelConfig
+from musicrel.model import MusicTransformer
+
+
+@pytest.fixture
+def setup(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model, shared machine
+    codec = EventCodec()
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128
+    )
+    save_model(MusicTransformer(cfg), tmp_path / "ckpt", codec=codec)
+    motifs = tmp_path / "motifs"
+    (motifs / "sub").mkdir(parents=True)
+    pm = pretty_midi.PrettyMIDI(initial_tempo=110)
+    inst = pretty_midi.Instrument(program=11)
+    inst.notes = [pretty_midi.Note(90, 60 + k % 8, 0.3 * k, 0.3 * k + 0.4) for k in range(12)]
+    pm.instruments.append(inst)
+    pm.write(str(motifs / "sub" / "good.mid"))
+    (motifs / "broken.mid").write_bytes(
+        b"MThd\x00\x00\x00\x06\x00\x01\x00\x01\x01\xe0MTrk\x00\x00\x00\x10\x00\x90"
+    )
+    (motifs / "notes.txt").write_text("not a motif")
+    yield tmp_path, motifs
+    torch.set_num_threads(threads)
+
+
+def run(tmp_path, motifs, out, *extra) -> int:
+    argv = ["generate", "--checkpoint", str(tmp_path / "ckpt"), "--input", str(motifs), "--out", str(out),
+            "--num-samples", "2", "--seconds", "2", "--seed", "3", "--quiet", *extra]  # fmt: skip
+    return main(argv)
+
+
+def test_generate_folder_reports_broken_and_resumes(setup, capsys):
+    tmp_path, motifs = setup
+    out = tmp_path / "out"
+    assert run(tmp_path, motifs, out) == 0
+    outputs = [out / "sub" / f"good.sample{i}.mid" for i in range(2)]
+    for path in outputs:
+        pm = pretty_midi.PrettyMIDI(str(path))
+        assert pm.instruments[0].program == 11 and pm.get_end_time() == pytest.approx(2.0, abs=0.011)
+    err = capsys.readouterr().err
+    assert err.count("broken.mid") == 1 and "skipped" in err and "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"] == {"ok": 1, "exists": 0, "error": 1}
+    assert summary["settings"]["seed"] == 3 and summary["settings"]["num_samples"] == 2
+    by_name = {r["input"].rsplit("/", 1)[-1]: r for r in summary["files"]}
+    assert by_name["good.mid"]["status"] == "ok" and by_name["good.mid"]["seed"] == 3
+    assert set(by_name["good.mid"]["timings"]) >= {"prefill", "decode"}
+    assert by_name["broken.mid"]["status"] == "error" and by_name["broken.mid"]["error"]["code"]
+
+    first = [p.read_bytes() for p in outputs]
+    outputs[1].unlink()  # an interrupted run: one output missing
+    assert run(tmp_path, motifs, out) == 0
+    assert [p.read_bytes() for p in outputs] == first  # same seed, same files
+    outputs[0].write_bytes(b"kept")  # complete outputs are never regenerated
+    assert run(tmp_path, motifs, out) == 0
+    assert outputs[0].read_bytes() == b"kept"
+    assert json.loads((out / "summary.json").read_text())["counts"]["exists"] == 1
+
+
+def test_generate_only_broken_input_fails(setup, capsys):
+    tmp_path, motifs = setup
+    assert run(tmp_path, motifs / "broken.mid", tmp_path / "out") == 2
+    assert "broken.mid" in capsys.readouterr().err
+
+
+def test_generate_with_lightning_predict_matches_single_process(setup):
+    tmp_path, motifs = setup
+    assert run(tmp_path, motifs, tmp_path / "plain") == 0
+    assert run(tmp_path, motifs, tmp_path / "pl", "--devices", "1", "--accelerator", "cpu") == 0
+    for i in range(2):
+        name = f"sub/good.sample{i}.mid"
+        assert (tmp_path / "pl" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+    assert json.loads((tmp_path / "pl" / "summary.json").read_text())["counts"]["ok"] == 1

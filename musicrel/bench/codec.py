@@ -30,11 +30,12 @@ def register(bench_sub) -> None:
     parser.set_defaults(func=run)
 
 
-def fidelity(codec, path) -> dict:
+def fidelity(codec, path, pm=None) -> dict:
     """Round trip of one file: the notes `to_notes` gives (after pedal extension) against
     `decode_notes(encode(path))`. A note survives when a decoded note of its pitch starts on its step, with
     onset and offset within half a step (5 ms) and velocity within one bin."""
-    pm = codec.read(path)
+    # pm: codec.read(path), when the caller already has it
+    pm = codec.read(path) if pm is None else pm
     reference = codec.to_notes(pm)
     tokens = codec.encode(path)
     decoded = codec.decode_notes(tokens)

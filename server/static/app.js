@@ -158,9 +158,10 @@ class PianoRoll {
     new ResizeObserver(() => this.draw()).observe(canvas);
   }
 
-  set(layers, boundary) {
+  set(layers, boundary, shadeUntil = null) {
     this.layers = layers;
     this.boundary = boundary;
+    this.shadeUntil = shadeUntil; // seconds before the primer window: drawn dimmed
     this.playhead = null;
     this.draw();
   }
@@ -246,6 +247,16 @@ class PianoRoll {
       }
     }
     ctx.globalAlpha = 1;
+    if (this.shadeUntil > 0) {
+      ctx.fillStyle = color("--roll-bg");
+      ctx.globalAlpha = 0.7;
+      ctx.fillRect(left, top, x(this.shadeUntil) - left, ph);
+      ctx.globalAlpha = 1;
+      ctx.fillStyle = color("--muted");
+      ctx.textAlign = "left";
+      ctx.textBaseline = "top";
+      if (x(this.shadeUntil) - left > 150) ctx.fillText("before the primer window", left + 6, top + 4);
+    }
     if (this.boundary != null) {
       ctx.strokeStyle = color("--text");
       ctx.setLineDash([4, 4]);
@@ -420,7 +431,8 @@ function rollLabel(motifNotes, contNotes, boundary) {
 
 function drawMotifOnly() {
   if (!state.motif) { roll.set([], null); return; }
-  roll.set([{ notes: state.motif.notes, color: "--motif" }], null);
+  const win = motifWindow(state.motif, Number($("primer_seconds").value) || 0);
+  roll.set([{ notes: state.motif.notes, color: "--motif" }], null, win.start);
   $("roll").setAttribute("aria-label", rollLabel(state.motif.notes, [], 0));
   for (const id of ["play-all", "play-motif"]) $(id).disabled = !state.motif.notes.length;
   $("play-cont").disabled = true;
@@ -740,6 +752,7 @@ $("play-all").addEventListener("click", () => play("all"));
 $("play-motif").addEventListener("click", () => play("motif"));
 $("play-cont").addEventListener("click", () => play("cont"));
 $("stop").addEventListener("click", () => { synth.stop(); roll.playhead = null; roll.draw(); $("stop").disabled = true; });
+$("primer_seconds").addEventListener("input", () => { if (!state.samples.length) drawMotifOnly(); });
 $("volume").addEventListener("input", () => synth.setVolume(Number($("volume").value)));
 
 // --- server status ---

@@ -251,6 +251,8 @@ class EventCodec:
         start, pitch, velocity = notes[:, 0], notes[:, 2].astype(np.int64), notes[:, 3].astype(np.int64)
         end = np.maximum(notes[:, 1], start)
         keep = (pitch >= 0) & (pitch <= 127)
+        if not keep.any():
+            raise InvalidMidiError("no notes with a pitch in 0..127", code="no_notes")
         start, end, pitch, velocity = start[keep], end[keep], pitch[keep], velocity[keep]
         # one sounding note per pitch: same-pitch duplicates keep the longest, overlaps end at the next onset
         order = np.lexsort((-end, start, pitch))
@@ -290,6 +292,8 @@ class EventCodec:
         vel = np.clip(np.asarray(notes.velocity, dtype=np.int64), 0, 127)
         keep = (pitch >= 0) & (pitch <= 127)
         qs, qe, pitch, vel = qs[keep], qe[keep], pitch[keep], vel[keep]
+        if not len(qs):
+            return np.zeros(0, dtype=np.int32)
         # quantisation can make same-pitch notes collide: keep the longest, end each at the next onset
         order = np.lexsort((-qe, qs, pitch))
         qs, qe, pitch, vel = qs[order], qe[order], pitch[order], vel[order]

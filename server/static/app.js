@@ -809,4 +809,4 @@ pollReady();
 loadModelInfo();
 
 // Exposed for tests and the console; the page itself does not need it.
-window.musicrel = { parseMidi, state };
+window.musicrel = { parseMidi, state, synth, roll };

@@ -112,6 +112,13 @@ def test_upload_continue_draws_the_roll_and_downloads_a_midi_file(page, motif_fi
     )
     assert drawn > 500, "the piano roll canvas stayed (almost) blank"
 
+    # WebAudio playback: the playhead runs over the roll and Stop silences every scheduled voice.
+    page.click("#play-all")
+    page.wait_for_function("window.musicrel.roll.playhead > 0.2", timeout=5000)
+    assert page.evaluate("window.musicrel.synth.nodes.size") > 0
+    page.click("#stop")
+    assert page.evaluate("[window.musicrel.synth.nodes.size, window.musicrel.roll.playhead]") == [0, None]
+
     with page.expect_download() as info:
         page.click("#download")
     download = info.value

@@ -20,10 +20,9 @@ Choices a caller can rely on:
 - decode accepts any integers: ids outside the event ranges and specials are ignored, velocity is 64 until the
   first SET_VELOCITY, a NOTE_OFF without NOTE_ON is ignored, a NOTE_OFF on the step of its NOTE_ON gives a
   one-step note, a NOTE_ON of a pitch already sounding closes it (or replaces it when struck on the same
-  step),
-  notes left open at the end are closed at the final time but last at least `OPEN_NOTE_MIN_SECONDS`. The
-  result has one piano instrument, 480 ticks per beat at 125 bpm, i.e. one tick per millisecond, so step times
-  are written exactly.
+  step), notes left open at the end are closed at the final time but last at least `OPEN_NOTE_MIN_SECONDS`.
+  The result has one piano instrument, 480 ticks per beat at 125 bpm, i.e. one tick per millisecond, so step
+  times are written exactly.
 - Errors: InvalidMidiError codes not_midi, truncated, bad_data_byte, bad_event (a meta/status byte the parsers
   crash on), no_notes, no_such_track, smpte_division, zero_division, too_large, too_many_tracks,
   too_many_events, too_long; paths that cannot be opened raise OSError.

@@ -11,10 +11,11 @@ with the motif's tempo and program).
 
 from __future__ import annotations
 
+import itertools
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -178,6 +179,10 @@ class Grammar:
         allowed[:, self.off0 : self.off0 + 128] = self.open
         return logits.masked_fill(~allowed, float("-inf"))
 
+    def select(self, rows: Tensor) -> None:
+        """Keep only `rows` (dropped rows are done)."""
+        self.open, self.elapsed, self.limit = self.open[rows], self.elapsed[rows], self.limit[rows]
+
     def advance(self, tokens: Tensor) -> Tensor:
         """Record the sampled tokens (B,); returns them with limit-crossing shifts cut short."""
         steps = self.steps_per_token[tokens]
@@ -185,11 +190,11 @@ class Grammar:
         cut = (steps > remaining) & (remaining > 0)
         tokens = torch.where(cut, self.shift0 + remaining.clamp(1, self.max_shift) - 1, tokens)
         self.elapsed += torch.where(cut, remaining, steps)
-        rows = torch.arange(len(tokens), device=tokens.device)
         is_on = (tokens >= self.on0) & (tokens < self.on0 + 128)
         is_off = (tokens >= self.off0) & (tokens < self.off0 + 128)
-        self.open[rows[is_on], tokens[is_on] - self.on0] = True
-        self.open[rows[is_off], tokens[is_off] - self.off0] = False
+        pitch = torch.where(is_on, tokens - self.on0, (tokens - self.off0).clamp(0, 127))[:, None]  # (B, 1)
+        now = torch.where(is_on | is_off, is_on, self.open.gather(1, pitch).squeeze(1))
+        self.open.scatter_(1, pitch, now[:, None])
         return tokens
 
 
@@ -206,12 +211,15 @@ def generate(
     generators: Sequence[torch.Generator] | None = None,
     grammar: Grammar | None = None,
     use_cache: bool = True,
-) -> Iterator[Tensor]:
+) -> Generator[Tensor, Tensor | None, None]:
     """Yield the next token of every row, (B,) long, up to max_new_tokens times; stop early by not iterating.
 
     prompt (B, P) is left-padded (`left_pad` (B,) counts the padding). Past the context window the window
     slides: the last half window is prefilled again and decoding goes on. `use_cache=False` recomputes the
     whole window for every token (the reference the cache is measured and tested against).
+
+    Rows that are done can be dropped: `gen.send(keep)` with a (B,) bool mask of the rows to go on with
+    returns the next tokens of those rows only (their order kept), so finished rows cost nothing.
     """
     B, P = prompt.shape
     device = prompt.device
@@ -220,19 +228,16 @@ def generate(
         raise GenerationError(
             f"prompt of {P} tokens exceeds the context window ({window})", code="primer_too_long"
         )
-    keep = max(1, window // 2)
+    keep_last = max(1, window // 2)
     left_pad = torch.zeros(B, dtype=torch.long, device=device) if left_pad is None else left_pad.to(device)
     temperature, top_p = (
         torch.as_tensor(x, dtype=torch.float32).expand(B).to(device) for x in (temperature, top_p)
     )
     V = model.cfg.vocab_size
     top_k = torch.as_tensor(V if top_k is None else top_k, dtype=torch.long).expand(B).to(device)
-    if generators is None:
-        generators = [torch.Generator().manual_seed(0) for _ in range(B)]
+    generators = list(generators) if generators is not None else [torch.Generator() for _ in range(B)]
 
-    seq = torch.empty(
-        B, P + max_new_tokens, dtype=torch.long, device=device
-    )  # all tokens, never concatenated
+    seq = torch.empty(B, P + max_new_tokens, dtype=torch.long, device=device)  # all tokens, no torch.cat
     seq[:, :P] = prompt
     cap = min(window, P + max_new_tokens)  # the cache's size; only a full window ever slides
     start = 0  # first position of the window the model sees
@@ -250,12 +255,23 @@ def generate(
                 token = grammar.advance(token)
             n = P + i + 1
             seq[:, n - 1] = token
-            yield token
+            keep = yield token
             if i + 1 == max_new_tokens:
                 return
+            if keep is not None and not bool(keep.all()):
+                rows = keep.to(device).nonzero().squeeze(1)
+                if not len(rows):
+                    return
+                seq, token, left_pad, lp = seq[rows], token[rows], left_pad[rows], lp[rows]
+                temperature, top_k, top_p = temperature[rows], top_k[rows], top_p[rows]
+                generators = [generators[r] for r in rows.tolist()]
+                if grammar is not None:
+                    grammar.select(rows)
+                if cache is not None:
+                    cache = cache.select(rows)
             slid = n - start > cap
             if slid:  # the window is full: keep its last half and prefill that again
-                start = n - keep
+                start = n - keep_last
                 lp = (left_pad - start).clamp(min=0)
             if cache is None:
                 logits = model(seq[:, start:n], left_pad=lp)[:, -1]
@@ -387,8 +403,7 @@ def generate_batch(
     """Continue every job's primer num_samples times, all rows as ONE batch (left padding for uneven primers).
 
     A row stops when its music reaches params.seconds, after params.max_new_tokens, or when should_stop(job)
-    returns True (checked every step). Rows that are done keep being fed until the batch is, and their tokens
-    are ignored.
+    returns True (checked every step); rows that are done leave the batch, so the others run faster.
     """
     if not jobs:
         return []
@@ -440,7 +455,7 @@ def generate_batch(
     t_first = None
     stop_requested()
     if not bool(done.all()):
-        tokens = generate(
+        gen = generate(
             model,
             prompt.to(device),
             max(max_new),
@@ -451,18 +466,24 @@ def generate_batch(
             generators=[torch.Generator().manual_seed(row_seed(seeds[j], i)) for j, i in rows],
             grammar=grammar,
         )
-        for step, token in enumerate(tokens):
-            if t_first is None:
-                t_first = time.perf_counter()
-            active = ~done
-            out[:, step] = token.cpu()
-            n_new += active.long()
-            elapsed = grammar.elapsed.cpu()
-            done |= active & ((elapsed >= grammar.limit.cpu()) | (n_new >= max_new_t))
+        alive = torch.arange(B)  # the batch row of each row generate() still runs
+        token = next(gen)
+        t_first = time.perf_counter()
+        for step in itertools.count():
+            out[alive, step] = token.cpu()
+            n_new[alive] += 1
+            reached = grammar.elapsed.cpu() >= grammar.limit.cpu()
+            done[alive] |= reached | (n_new[alive] >= max_new_t[alive])
             stop_requested()
             if bool(done.all()):
                 break
-        tokens.close()
+            keep = ~done[alive]
+            alive = alive[keep]
+            try:
+                token = gen.send(keep)  # done rows are dropped from the batch
+            except StopIteration:
+                break
+        gen.close()
     t_end = time.perf_counter()
     t_first = t_first or t_end
 

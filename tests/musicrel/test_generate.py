@@ -125,18 +125,22 @@ def test_cached_generation_equals_full_recompute(max_seq_len):
     primer = np.asarray(prepare_primer(CODEC, make_motif(), 2.0, max_tokens=max_seq_len - 8).tokens)
     prompt = torch.as_tensor(primer)[None].repeat(3, 1)
 
-    def run(use_cache: bool) -> torch.Tensor:
+    def run(use_cache: bool) -> tuple[torch.Tensor, torch.Tensor]:
         grammar = Grammar(CODEC, [primer] * 3, [10_000] * 3)
         gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
         it = generate(
             m, prompt, 100, temperature=torch.tensor([1.0, 0.7, 1.3]), top_k=torch.tensor([391, 20, 391]),
             top_p=torch.tensor([0.9, 1.0, 0.8]), generators=gens, grammar=grammar, use_cache=use_cache,
         )  # fmt: skip
-        return torch.stack(list(it), dim=1)
+        all_rows = [next(it) for _ in range(60)]
+        # Row 1 is done: drop it; rows 0 and 2 go on with their own generators and state.
+        rest = [it.send(torch.tensor([True, False, True]))] + list(it)
+        return torch.stack(all_rows, dim=1), torch.stack(rest, dim=1)
 
-    cached, full = run(True), run(False)
-    assert cached.shape == (3, 100)
+    (cached, cached_rest), (full, full_rest) = run(True), run(False)
+    assert cached.shape == (3, 60) and cached_rest.shape == (2, 40)
     torch.testing.assert_close(cached, full, rtol=0, atol=0)
+    torch.testing.assert_close(cached_rest, full_rest, rtol=0, atol=0)
 
 
 def test_job_is_the_same_alone_or_batched(model):

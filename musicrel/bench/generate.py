@@ -1,0 +1,204 @@
+"""`musicrel bench generate`: what the KV cache and batching buy, measured side by side in one run.
+
+- decoding one token with the cache vs recomputing the whole prefix (what a cache-less generator does), at
+  prefixes 512 and 1024 (goal >= 50x);
+- generate() throughput (sampling and grammar included) with 8 rows vs 1 (goal >= 4x);
+- the real-time factor of generate_batch on this machine: events per second / 40 (a dense piano texture plays
+  ~40 events per second; goal >= 10x).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+DEFAULT_CHECKPOINT = Path("checkpoints/default")
+EVENTS_PER_SECOND_OF_MUSIC = 40.0
+
+
+def register(bench_sub) -> None:
+    parser = bench_sub.add_parser(
+        "generate",
+        help="cached vs full-recompute decoding, batch 8 vs 1, real-time factor",
+        description="Token throughput of cached decoding against recomputing the prefix (512, 1024), of "
+        "batch 8 against batch 1, and the real-time factor (events/s / 40), measured in one run.",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="checkpoint folder (default: checkpoints/default if present, else a default-size random model)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens decoded per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (the median counts)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.set_defaults(func=run)
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up: allocator, kernels
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(args) -> int:
+    import numpy as np
+    import torch
+
+    from musicrel.checkpoint import load_codec, load_model
+    from musicrel.codec import EventCodec
+    from musicrel.config import ModelConfig
+    from musicrel.generate import (
+        Grammar,
+        Primer,
+        SamplingParams,
+        decode_one_token,
+        generate,
+        generate_batch,
+        prefill,
+    )
+    from musicrel.model import MusicTransformer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    checkpoint = args.checkpoint or (
+        DEFAULT_CHECKPOINT if (DEFAULT_CHECKPOINT / "config.json").is_file() else None
+    )
+    if checkpoint is not None:
+        model, codec, source = load_model(checkpoint, device=device), load_codec(checkpoint), str(checkpoint)
+    else:
+        codec = EventCodec()
+        torch.manual_seed(0)
+        model = MusicTransformer(ModelConfig(vocab_size=codec.vocab_size)).to(device).eval()
+        source = "random init (no checkpoint)"
+    cfg = model.cfg
+    n = args.tokens
+    rng = np.random.default_rng(0)
+    # Event tokens only (no specials): speed does not depend on content.
+    stream = torch.as_tensor(rng.integers(0, codec.pad_id, size=(8, cfg.max_seq_len)), device=device)
+
+    rows = []
+    with torch.inference_mode():
+        for prefix in (512, 1024):
+            if prefix > cfg.max_seq_len:
+                rows.append(
+                    (f"decode @ prefix {prefix}", "n/a", "n/a", f"> max_seq_len {cfg.max_seq_len}", "")
+                )
+                continue
+            x = stream[:1, :prefix]
+            steps = min(n, prefix - 1)
+
+            def full(x=x):
+                model(x)[:, -1]  # one new token costs a whole forward over the prefix
+                _sync(device)
+
+            def cached(x=x, steps=steps, prefix=prefix):
+                cache = model.new_cache(1, prefix)
+                prefill(model, x[:, : prefix - steps], cache)
+                _sync(device)
+                t0 = time.perf_counter()
+                for i in range(prefix - steps, prefix):
+                    decode_one_token(model, x[:, i], cache)
+                _sync(device)
+                return time.perf_counter() - t0
+
+            t_full = _median_time(full, args.repeats)
+            cached()
+            t_cached = statistics.median(cached() for _ in range(args.repeats)) / steps
+            rows.append(
+                (
+                    f"decode @ prefix {prefix} (tok/s)",
+                    f"recompute {1 / t_full:,.1f}",
+                    f"cached {1 / t_cached:,.1f}",
+                    f"{t_full / t_cached:,.1f}x",
+                    ">= 50x",
+                )
+            )
+
+    # Throughput of the generation loop itself (sampling + grammar), 8 rows vs 1, after a 256-token primer.
+    prompt_len = min(256, cfg.max_seq_len - n)
+    prompts = stream[:, :prompt_len].cpu().numpy()
+    decode_rate = {}
+    for batch in (1, 8):
+
+        def loop(batch=batch):
+            grammar = Grammar(codec, list(prompts[:batch]), [10**9] * batch, device=device)
+            gens = [torch.Generator().manual_seed(i) for i in range(batch)]
+            it = generate(model, stream[:batch, :prompt_len], n, generators=gens, grammar=grammar, top_p=0.95)
+            next(it)  # the prefill and the first token
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in it:
+                pass
+            _sync(device)
+            return time.perf_counter() - t0
+
+        loop()
+        t = statistics.median(loop() for _ in range(args.repeats))
+        decode_rate[batch] = batch * (n - 1) / t
+    rows.append(
+        (
+            "batch 8 vs 1 (tok/s)",
+            f"b=1 {decode_rate[1]:,.1f}",
+            f"b=8 {decode_rate[8]:,.1f}",
+            f"{decode_rate[8] / decode_rate[1]:.1f}x",
+            ">= 4x",
+        )
+    )
+
+    # End to end: generate_batch (prefill, sampling, grammar, rendering) on a 256-token primer.
+    primer = Primer(
+        tokens=prompts[0][: min(256, cfg.max_seq_len // 2)],
+        start_time=0.0,
+        end_time=0.0,
+        tempo=120.0,
+        program=0,
+        notes=[],
+    )
+    for batch in (1, 8):
+        params = SamplingParams(seconds=10_000.0, max_new_tokens=n * 4, seed=0, num_samples=batch)
+
+        def end_to_end(params=params):
+            generate_batch(model, codec, [(primer, params)])
+            _sync(device)
+
+        t = _median_time(end_to_end, args.repeats)
+        rate = batch * params.max_new_tokens / t
+        rows.append(
+            (
+                f"real-time factor, b={batch}",
+                f"{rate:,.0f} events/s",
+                f"/ {EVENTS_PER_SECOND_OF_MUSIC:g} events/s",
+                f"{rate / EVENTS_PER_SECOND_OF_MUSIC:,.1f}x",
+                ">= 10x" if batch == 1 else "",
+            )
+        )
+
+    print(
+        f"musicrel bench generate: {source}; {cfg.n_layers} layers, d_model {cfg.d_model}, "
+        f"{cfg.n_heads} heads, "
+        f"attention {cfg.attention}, max_seq_len {cfg.max_seq_len}, {model.num_parameters() / 1e6:.1f} M "
+        f"params; device {device}, torch threads {torch.get_num_threads()}, {n} tokens per measurement"
+    )
+    header = ("measure", "baseline", "ours", "ratio", "goal")
+    widths = [max(len(str(r[i])) for r in [*rows, header]) for i in range(len(header))]
+    line = " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    print(line)
+    print("-" * len(line))
+    for r in rows:
+        print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+    return 0

@@ -677,6 +677,7 @@ function showResult(body, elapsed) {
       const b = document.createElement("button");
       b.type = "button";
       b.setAttribute("role", "tab");
+      b.setAttribute("aria-controls", "roll");
       b.id = `sample-tab-${i}`;
       b.textContent = `Sample ${i + 1}`;
       b.addEventListener("click", () => selectSample(i));

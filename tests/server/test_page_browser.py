@@ -154,6 +154,7 @@ def test_out_of_bounds_setting_is_refused_before_sending(page, motif_file):
     assert page.get_attribute("#app", "data-state") != "loading"
 
 
+@pytest.mark.filterwarnings("ignore:Tempo, Key or Time signature:RuntimeWarning")  # one shared file has them
 def test_example_list_and_parser_agree_with_pretty_midi(page, motif_file):
     """Every bundled example is offered, and the page's own SMF parser reads the same notes as pretty_midi
     (which the server's codec uses), so the roll shows what the model hears."""
@@ -188,3 +189,22 @@ def test_example_pick_then_narrow_screen_has_no_horizontal_scroll(page):
     page.wait_for_function("!document.getElementById('continue').disabled")
     assert page.inner_text("#motif-info").startswith("Example:")
     assert page.evaluate("document.documentElement.scrollWidth") <= 360
+
+
+def test_drag_and_drop_loads_the_motif(page, motif_file):
+    page.evaluate(
+        """async b64 => {
+          const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+          const dt = new DataTransfer();
+          dt.items.add(new File([bytes], 'dropped.mid', { type: 'audio/midi' }));
+          const zone = document.getElementById('dropzone');
+          const init = { dataTransfer: dt, bubbles: true, cancelable: true };
+          zone.dispatchEvent(new DragEvent('dragover', init));
+          zone.dispatchEvent(new DragEvent('drop', init));
+        }""",
+        base64.b64encode(motif_file.read_bytes()).decode(),
+    )
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    info = page.inner_text("#motif-info")
+    assert info.startswith("Dropped: dropped.mid"), info
+    assert not page.eval_on_selector("#dropzone", "z => z.classList.contains('dragover')")

@@ -719,7 +719,8 @@ function selectSample(i) {
   a.download = s.filename;
   a.textContent = `Download ${state.samples.length > 1 ? `sample ${i + 1}` : "continuation"} (.mid)`;
   a.hidden = false;
-  $("info-notes").textContent = `${s.motifNotes.length} motif + ${s.contNotes.length} continuation`;
+  $("info-notes").textContent = `${s.motifNotes.length} motif (the primer: its last ${fmt(s.boundary, 1)} s) + ` +
+    `${s.contNotes.length} continuation`;
   $("play-all").disabled = !(s.motifNotes.length + s.contNotes.length);
   $("play-motif").disabled = !s.motifNotes.length;
   $("play-cont").disabled = !s.contNotes.length;

@@ -33,6 +33,16 @@ every sample as base64 MIDI with the seed, the settings used and timings. Every 
 """
 
 
+def _share_uvicorn_logging() -> None:
+    """Under uvicorn our log lines go where uvicorn's go, at its level (it sets up only its own loggers)."""
+    theirs = logging.getLogger("uvicorn")
+    if not log.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            log.addHandler(handler)
+        log.setLevel(logging.getLogger("uvicorn.error").getEffectiveLevel())
+        log.propagate = False
+
+
 def create_app(settings: Settings | None = None, generate: Callable[..., list] | None = None) -> FastAPI:
     """`generate` replaces musicrel.generate.generate_batch (same signature); tests wrap it."""
     settings = settings or Settings()
@@ -41,6 +51,7 @@ def create_app(settings: Settings | None = None, generate: Callable[..., list] |
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        _share_uvicorn_logging()
         await anyio.to_thread.run_sync(service.load)
         service.start()
         service.install_sigterm_handler()

@@ -13,6 +13,9 @@ from server.errors import error_response
 from server.metrics import Metrics
 
 CONTINUATIONS_PATH = "/v1/continuations"
+# Scope key: was the service draining when this request arrived? One that arrived before SIGTERM is served
+# even if its upload is still being read when the signal comes.
+DRAINING_AT_ARRIVAL = "musicrel.draining_at_arrival"
 
 
 class BodyTooLargeError(HTTPException):
@@ -100,6 +103,7 @@ class MetricsMiddleware:
             await send(message)
 
         if is_generation:
+            scope[DRAINING_AT_ARRIVAL] = self.service.draining
             self.service.in_flight += 1
             self.metrics.in_flight.inc()
         try:

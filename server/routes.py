@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server.batcher import Job, QueueFullError, WorkerStoppedError
 from server.deps import ParamsDep, ServiceDep, SettingsDep, WantsJsonDep
 from server.errors import ApiError, error_response
+from server.middleware import DRAINING_AT_ARRIVAL
 from server.schemas import (
     BatchInfo,
     ContinuationParams,
@@ -115,7 +116,7 @@ async def create_continuation(
 ) -> Any:
     from musicrel.generate import SamplingParams, default_max_primer_tokens, prepare_primer
 
-    service.check_accepting()
+    service.check_accepting(request.scope.get(DRAINING_AT_ARRIVAL, service.draining))
     settings, metrics = service.settings, service.metrics
     start = time.monotonic()
     deadline = start + settings.request_timeout_s

@@ -121,19 +121,24 @@ class Service:
     # ---- state -----------------------------------------------------------------------------------
 
     @property
-    def ready(self) -> bool:
-        return self.batcher is not None and self.batcher.ready.is_set() and not self.draining
+    def warm(self) -> bool:
+        return self.batcher is not None and self.batcher.ready.is_set()
 
-    def not_ready_reason(self) -> tuple[str, str]:
-        if self.draining:
+    @property
+    def ready(self) -> bool:
+        return self.warm and not self.draining
+
+    def not_ready_reason(self, draining: bool | None = None) -> tuple[str, str]:
+        if self.draining if draining is None else draining:
             return "draining", "the service is shutting down; retry on another instance"
         if self.batcher is not None and self.batcher.failed:
             return "not_ready", self.batcher.failed
         return "not_ready", "the model is loading or warming up"
 
-    def check_accepting(self) -> None:
-        if not self.ready:
-            code, message = self.not_ready_reason()
+    def check_accepting(self, draining: bool) -> None:
+        """`draining`: whether the service was draining when the request arrived."""
+        if draining or not self.warm:
+            code, message = self.not_ready_reason(draining)
             raise ApiError(503, code, message, headers={"Retry-After": str(self.settings.retry_after_s)})
 
     # ---- draining on SIGTERM ---------------------------------------------------------------------

@@ -28,8 +28,10 @@ class ModelConfig:
         Distances 0..k get their own embedding; farther keys share the one for k (clipping).
         None means max_seq_len - 1, i.e. no clipping (the paper's setting). Used by "skew" and "shaw".
     query_chunk_size:
-        None computes attention for all queries at once; an int processes queries in blocks of that many
-        (same result), so no L x L tensor is ever held: memory grows linearly in L.
+        Queries are processed in blocks of this many (same result): no L x L tensor is ever held, memory
+        grows linearly in L, and each block skips the keys after it, which roughly halves the work of the
+        relative schemes on CPU (128: whole model ~1.9x faster than unchunked at L=1024). None = all queries
+        at once. "absolute" without padding always uses SDPA's causal kernel, which needs no blocks.
     """
 
     vocab_size: int
@@ -44,7 +46,7 @@ class ModelConfig:
     absolute_kind: str = "learned"
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
-    query_chunk_size: int | None = None
+    query_chunk_size: int | None = 128
     tie_embeddings: bool = True
 
     def __post_init__(self) -> None:

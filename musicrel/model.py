@@ -97,18 +97,25 @@ class CausalSelfAttention(nn.Module):
             k = cache.k[layer, :, :, : t0 + t]  # (B, H, T, D)
             v = cache.v[layer, :, :, : t0 + t]  # (B, H, T, D)
 
-        # Query blocks: block [s, e) needs keys up to t0 + e only, so no block ever holds a t x T tensor.
-        block = self.cfg.query_chunk_size or t
-        outs = [
-            self._attend(
-                q[:, :, s : s + block],
-                k[:, :, : t0 + min(s + block, t)],
-                v[:, :, : t0 + min(s + block, t)],
-                left_pad,
-            )
-            for s in range(0, t, block)
-        ]
-        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, t, D)
+        T = t0 + t
+        if self.cfg.attention == "absolute" and left_pad is None and t in (1, T):
+            # SDPA's causal kernel never materialises the logits and skips the masked half: the fastest
+            # baseline. (One query after the cache sees every key, so it needs no mask at all.)
+            dropout_p = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=t > 1)  # (B, H, t, D)
+        else:
+            # Query blocks: block [s, e) reads keys [0, t0 + e) only, so the masked upper triangle is skipped
+            # block by block (faster on CPU) and no block ever holds a t x T tensor (memory linear in T).
+            block = self.cfg.query_chunk_size or t
+            y = torch.cat(
+                [
+                    self._attend(
+                        q[:, :, s : s + block], k[:, :, : t0 + s + block], v[:, :, : t0 + s + block], left_pad
+                    )
+                    for s in range(0, t, block)
+                ],
+                dim=2,
+            )  # (B, H, t, D)
         y = y.transpose(1, 2).contiguous().view(B, t, C)  # (B, t, C)
         return self.proj(y)
 
@@ -119,13 +126,9 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         scale = 1.0 / math.sqrt(self.head_dim)
 
-        if scheme == "absolute":
-            if left_pad is None and t == T:
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-            mask = None if left_pad is None and t == 1 else causal_allowed(t, T, left_pad, q.device)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-
         allowed = causal_allowed(t, T, left_pad, q.device)  # (t, T) or (B, 1, t, T)
+        if scheme == "absolute":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
         if scheme == "skew":
             # SDPA adds a float attn_mask after scaling Q·Kᵀ, so pre-scale E (O(T·D)) rather than S_rel.
             E = clipped_table(self.E_r, T) * scale  # (H, T, D)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -37,14 +38,18 @@ def register(bench_sub) -> None:
     parser.set_defaults(func=run)
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up: allocator, kernels
-    times = []
+def _side_by_side(fns: dict, repeats: int) -> dict:
+    """Median seconds of each timed function, repetitions alternating between them so that load changes on a
+    shared machine hit every contender alike. A function may return its own timing (to leave out setup)."""
+    for fn in fns.values():
+        fn()  # warm-up: allocator, kernels
+    times: dict = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            own = fn()
+            times[name].append(own if own is not None else time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _sync(device) -> None:
@@ -116,9 +121,8 @@ def run(args) -> int:
                 _sync(device)
                 return time.perf_counter() - t0
 
-            t_full = _median_time(full, args.repeats)
-            cached()
-            t_cached = statistics.median(cached() for _ in range(args.repeats)) / steps
+            t = _side_by_side({"full": full, "cached": cached}, args.repeats)
+            t_full, t_cached = t["full"], t["cached"] / steps
             rows.append(
                 (
                     f"decode @ prefix {prefix} (tok/s)",
@@ -132,24 +136,21 @@ def run(args) -> int:
     # Throughput of the generation loop itself (sampling + grammar), 8 rows vs 1, after a 256-token primer.
     prompt_len = min(256, cfg.max_seq_len - n)
     prompts = stream[:, :prompt_len].cpu().numpy()
-    decode_rate = {}
-    for batch in (1, 8):
 
-        def loop(batch=batch):
-            grammar = Grammar(codec, list(prompts[:batch]), [10**9] * batch, device=device)
-            gens = [torch.Generator().manual_seed(i) for i in range(batch)]
-            it = generate(model, stream[:batch, :prompt_len], n, generators=gens, grammar=grammar, top_p=0.95)
-            next(it)  # the prefill and the first token
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in it:
-                pass
-            _sync(device)
-            return time.perf_counter() - t0
+    def loop(batch):
+        grammar = Grammar(codec, list(prompts[:batch]), [10**9] * batch, device=device)
+        gens = [torch.Generator().manual_seed(i) for i in range(batch)]
+        it = generate(model, stream[:batch, :prompt_len], n, generators=gens, grammar=grammar, top_p=0.95)
+        next(it)  # the prefill and the first token
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in it:
+            pass
+        _sync(device)
+        return time.perf_counter() - t0
 
-        loop()
-        t = statistics.median(loop() for _ in range(args.repeats))
-        decode_rate[batch] = batch * (n - 1) / t
+    t = _side_by_side({1: lambda: loop(1), 8: lambda: loop(8)}, args.repeats)
+    decode_rate = {batch: batch * (n - 1) / t[batch] for batch in (1, 8)}
     rows.append(
         (
             "batch 8 vs 1 (tok/s)",
@@ -169,15 +170,17 @@ def run(args) -> int:
         program=0,
         notes=[],
     )
+    params = {
+        b: SamplingParams(seconds=10_000.0, max_new_tokens=n * 4, seed=0, num_samples=b) for b in (1, 8)
+    }
+
+    def end_to_end(batch):
+        generate_batch(model, codec, [(primer, params[batch])])
+        _sync(device)
+
+    t = _side_by_side({1: lambda: end_to_end(1), 8: lambda: end_to_end(8)}, args.repeats)
     for batch in (1, 8):
-        params = SamplingParams(seconds=10_000.0, max_new_tokens=n * 4, seed=0, num_samples=batch)
-
-        def end_to_end(params=params):
-            generate_batch(model, codec, [(primer, params)])
-            _sync(device)
-
-        t = _median_time(end_to_end, args.repeats)
-        rate = batch * params.max_new_tokens / t
+        rate = batch * params[batch].max_new_tokens / t[batch]
         rows.append(
             (
                 f"real-time factor, b={batch}",
@@ -192,7 +195,8 @@ def run(args) -> int:
         f"musicrel bench generate: {source}; {cfg.n_layers} layers, d_model {cfg.d_model}, "
         f"{cfg.n_heads} heads, "
         f"attention {cfg.attention}, max_seq_len {cfg.max_seq_len}, {model.num_parameters() / 1e6:.1f} M "
-        f"params; device {device}, torch threads {torch.get_num_threads()}, {n} tokens per measurement"
+        f"params; device {device}, torch threads {torch.get_num_threads()}, {n} tokens per measurement, "
+        f"median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     header = ("measure", "baseline", "ours", "ratio", "goal")
     widths = [max(len(str(r[i])) for r in [*rows, header]) for i in range(len(header))]

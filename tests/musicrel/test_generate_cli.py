@@ -88,3 +88,13 @@ def test_generate_with_lightning_predict_matches_single_process(setup):
         name = f"sub/good.sample{i}.mid"
         assert (tmp_path / "pl" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
     assert json.loads((tmp_path / "pl" / "summary.json").read_text())["counts"]["ok"] == 1
+
+
+def test_bench_generate_smoke(setup, capsys):
+    """The benchmark runs end to end and prints its table (speed itself is never asserted in tests)."""
+    tmp_path, _ = setup
+    argv = ["bench", "generate", "--checkpoint", str(tmp_path / "ckpt"), "--tokens", "8", "--repeats", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "decode @ prefix 512" in out and "> max_seq_len 128" in out  # the tiny model cannot reach 512
+    assert "batch 8 vs 1" in out and "real-time factor, b=1" in out

@@ -554,21 +554,31 @@ def render(
         np.flatnonzero(open_pitches(codec, np.concatenate([primer_tokens, new_tokens])))
         + codec.note_off_offset
     )
-    notes = codec.decode_notes(np.concatenate([primer_tokens, new_tokens, closing]).astype(np.int64))
+    decoded = codec.decode(np.concatenate([primer_tokens, new_tokens, closing]).astype(np.int64)).instruments
     offset = primer.end_time if include_primer else 0.0
     eps = 1e-6
     continuation = []
-    for n in notes:
+    for n in decoded[0].notes if decoded else []:
         start, end = n.start - t_primer, min(n.end - t_primer, length)
         if start >= -eps and end - start > eps:
             continuation.append(pretty_midi.Note(n.velocity, n.pitch, max(start, 0.0) + offset, end + offset))
+    # Sustain pedal (codecs with pedal="events"): keep the continuation's changes, released at the end.
+    pedal = [
+        pretty_midi.ControlChange(c.number, c.value, min(max(c.time - t_primer, 0.0), length) + offset)
+        for c in (decoded[0].control_changes if decoded else [])
+        if c.time >= t_primer - eps
+    ]
+    if pedal and pedal[-1].value >= 64:
+        pedal.append(pretty_midi.ControlChange(64, 0, offset + length))
 
-    pm = pretty_midi.PrettyMIDI(initial_tempo=primer.tempo)
+    # 960 ticks per beat: the 10 ms grid survives writing at any usual tempo (< 1 ms per tick).
+    pm = pretty_midi.PrettyMIDI(resolution=960, initial_tempo=primer.tempo)
     inst = pretty_midi.Instrument(program=primer.program, name="musicrel")
     if include_primer:
         inst.notes.extend(pretty_midi.Note(n.velocity, n.pitch, n.start, n.end) for n in primer.motif_notes)
     inst.notes.extend(continuation)
     inst.notes.sort(key=lambda n: (n.start, n.pitch))
+    inst.control_changes = pedal
     pm.instruments.append(inst)
     if seed is not None:
         label = f"musicrel seed={seed}" + ("" if sample_index is None else f" sample={sample_index}")

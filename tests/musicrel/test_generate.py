@@ -322,3 +322,33 @@ def test_sample_respects_top_k_and_top_p(seed, top_k, top_p, temperature):
         assert torch.isfinite(logits[row, tok])
     greedy = sample(logits, torch.ones(4), torch.ones(4, dtype=torch.long), torch.ones(4), gens)
     assert greedy.tolist() == logits.argmax(-1).tolist()
+
+
+def test_render_keeps_the_pedal_of_an_events_codec_and_releases_it():
+    from musicrel.codec import CodecConfig
+
+    codec = EventCodec(CodecConfig(pedal="events"))
+    primer = prepare_primer(codec, make_motif(4), 2.0)
+    shift = codec.time_shift_offset
+    tokens = [
+        codec.pedal_on_id,
+        codec.note_on_offset + 60,
+        shift + 49,
+        codec.note_off_offset + 60,
+        shift + 49,
+    ]
+    pm = render(codec, primer, tokens)
+    cc = [(c.number, c.value, round(c.time, 3)) for c in pm.instruments[0].control_changes]
+    assert cc == [(64, 127, 0.0), (64, 0, 1.0)]
+    assert [(n.pitch, n.start, n.end) for n in pm.instruments[0].notes] == [(60, 0.0, 0.5)]
+
+
+def test_tracks_select_notes_and_program():
+    pm = make_motif(8, program=24)  # [drums, program 24]
+    other = pretty_midi.Instrument(program=56)
+    other.notes = [pretty_midi.Note(100, 40, 0.0, 3.0)]
+    pm.instruments.append(other)
+    merged = prepare_primer(CODEC, pm, 30.0)
+    only = prepare_primer(CODEC, pm, 30.0, tracks=[2])
+    assert merged.program == 24 and only.program == 56
+    assert {n.pitch for n in only.notes} == {40} and 40 in {n.pitch for n in merged.notes}

@@ -66,8 +66,12 @@ class Service:
 
     def load(self) -> None:
         """Load the checkpoint once (blocking: called in a thread during start-up)."""
+        import torch
+
         from musicrel.checkpoint import load_codec, load_model
 
+        if self.settings.torch_threads is not None:
+            torch.set_num_threads(self.settings.torch_threads)
         folder = Path(self.settings.checkpoint)
         self.model = load_model(folder, device=self.settings.device)
         self.codec = load_codec(folder)

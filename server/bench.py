@@ -1,0 +1,159 @@
+"""`musicrel bench serve`: requests per second of a real uvicorn process, serial vs concurrent, side by side.
+
+Both phases send the same requests (same motif, same seeds, so the same music and token counts); the ratio
+shows what micro-batching buys. Without --checkpoint a random model of the default ModelConfig size is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def register(bench_subparsers) -> None:
+    p = bench_subparsers.add_parser(
+        "serve",
+        help="service throughput: serial vs N concurrent clients (micro-batching)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--checkpoint", type=Path, default=None, help="default: a random default-size model")
+    p.add_argument("--requests", type=int, default=16, help="requests per phase")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=2.0, help="music per request")
+    p.add_argument("--batch-window-ms", type=float, default=20.0)
+    p.add_argument("--torch-threads", type=int, default=None, help="MUSICREL_TORCH_THREADS for the server")
+    p.set_defaults(func=run)
+
+
+def _motif() -> bytes:
+    import io
+
+    import pretty_midi
+
+    pm = pretty_midi.PrettyMIDI(initial_tempo=110)
+    piano = pretty_midi.Instrument(program=0)
+    for i in range(32):
+        piano.notes.append(pretty_midi.Note(80, 55 + (i * 5) % 19, i * 0.25, i * 0.25 + 0.22))
+    pm.instruments.append(piano)
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    return buffer.getvalue()
+
+
+def _random_checkpoint(folder: Path) -> Path:
+    import torch
+
+    from musicrel.checkpoint import save_model
+    from musicrel.codec import EventCodec
+    from musicrel.config import ModelConfig
+    from musicrel.model import MusicTransformer
+
+    torch.manual_seed(0)
+    codec = EventCodec()
+    save_model(MusicTransformer(ModelConfig(vocab_size=codec.vocab_size)), folder, codec=codec)
+    return folder
+
+
+def _phase(url: str, motif: bytes, seeds: list[int], seconds: float, concurrency: int) -> tuple[float, int]:
+    import httpx
+
+    tokens: list[int] = []
+    errors: list[str] = []
+    todo = list(seeds)
+    lock = threading.Lock()
+
+    def client() -> None:
+        with httpx.Client(base_url=url, timeout=600) as http:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    seed = todo.pop(0)
+                r = http.post(
+                    "/v1/continuations",
+                    files={"file": ("motif.mid", motif, "audio/midi")},
+                    data={"seconds": str(seconds), "seed": str(seed)},
+                )
+                if r.status_code != 200:
+                    errors.append(r.text)
+                    return
+                tokens.append(int(r.headers["x-musicrel-tokens"]))
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"request failed: {errors[0]}")
+    return wall, sum(tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = args.checkpoint or _random_checkpoint(Path(tmp) / "ckpt")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        env = {
+            **os.environ,
+            "MUSICREL_CHECKPOINT": str(checkpoint),
+            "MUSICREL_BATCH_WINDOW_MS": str(args.batch_window_ms),
+            "MUSICREL_MAX_BATCH_ROWS": str(max(16, args.concurrency)),
+            "MUSICREL_MAX_SECONDS": str(max(60.0, args.seconds)),
+        }
+        if args.torch_threads:
+            env["MUSICREL_TORCH_THREADS"] = str(args.torch_threads)
+        command = [sys.executable, "-m", "uvicorn", "server.app:app", "--port", str(port)]
+        command += ["--log-level", "warning"]
+        server = subprocess.Popen(command, env=env, cwd=Path(__file__).resolve().parents[1])
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if httpx.get(f"{url}/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the server did not become ready")
+                time.sleep(0.2)
+            motif = _motif()
+            seeds = list(range(args.requests))
+            serial_s, serial_tokens = _phase(url, motif, seeds, args.seconds, 1)
+            conc_s, conc_tokens = _phase(url, motif, seeds, args.seconds, args.concurrency)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+
+    rows = [
+        ("serial", 1, serial_s, serial_tokens),
+        (f"concurrent x{args.concurrency}", args.concurrency, conc_s, conc_tokens),
+    ]
+    threads = args.torch_threads or "default"
+    print(
+        f"{args.requests} requests of {args.seconds:g} s each, batch window {args.batch_window_ms:g} ms, "
+        f"torch threads {threads}"
+    )
+    header = ("mode", "clients", "wall s", "req/s", "tokens", "tok/s", "vs serial")
+    print(f"{header[0]:<16} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))
+    for name, clients, wall, tokens in rows:
+        ratio = serial_s / wall
+        print(
+            f"{name:<16} {clients:>7} {wall:>7.2f} {args.requests / wall:>7.2f} {tokens:>7} "
+            f"{tokens / wall:>7.0f} {ratio:>8.2f}x"
+        )
+    return 0

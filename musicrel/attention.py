@@ -60,10 +60,8 @@ def relative_logits_naive(q: Tensor, E_r: Tensor) -> Tensor:
     intermediate (t, T, D) per head. Reference for tests and the memory benchmark only."""
     t, T = q.size(-2), E_r.size(-2)
     rows = T - 1 - relative_distances(t, T, q.device)  # (t, T)
-    E = E_r[..., rows, :]  # (t, T, D) or (H, t, T, D)
-    if E.dim() == 3:
-        return torch.einsum("bhid,ijd->bhij", q, E)
-    return torch.einsum("bhid,hijd->bhij", q, E)
+    E = E_r[..., rows, :]  # (t, T, D) or (H, t, T, D): the O(L²D) tensor
+    return (E @ q.unsqueeze(-1)).squeeze(-1)  # (B, H, t, T, 1) -> (B, H, t, T); no second copy of E
 
 
 def causal_allowed(t: int, T: int, left_pad: Tensor | None, device=None) -> Tensor:

@@ -89,37 +89,37 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, t, D)
         k = k.view(B, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, t, D)
         v = v.view(B, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, t, D)
-        t0 = 0
         if cache is not None:
             t0 = cache.length
             cache.k[layer, :, :, t0 : t0 + t] = k
             cache.v[layer, :, :, t0 : t0 + t] = v
             k = cache.k[layer, :, :, : t0 + t]  # (B, H, T, D)
             v = cache.v[layer, :, :, : t0 + t]  # (B, H, T, D)
+        y = self.attend(q, k, v, left_pad)  # (B, H, t, D)
+        y = y.transpose(1, 2).contiguous().view(B, t, C)  # (B, t, C)
+        return self.proj(y)
 
-        T = t0 + t
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, left_pad: Tensor | None) -> Tensor:
+        """t queries at the LAST t of T positions: q (B, H, t, D), k, v (B, H, T, D) -> (B, H, t, D)."""
+        t, T = q.size(2), k.size(2)
         if self.cfg.attention == "absolute" and left_pad is None and t in (1, T):
             # SDPA's causal kernel never materialises the logits and skips the masked half: the fastest
             # baseline. (One query after the cache sees every key, so it needs no mask at all.)
             dropout_p = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=t > 1)  # (B, H, t, D)
-        else:
-            # Query blocks: block [s, e) reads keys [0, t0 + e) only, so the masked upper triangle is skipped
-            # block by block (faster on CPU) and no block ever holds a t x T tensor (memory linear in T).
-            block = self.cfg.query_chunk_size or t
-            y = torch.cat(
-                [
-                    self._attend(
-                        q[:, :, s : s + block], k[:, :, : t0 + s + block], v[:, :, : t0 + s + block], left_pad
-                    )
-                    for s in range(0, t, block)
-                ],
-                dim=2,
-            )  # (B, H, t, D)
-        y = y.transpose(1, 2).contiguous().view(B, t, C)  # (B, t, C)
-        return self.proj(y)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=t > 1)
+        # Query blocks: block [s, e) reads keys up to its own last query only, so the masked upper triangle is
+        # skipped block by block (faster on CPU) and no block ever holds a t x T tensor (memory linear in T).
+        block = self.cfg.query_chunk_size or t
+        past = T - t
+        outs = [
+            self._attend_block(
+                q[:, :, s : s + block], k[:, :, : past + s + block], v[:, :, : past + s + block], left_pad
+            )
+            for s in range(0, t, block)
+        ]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, t, D)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, left_pad: Tensor | None) -> Tensor:
+    def _attend_block(self, q: Tensor, k: Tensor, v: Tensor, left_pad: Tensor | None) -> Tensor:
         """q (B, H, t, D) for the LAST t of T key positions; k, v (B, H, T, D) -> (B, H, t, D)."""
         t, T = q.size(2), k.size(2)
         scheme = self.cfg.attention

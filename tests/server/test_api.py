@@ -375,7 +375,7 @@ def test_concurrent_requests_share_batches(tiny_checkpoint):
 def test_queue_full_is_429_and_deadline_is_504(tiny_checkpoint):
     gate = Gate()
     with serve(
-        tiny_checkpoint, generate=gate, max_queue=1, batch_window_ms=0, max_batch_rows=1, request_timeout_s=3
+        tiny_checkpoint, generate=gate, max_queue=1, batch_window_ms=0, max_batch_rows=1, request_timeout_s=2
     ) as (client, service):
         gate.hold()
         first: dict = {}
@@ -480,3 +480,20 @@ def test_unexpected_failure_is_json_500(tiny_checkpoint):
         response = post(client, **FAST)
         assert response.status_code == 500
         assert error_of(response)["code"] == "internal" and "boom" not in response.text
+
+
+# ---- musicrel serve ------------------------------------------------------------------------------
+
+
+def test_serve_refuses_a_missing_checkpoint_or_bad_setting(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    from musicrel.cli import main
+
+    monkeypatch.delenv("MUSICREL_CHECKPOINT", raising=False)  # serve sets it for its workers; undone after
+    assert main(["serve", "--checkpoint", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "checkpoint_missing" in err and "nope" in err
+
+    monkeypatch.setenv("MUSICREL_MAX_QUEUE", "0")
+    assert main(["serve", "--checkpoint", str(tiny_checkpoint)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "MUSICREL_MAX_QUEUE" in err

@@ -62,7 +62,9 @@ class Job:
         def settle() -> None:
             if self.future.done():
                 return
-            if error is not None:
+            if error is not None and self.stop_reason is not None:
+                self.future.cancel()  # nobody awaits it any more: no "exception never retrieved" warning
+            elif error is not None:
                 self.future.set_exception(error)
             else:
                 self.future.set_result(result)

@@ -25,6 +25,7 @@ from musicrel.errors import MusicrelError
 REPORT_NAME = "corpus_report.json"
 # A few scores make music21 crawl for minutes; one stuck work must not stall the export.
 WORK_TIMEOUT_S = 180
+TICKS_PER_QUARTER = 960
 _SMALL = 60_000  # estimated bytes of score text: parsed in seconds
 _COMPRESSED = 8  # .mxl is zipped MusicXML: weigh its size as the text it holds
 _ABC_NUMBER = re.compile(r"^X:\s*(\d+)", flags=re.MULTILINE)
@@ -97,7 +98,11 @@ def _export_one(args: tuple[Work, str]) -> tuple[str, str | None]:
     import warnings
 
     warnings.simplefilter("ignore")
-    from music21 import corpus, stream
+    from music21 import corpus, defaults, stream
+
+    # music21 writes 10080 ticks per quarter: a long folk tune then passes the codec's max_ticks cap on
+    # hostile files. 960 keeps triplets and quintuplets exact, far below the codec's 10 ms grid.
+    defaults.ticksPerQuarter = defaults.ticksAtStart = TICKS_PER_QUARTER
 
     use_alarm = hasattr(signal, "SIGALRM")
     if use_alarm:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -256,5 +257,7 @@ def run_cli(argv: list[str]) -> None:
             args.append("--ckpt_path=" + a.split("=", 1)[1])
         else:
             args.append(a)
+    # LightningCLI warns when given args while sys.argv is non-empty: here forwarding them is the point.
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     MusicCLI(MusicLM, MusicDataModule, args=["fit", *args], save_config_kwargs={"overwrite": True},
              parser_kwargs={"fit": {"description": "Train a Music Transformer (musicrel train)."}})

@@ -96,5 +96,6 @@ def test_bench_generate_smoke(setup, capsys):
     argv = ["bench", "generate", "--checkpoint", str(tmp_path / "ckpt"), "--tokens", "8", "--repeats", "1"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "decode @ prefix 512" in out and "> max_seq_len 128" in out  # the tiny model cannot reach 512
+    # The tiny model's window (128) is too short for the long prefixes: a 1024-window stand-in is measured.
+    assert "decode @ prefix 1024" in out and "max_seq_len 1024 (random weights)" in out
     assert "batch 8 vs 1" in out and "real-time factor, b=1" in out

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import importlib
 
-BENCH_MODULES = ("musicrel.bench.codec", "musicrel.bench.attention", "musicrel.bench.generate")
+BENCH_MODULES = (
+    "musicrel.bench.codec",
+    "musicrel.bench.attention",
+    "musicrel.bench.generate",
+    "server.bench",
+)
 
 
 def register(subparsers) -> None:

@@ -26,6 +26,9 @@ REPORT_NAME = "corpus_report.json"
 # A few scores make music21 crawl for minutes; one stuck work must not stall the export.
 WORK_TIMEOUT_S = 180
 TICKS_PER_QUARTER = 960
+# Roman-numeral analyses (.rntxt) are harmonic annotations of pieces the corpus also holds, not music to learn.
+_NOT_SCORES = (".rntxt",)
+_PREFERRED = (".mxl", ".musicxml", ".xml", ".krn", ".abc")
 _SMALL = 60_000  # estimated bytes of score text: parsed in seconds
 _COMPRESSED = 8  # .mxl is zipped MusicXML: weigh its size as the text it holds
 _ABC_NUMBER = re.compile(r"^X:\s*(\d+)", flags=re.MULTILINE)
@@ -59,6 +62,8 @@ def list_works(limit: int | None = None) -> list[Work]:
     root = Path(music21.corpus.__file__).resolve().parent
     costed: list[tuple[float, Work]] = []
     for path in paths:
+        if path.suffix.lower() in _NOT_SCORES:
+            continue
         try:
             rel = path.resolve().relative_to(root)
         except ValueError:  # a user-registered local corpus outside the package
@@ -73,7 +78,13 @@ def list_works(limit: int | None = None) -> list[Work]:
             costed += [(size / len(numbers), Work(str(path), n, f"{stem}-X{n:04d}.mid")) for n in numbers]
         else:
             costed.append((size, Work(str(path), None, f"{stem}.mid")))
-    costed.sort(key=lambda cw: (cw[0], cw[1].out))
+    # The same piece sometimes ships twice (opus18no1/movement3 as .krn and .mxl): keep the preferred format.
+    best: dict[str, tuple[float, Work]] = {}
+    for cw in costed:
+        other = best.get(cw[1].out)
+        if other is None or _rank(cw[1]) < _rank(other[1]):
+            best[cw[1].out] = cw
+    costed = sorted(best.values(), key=lambda cw: (cw[0], cw[1].out))
     # Small works first, taken in turn from each collection (so that Bach and Palestrina are not queued behind
     # 8000 Essen tunes); then the big scores, smallest first.
     groups: dict[str, list[Work]] = {}
@@ -83,6 +94,11 @@ def list_works(limit: int | None = None) -> list[Work]:
     small = [w for group in itertools.zip_longest(*groups.values()) for w in group if w is not None]
     works = small + [w for cost, w in costed if cost > _SMALL]
     return works if limit is None else works[:limit]
+
+
+def _rank(work: Work) -> int:
+    suffix = Path(work.path).suffix.lower()
+    return _PREFERRED.index(suffix) if suffix in _PREFERRED else len(_PREFERRED)
 
 
 def _timeout(signum, frame):

@@ -28,24 +28,29 @@ def clipped_table(E_r: Tensor, T: int) -> Tensor:
     return torch.cat([far, E_r], dim=-2)
 
 
+def skew(x: Tensor) -> Tensor:
+    """(..., t, T + 1) contiguous, column c + 1 = distance T-1-c -> (..., t, T) view indexed by key position.
+
+    The paper pads Q·E_rᵀ with a zero column, reshapes and slices; here the padding column is already part of
+    x. Row i must shift left by t - 1 - i: in the flat t·(T+1) buffer, entry [i, j] sits at t + i·T + j, so
+    dropping the first t entries and reading rows of T does exactly that (t == T: the paper's "drop the first
+    row"). Column 0 of x only ever lands on future keys (j = query position + 1), so it may hold anything.
+    """
+    t, T = x.size(-2), x.size(-1) - 1
+    lead = x.shape[:-2]
+    return x.view(*lead, t * (T + 1))[..., t:].view(*lead, t, T)
+
+
 def relative_logits_skew(q: Tensor, E_r: Tensor) -> Tensor:
     """S_rel by skewing (Huang et al. 2018): q (B, H, t, D), E_r (T, D) or (H, T, D) -> (B, H, t, T).
 
     S_rel[..., i, j] = q_i · E_r[row of distance (T - t + i) - j] for keys j <= T - t + i; entries for later
     keys are garbage (the caller masks them). Memory: one (B, H, t, T + 1) tensor, S_rel is a view into it.
     """
-    t, T = q.size(-2), E_r.size(-2)
-    # The paper pads Q·E_rᵀ with a zero column, reshapes and slices. Prepending a zero row to E_r produces the
-    # padded product directly, so the only L x L allocation is the matmul output itself.
+    # Prepending a zero row to E_r yields the padded product directly: the only L x L allocation is the
+    # matmul output itself.
     E_pad = F.pad(E_r, (0, 0, 1, 0))  # (..., T + 1, D)
-    QE = q @ E_pad.transpose(
-        -1, -2
-    )  # (B, H, t, T + 1); column 0 is the padding, column c + 1 = distance T-1-c
-    lead = QE.shape[:-2]
-    # Row i must shift left by t - 1 - i. In the flat (t·(T+1)) buffer, S_rel[i, j] sits at t + i·T + j, so
-    # dropping the first t entries and reading rows of T does exactly that (t == T: the paper's "drop the
-    # first row").
-    return QE.view(*lead, t * (T + 1))[..., t:].view(*lead, t, T)  # (B, H, t, T)
+    return skew(q @ E_pad.transpose(-1, -2))  # (B, H, t, T + 1) -> (B, H, t, T)
 
 
 def relative_distances(t: int, T: int, device=None) -> Tensor:

@@ -18,8 +18,8 @@ from musicrel.attention import (
     causal_allowed,
     clipped_table,
     relative_distances,
-    relative_logits_skew,
     sinusoidal_positions,
+    skew,
     t5_buckets,
 )
 from musicrel.config import ModelConfig
@@ -107,53 +107,67 @@ class CausalSelfAttention(nn.Module):
             # baseline. (One query after the cache sees every key, so it needs no mask at all.)
             dropout_p = self.dropout if self.training else 0.0
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=t > 1)
-        # Query blocks: block [s, e) reads keys up to its own last query only, so the masked upper triangle is
+        # Query blocks: a block reads keys up to its own last query only, so the masked upper triangle is
         # skipped block by block (faster on CPU) and no block ever holds a t x T tensor (memory linear in T).
+        # Everything that depends only on distances is prepared once here, for distances T..0.
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if self.cfg.attention == "skew":
+            # SDPA adds a float attn_mask after scaling Q·Kᵀ, so pre-scale E (O(T·D)) rather than S_rel. One
+            # row more than the T distances: it becomes the skew's padding column.
+            table = clipped_table(self.E_r, T + 1) * scale  # (H, T + 1, D)
+        elif self.cfg.attention == "t5":
+            distances = torch.arange(T, -1, -1, device=q.device)  # (T + 1,)
+            buckets = t5_buckets(distances, self.cfg.t5_num_buckets, self.cfg.t5_max_distance)
+            table = self.rel_bias(buckets).T.to(q.dtype)  # (H, T + 1)
         block = self.cfg.query_chunk_size or t
-        past = T - t
-        outs = [
-            self._attend_block(
-                q[:, :, s : s + block], k[:, :, : past + s + block], v[:, :, : past + s + block], left_pad
-            )
-            for s in range(0, t, block)
-        ]
+        future = torch.ones(block, block, dtype=torch.bool, device=q.device).triu_(1)  # (c, c)
+        outs = []
+        for s in range(0, t, block):
+            c = min(block, t - s)  # queries in this block
+            e = T - t + s + c  # keys it may see: [0, e)
+            qb, kb, vb = q[:, :, s : s + c], k[:, :, :e], v[:, :, :e]  # (B, H, c, D), (B, H, e, D)
+            if self.cfg.attention == "skew":
+                S_rel = skew(qb @ table[:, T - e :].transpose(-1, -2))  # (B, H, c, e + 1) -> (B, H, c, e)
+                outs.append(self._sdpa(qb, kb, vb, self._mask(S_rel, future, left_pad)))
+            elif self.cfg.attention == "t5":
+                bias = skew(table[:, None, T - e :].expand(-1, c, -1).contiguous())  # (H, c, e)
+                outs.append(self._sdpa(qb, kb, vb, self._mask(bias, future, left_pad)))
+            elif self.cfg.attention == "absolute":
+                outs.append(self._sdpa(qb, kb, vb, causal_allowed(c, e, left_pad, q.device)))
+            else:
+                outs.append(self._shaw(qb, kb, vb, causal_allowed(c, e, left_pad, q.device), scale))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, t, D)
 
-    def _attend_block(self, q: Tensor, k: Tensor, v: Tensor, left_pad: Tensor | None) -> Tensor:
-        """q (B, H, t, D) for the LAST t of T key positions; k, v (B, H, T, D) -> (B, H, t, D)."""
-        t, T = q.size(2), k.size(2)
-        scheme = self.cfg.attention
-        dropout_p = self.dropout if self.training else 0.0
-        scale = 1.0 / math.sqrt(self.head_dim)
+    @staticmethod
+    def _mask(S: Tensor, future: Tensor, left_pad: Tensor | None) -> Tensor:
+        """-inf on keys a query may not see. S (..., c, e) holds the LAST c queries of e keys; without padding
+        only its trailing c x c square has future keys (masked in place)."""
+        c, e = S.shape[-2:]
+        if left_pad is None:
+            S[..., e - c :].masked_fill_(future[:c, :c], float("-inf"))
+            return S
+        return S.masked_fill(~causal_allowed(c, e, left_pad, S.device), float("-inf"))  # (B, H, c, e)
 
-        allowed = causal_allowed(t, T, left_pad, q.device)  # (t, T) or (B, 1, t, T)
-        if scheme == "absolute":
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-        if scheme == "skew":
-            # SDPA adds a float attn_mask after scaling Q·Kᵀ, so pre-scale E (O(T·D)) rather than S_rel.
-            E = clipped_table(self.E_r, T) * scale  # (H, T, D)
-            S_rel = relative_logits_skew(q, E)  # (B, H, t, T), a view into one fresh buffer
-            S_rel.masked_fill_(~allowed, float("-inf"))
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=S_rel, dropout_p=dropout_p)
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )
 
-        distance = relative_distances(t, T, q.device)  # (t, T)
-        if scheme == "t5":
-            buckets = t5_buckets(distance, self.cfg.t5_num_buckets, self.cfg.t5_max_distance)  # (t, T)
-            bias = self.rel_bias(buckets).permute(2, 0, 1)[None]  # (1, H, t, T)
-            bias = bias.masked_fill(~allowed, float("-inf"))  # (1 or B, H, t, T)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
+    def _shaw(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
+        """logits_ij = q_i·(k_j + a^K_d) with d = min(i - j, k); out_i = sum_j p_ij (v_j + a^V_d).
 
-        # shaw: logits_ij = q_i·(k_j + a^K_d) with d = min(i - j, k); out_i = sum_j p_ij (v_j + a^V_d).
-        # Both relative terms go through the k+1 distance buckets: q·a^Kᵀ is (t, k+1) and then gathered; the
-        # probabilities are scatter-added per bucket and multiplied with a^V. Never a (t, T, D) tensor.
-        B, H = q.shape[:2]
-        index = distance.clamp(max=self.a_K.size(0) - 1).expand(B, H, t, T)  # (B, H, t, T)
-        att = q @ k.transpose(-2, -1)  # (B, H, t, T)
-        att = att + (q @ self.a_K.T).gather(-1, index)  # (B, H, t, k+1) gathered -> (B, H, t, T)
+        Both relative terms go through the k+1 distance buckets: q·a^Kᵀ is (c, k+1) and then gathered; the
+        probabilities are scatter-added per bucket and multiplied with a^V. Never a (c, e, D) tensor."""
+        B, H, c, _ = q.shape
+        e = k.size(2)
+        distance = relative_distances(c, e, q.device)  # (c, e)
+        index = distance.clamp(max=self.a_K.size(0) - 1).expand(B, H, c, e)  # (B, H, c, e)
+        att = q @ k.transpose(-2, -1)  # (B, H, c, e)
+        att = att + (q @ self.a_K.T).gather(-1, index)  # (B, H, c, k+1) gathered -> (B, H, c, e)
         att = (att * scale).masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-        att = F.dropout(att, p=dropout_p, training=self.training)
-        buckets = att.new_zeros(B, H, t, self.a_V.size(0)).scatter_add_(-1, index, att)  # (B, H, t, k+1)
-        return att @ v + buckets @ self.a_V  # (B, H, t, D)
+        att = F.dropout(att, p=self.dropout, training=self.training)
+        buckets = att.new_zeros(B, H, c, self.a_V.size(0)).scatter_add_(-1, index, att)  # (B, H, c, k+1)
+        return att @ v + buckets @ self.a_V  # (B, H, c, D)
 
 
 class Block(nn.Module):

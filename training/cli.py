@@ -37,14 +37,19 @@ def _prepare(args) -> int:
     from musicrel.codec import CodecConfig, EventCodec
     from training.prepare import MANIFEST, prepare
 
-    overrides = {k: v for k, v in (("pedal", args.pedal), ("step_ms", args.step_ms),
-                                   ("velocity_bins", args.velocity_bins)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (("pedal", args.pedal), ("step_ms", args.step_ms), ("velocity_bins", args.velocity_bins))
+        if v is not None
+    }
     codec = EventCodec(CodecConfig(**overrides))
     m = prepare(args.sources, args.out, codec=codec, workers=args.workers, progress=not args.quiet)
     c = m["counts"]
-    print(f"found {c['found']} files: {c['duplicates']} duplicates, {c['encoded']} encoded "
-          f"({c['newly_encoded']} new, {c['cached']} cached), {c['skipped']} skipped "
-          f"{m['skipped_by_code'] or ''}".rstrip())
+    print(
+        f"found {c['found']} files: {c['duplicates']} duplicates, {c['encoded']} encoded "
+        f"({c['newly_encoded']} new, {c['cached']} cached), {c['skipped']} skipped "
+        f"{m['skipped_by_code'] or ''}".rstrip()
+    )
     for split, info in m["splits"].items():
         print(f"  {split:5s} {info['pieces']:6d} pieces {info['stream_tokens']:10d} tokens")
     print(f"manifest: {args.out}/{MANIFEST}")
@@ -69,8 +74,14 @@ def _export(args) -> int:
 def _evaluate(args) -> int:
     from training.evaluate import evaluate, format_table
 
-    result = evaluate(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
-                      max_windows=args.max_windows, seq_len=args.seq_len)
+    result = evaluate(
+        args.checkpoint,
+        args.data,
+        split=args.split,
+        batch_size=args.batch_size,
+        max_windows=args.max_windows,
+        seq_len=args.seq_len,
+    )
     print(format_table(result))
     return 0
 
@@ -88,9 +99,12 @@ def _register_rest(subparsers) -> None:
 
     # Everything after `train` goes to LightningCLI (`musicrel train --help` prints its help).
     p = subparsers.add_parser(
-        "train", add_help=False, help="train a model: --config configs/X.yaml [--section.key value ...]",
+        "train",
+        add_help=False,
+        help="train a model: --config configs/X.yaml [--section.key value ...]",
         description="Forwards its arguments to LightningCLI's fit; see `musicrel train --help`.",
-        prefix_chars="\0",  # no options of its own: `--config`, `--help`... all land in `args` for LightningCLI
+        # no options of its own: `--config`, `--help`... all land in `args` for LightningCLI
+        prefix_chars="\0",
     )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_train)
@@ -106,7 +120,9 @@ def _register_rest(subparsers) -> None:
     p.add_argument("--data", required=True, help="data folder written by `musicrel prepare`")
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=None, help="window length (default: the model's max_seq_len)")
+    p.add_argument(
+        "--seq-len", type=int, default=None, help="window length (default: the model's max_seq_len)"
+    )
     p.add_argument("--max-windows", type=int, default=None, help="score at most this many windows")
     p.set_defaults(func=_evaluate)
 

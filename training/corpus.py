@@ -26,7 +26,8 @@ REPORT_NAME = "corpus_report.json"
 # A few scores make music21 crawl for minutes; one stuck work must not stall the export.
 WORK_TIMEOUT_S = 180
 TICKS_PER_QUARTER = 960
-# Roman-numeral analyses (.rntxt) are harmonic annotations of pieces the corpus also holds, not music to learn.
+# Roman-numeral analyses (.rntxt) are harmonic annotations of pieces the corpus also holds, not music to
+# learn.
 _NOT_SCORES = (".rntxt",)
 _PREFERRED = (".mxl", ".musicxml", ".xml", ".krn", ".abc")
 _SMALL = 60_000  # estimated bytes of score text: parsed in seconds
@@ -54,8 +55,10 @@ class Work:
 def list_works(limit: int | None = None) -> list[Work]:
     """Every work of the music21 corpus, one entry per tune of multi-tune ABC files, cheapest first.
 
-    music21's parse time grows with the size of a score (a Beethoven quartet takes minutes, a folk tune tens of
-    milliseconds), so works are ordered by an estimate of their size: an export cut short (or `--limit`) yields
+    music21's parse time grows with the size of a score (a Beethoven quartet takes minutes, a folk tune
+    tens of
+    milliseconds), so works are ordered by an estimate of their size: an export cut short (or `--limit`)
+    yields
     as many pieces as possible, from every collection, and the few giant scores come last."""
     music21 = _music21()
     paths = sorted(Path(p) for p in music21.corpus.getPaths())
@@ -160,8 +163,13 @@ def export_music21(
     failures = []
     start = time.perf_counter()
     jobs = [(w, str(out_dir)) for w in works]
-    bar = tqdm(total=len(works), desc="music21 -> MIDI", unit="work", disable=not progress,
-               mininterval=0.5 if sys.stderr.isatty() else 30)
+    bar = tqdm(
+        total=len(works),
+        desc="music21 -> MIDI",
+        unit="work",
+        disable=not progress,
+        mininterval=0.5 if sys.stderr.isatty() else 30,
+    )
     if workers == 1:
         results = map(_export_one, jobs)
         executor = None

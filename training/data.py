@@ -1,11 +1,14 @@
 """Training data: random crops of a prepared split with token-level augmentation, resumable exactly.
 
-A split is one token stream `[bos] piece [eos] [bos] piece [eos] ...` (see training/prepare.py). Short pieces are
-therefore concatenated with their separators rather than padded: the music21 corpus is mostly folk tunes of a few
+A split is one token stream `[bos] piece [eos] [bos] piece [eos] ...` (see training/prepare.py). Short
+pieces are
+therefore concatenated with their separators rather than padded: the music21 corpus is mostly folk tunes of
+a few
 hundred events, and padding them to max_seq_len would waste most of every batch. Crops start anywhere in the
 stream, so every token is equally likely to be seen (long pieces are sampled in proportion to their length).
 
-Example `i` of epoch `e` is a pure function of (seed, e, i): `CropDataset[e * len + i]`. The sampler yields those
+Example `i` of epoch `e` is a pure function of (seed, e, i): `CropDataset[e * len + i]`. The sampler yields
+those
 global indices from a start position, and `ResumableLoader` reports how many batches it has handed out, which
 Lightning stores in its checkpoints (`state_dict`/`load_state_dict` of a dataloader) -- so a resumed run sees
 exactly the batches an uninterrupted run would have seen.
@@ -20,7 +23,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from musicrel.errors import ConfigError
 
 STRETCH_FACTORS = (0.95, 0.975, 1.0, 1.025, 1.05)
-# Augmentation changes the number of events (stretching may split or merge time shifts, transposing drops notes
+# Augmentation changes the number of events (stretching may split or merge time shifts, transposing drops
+# notes
 # out of range), so a little more than needed is cropped before augmenting and the result is cut to length.
 _CROP_MARGIN = 1.25
 
@@ -58,8 +62,17 @@ def _augment_events(codec, events: np.ndarray, semitones: int, factor: float) ->
 class CropDataset(Dataset):
     """Random crops of `seq_len + 1` tokens of a token stream (inputs = [:-1], targets = [1:])."""
 
-    def __init__(self, stream: np.ndarray, seq_len: int, codec, length: int, seed: int = 0,
-                 transpose: int = 3, stretch: tuple[float, ...] = STRETCH_FACTORS, augment: bool = True):
+    def __init__(
+        self,
+        stream: np.ndarray,
+        seq_len: int,
+        codec,
+        length: int,
+        seed: int = 0,
+        transpose: int = 3,
+        stretch: tuple[float, ...] = STRETCH_FACTORS,
+        augment: bool = True,
+    ):
         if stream.size < 2:
             raise ConfigError("the training split has fewer than 2 tokens; prepare more data", code="no_data")
         self.stream, self.seq_len, self.codec = stream, seq_len, codec
@@ -134,8 +147,10 @@ class ResumableSampler(Sampler[int]):
 class ResumableLoader(DataLoader):
     """A DataLoader whose position (epoch, batches handed out) goes into Lightning checkpoints.
 
-    Lightning saves `state_dict()` of a train dataloader with the loop state and calls `load_state_dict` when it
-    resumes; the position is applied when the matching epoch starts iterating. Lightning does not prefetch from a
+    Lightning saves `state_dict()` of a train dataloader with the loop state and calls `load_state_dict`
+    when it
+    resumes; the position is applied when the matching epoch starts iterating. Lightning does not prefetch
+    from a
     loader with a length, so the count is exactly the batches trained on when a checkpoint is written.
     """
 
@@ -147,7 +162,11 @@ class ResumableLoader(DataLoader):
         sampler = self.sampler
         self._epoch, self._batches = getattr(sampler, "epoch", 0), 0
         pending, self._pending = self._pending, None
-        if pending is not None and isinstance(sampler, ResumableSampler) and pending["epoch"] == sampler.epoch:
+        if (
+            pending is not None
+            and isinstance(sampler, ResumableSampler)
+            and pending["epoch"] == sampler.epoch
+        ):
             self._batches = int(pending["batches"])
             sampler.start = min(self._batches * self.batch_size, sampler.n)
         for batch in super().__iter__():

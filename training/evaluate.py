@@ -11,8 +11,14 @@ import numpy as np
 from musicrel.errors import ConfigError
 
 
-def score_stream(model, stream: np.ndarray, pad_id: int, seq_len: int | None = None, batch_size: int = 8,
-                 max_windows: int | None = None) -> dict:
+def score_stream(
+    model,
+    stream: np.ndarray,
+    pad_id: int,
+    seq_len: int | None = None,
+    batch_size: int = 8,
+    max_windows: int | None = None,
+) -> dict:
     """Sum of NLL, correct predictions and token count over non-overlapping windows of `stream`."""
     import torch
 
@@ -20,7 +26,9 @@ def score_stream(model, stream: np.ndarray, pad_id: int, seq_len: int | None = N
 
     seq_len = seq_len or model.cfg.max_seq_len
     if not 1 <= seq_len <= model.cfg.max_seq_len:
-        raise ConfigError(f"seq_len must be in 1..{model.cfg.max_seq_len} (the model's max_seq_len), got {seq_len}")
+        raise ConfigError(
+            f"seq_len must be in 1..{model.cfg.max_seq_len} (the model's max_seq_len), got {seq_len}"
+        )
     ds = WindowDataset(stream, seq_len, pad_id, limit=max_windows)
     loader = torch.utils.data.DataLoader(ds, batch_size=batch_size)
     device = next(model.parameters()).device
@@ -37,33 +45,54 @@ def score_stream(model, stream: np.ndarray, pad_id: int, seq_len: int | None = N
     return {"windows": len(ds), "tokens": int(count), "nll_sum": nll, "correct": int(correct)}
 
 
-def evaluate(checkpoint, data, split: str = "test", batch_size: int = 8, max_windows: int | None = None,
-             seq_len: int | None = None) -> dict:
+def evaluate(
+    checkpoint,
+    data,
+    split: str = "test",
+    batch_size: int = 8,
+    max_windows: int | None = None,
+    seq_len: int | None = None,
+) -> dict:
     from musicrel.checkpoint import load_codec, load_model
     from training.prepare import load_manifest, load_split
 
     model, codec = load_model(checkpoint), load_codec(checkpoint)
     manifest = load_manifest(data)
     if manifest["codec"] != codec.config.to_dict():
-        raise ConfigError(f"{data} was prepared with other codec settings than the model's; "
-                          "re-run `musicrel prepare` with the model's codec", code="codec_mismatch")
+        raise ConfigError(
+            f"{data} was prepared with other codec settings than the model's; "
+            "re-run `musicrel prepare` with the model's codec",
+            code="codec_mismatch",
+        )
     stream, _ = load_split(data, split)
-    s = score_stream(model, stream, codec.pad_id, seq_len=seq_len, batch_size=batch_size, max_windows=max_windows)
+    s = score_stream(
+        model, stream, codec.pad_id, seq_len=seq_len, batch_size=batch_size, max_windows=max_windows
+    )
     if s["tokens"] == 0:
         raise ConfigError(f"split {split!r} of {data} has no tokens to score", code="no_data")
     nll = s["nll_sum"] / s["tokens"]
     return {
-        "split": split, "pieces": manifest["splits"][split]["pieces"], "windows": s["windows"],
-        "tokens": s["tokens"], "nll": nll, "perplexity": math.exp(nll), "accuracy": s["correct"] / s["tokens"],
+        "split": split,
+        "pieces": manifest["splits"][split]["pieces"],
+        "windows": s["windows"],
+        "tokens": s["tokens"],
+        "nll": nll,
+        "perplexity": math.exp(nll),
+        "accuracy": s["correct"] / s["tokens"],
         "uniform_nll": math.log(codec.vocab_size),
     }
 
 
 def format_table(r: dict) -> str:
     rows = [
-        ("split", r["split"]), ("pieces", r["pieces"]), ("windows", r["windows"]), ("tokens", r["tokens"]),
-        ("NLL (nats/token)", f"{r['nll']:.4f}"), ("perplexity", f"{r['perplexity']:.3f}"),
-        ("accuracy", f"{r['accuracy']:.4f}"), ("uniform NLL ln(V)", f"{r['uniform_nll']:.4f}"),
+        ("split", r["split"]),
+        ("pieces", r["pieces"]),
+        ("windows", r["windows"]),
+        ("tokens", r["tokens"]),
+        ("NLL (nats/token)", f"{r['nll']:.4f}"),
+        ("perplexity", f"{r['perplexity']:.3f}"),
+        ("accuracy", f"{r['accuracy']:.4f}"),
+        ("uniform NLL ln(V)", f"{r['uniform_nll']:.4f}"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -23,14 +23,19 @@ def read_lightning_checkpoint(path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-        raise CheckpointError(f"{path} is not a readable Lightning checkpoint: {str(exc).splitlines()[0]}") from None
+        raise CheckpointError(
+            f"{path} is not a readable Lightning checkpoint: {str(exc).splitlines()[0]}"
+        ) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
-        raise CheckpointError(f"{path} is not a checkpoint of `musicrel train` (no state_dict/hyper_parameters)")
+        raise CheckpointError(
+            f"{path} is not a checkpoint of `musicrel train` (no state_dict/hyper_parameters)"
+        )
     return ckpt
 
 
 def model_from_lightning_checkpoint(path):
-    """(MusicTransformer in eval mode, EventCodec, the raw checkpoint dict) from a .ckpt of `musicrel train`."""
+    """(MusicTransformer in eval mode, EventCodec, the raw checkpoint dict) from a .ckpt of `musicrel
+    train`."""
     from musicrel.codec import CodecConfig, EventCodec
     from musicrel.config import ModelConfig
     from musicrel.model import MusicTransformer
@@ -45,22 +50,29 @@ def model_from_lightning_checkpoint(path):
     if codec.vocab_size != cfg.vocab_size:
         raise CheckpointError(f"{path}: codec vocab {codec.vocab_size} != model vocab_size {cfg.vocab_size}")
     # torch.compile(module) would prefix keys with _orig_mod.; in-place Module.compile (what we use) does not.
-    state = {k[len(PREFIX):].replace("_orig_mod.", ""): v for k, v in ckpt["state_dict"].items()
-             if k.startswith(PREFIX)}
+    state = {
+        k[len(PREFIX) :].replace("_orig_mod.", ""): v
+        for k, v in ckpt["state_dict"].items()
+        if k.startswith(PREFIX)
+    }
     model = MusicTransformer(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (cfg.tie_embeddings and k == "head.weight")]
     if missing or unexpected:
-        raise CheckpointError(f"{path}: weights do not match the config (missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]})")
+        raise CheckpointError(
+            f"{path}: weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     return model.eval(), codec, ckpt
 
 
 def default_card(path, ckpt, model) -> str:
     hp = ckpt["hyper_parameters"]
-    arch = ", ".join(f"{k}={hp[k]}" for k in ("attention", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len"))
+    arch = ", ".join(
+        f"{k}={hp[k]}" for k in ("attention", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len")
+    )
     return (
-        f"# musicrel model\n\nExported from `{path}` (step {ckpt.get('global_step')}, epoch {ckpt.get('epoch')}).\n\n"
+        f"# musicrel model\n\nExported from `{path}` "
+        f"(step {ckpt.get('global_step')}, epoch {ckpt.get('epoch')}).\n\n"
         f"- architecture: {arch}\n- parameters: {model.num_parameters():,}\n- codec: {hp['codec']}\n"
     )
 

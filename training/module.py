@@ -2,7 +2,8 @@
 folder, and the LightningCLI that reads configs/*.yaml (+ command-line overrides) for `musicrel train`.
 
 The YAML's `model:` section holds the ModelConfig fields (plus optimiser settings); `vocab_size` and the codec
-settings are not written there: they come from the prepared data (`data.data_dir`'s manifest) and are linked into
+settings are not written there: they come from the prepared data (`data.data_dir`'s manifest) and are
+linked into
 the module, whose hyper-parameters (plain JSON-able types) therefore hold everything `musicrel export` needs.
 """
 
@@ -63,7 +64,8 @@ class MusicLM(L.LightningModule):
             codec: Linked codec settings (CodecConfig.to_dict()) of the prepared data; saved for export.
             n_layers..tie_embeddings: ModelConfig fields (see musicrel/config.py).
             lr: Peak learning rate of AdamW, reached after `warmup_steps` of linear warm-up.
-            decay_steps: Steps of the cosine decay to `min_lr_ratio * lr` (default: trainer.max_steps, else the
+            decay_steps: Steps of the cosine decay to `min_lr_ratio * lr` (default: trainer.max_steps, else
+            the
                 estimated steps of the run).
             label_smoothing: Optimised loss only; the logged NLL is always the plain cross-entropy.
             compile: torch.compile the model; None = only on a GPU.
@@ -139,11 +141,17 @@ class MusicLM(L.LightningModule):
                 (decay if p.dim() >= 2 else no_decay).append(p)
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr, betas=tuple(hp.betas), fused=None,
+            lr=hp.lr,
+            betas=tuple(hp.betas),
+            fused=None,
         )
         total = hp.decay_steps
         if total is None:
-            total = self.trainer.max_steps if self.trainer.max_steps > 0 else self.trainer.estimated_stepping_batches
+            total = (
+                self.trainer.max_steps
+                if self.trainer.max_steps > 0
+                else self.trainer.estimated_stepping_batches
+            )
         total = max(int(total), hp.warmup_steps + 1)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda step: lr_factor(step, hp.warmup_steps, total, hp.min_lr_ratio)
@@ -160,9 +168,11 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 
 class MusicDataModule(L.LightningDataModule):
-    """A folder written by `musicrel prepare`: random augmented crops for training, fixed windows for validation.
+    """A folder written by `musicrel prepare`: random augmented crops for training, fixed windows for
+    validation.
 
-    The codec is the one the folder was prepared with (its manifest); `vocab_size` and `codec_config` are linked
+    The codec is the one the folder was prepared with (its manifest); `vocab_size` and `codec_config` are
+    linked
     into the model.
     """
 
@@ -209,10 +219,24 @@ class MusicDataModule(L.LightningDataModule):
         hp = self.hparams
         stream, _ = load_split(hp.data_dir, "train")
         n = hp.examples_per_epoch or max(1, (stream.size - 1) // hp.seq_len)
-        ds = CropDataset(stream, hp.seq_len, self.codec, n, seed=hp.seed, transpose=hp.transpose,
-                         stretch=tuple(hp.stretch), augment=hp.augment)
-        return ResumableLoader(ds, batch_size=hp.batch_size, sampler=ResumableSampler(n), drop_last=True,
-                               num_workers=hp.num_workers, persistent_workers=False)
+        ds = CropDataset(
+            stream,
+            hp.seq_len,
+            self.codec,
+            n,
+            seed=hp.seed,
+            transpose=hp.transpose,
+            stretch=tuple(hp.stretch),
+            augment=hp.augment,
+        )
+        return ResumableLoader(
+            ds,
+            batch_size=hp.batch_size,
+            sampler=ResumableSampler(n),
+            drop_last=True,
+            num_workers=hp.num_workers,
+            persistent_workers=False,
+        )
 
     def val_dataloader(self):
         hp = self.hparams
@@ -228,7 +252,9 @@ class MusicCLI(LightningCLI):
         parser.link_arguments("model.max_seq_len", "data.seq_len")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.codec_config", "model.codec", apply_on="instantiate")
-        parser.add_argument("--run_name", default="run", help="Logs go to <trainer.default_root_dir>/<run_name>/")
+        parser.add_argument(
+            "--run_name", default="run", help="Logs go to <trainer.default_root_dir>/<run_name>/"
+        )
 
     def instantiate_trainer(self, **kwargs):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
@@ -241,7 +267,9 @@ class MusicCLI(LightningCLI):
 
             root = Path(trainer.get("default_root_dir") or "runs")
             csv = CSVLogger(root, name=config["run_name"])
-            tb = TensorBoardLogger(root, name=config["run_name"], version=csv.version, default_hp_metric=False)
+            tb = TensorBoardLogger(
+                root, name=config["run_name"], version=csv.version, default_hp_metric=False
+            )
             kwargs["logger"] = [csv, tb]
         return super().instantiate_trainer(**kwargs)
 
@@ -259,5 +287,10 @@ def run_cli(argv: list[str]) -> None:
             args.append(a)
     # LightningCLI warns when given args while sys.argv is non-empty: here forwarding them is the point.
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-    MusicCLI(MusicLM, MusicDataModule, args=["fit", *args], save_config_kwargs={"overwrite": True},
-             parser_kwargs={"fit": {"description": "Train a Music Transformer (musicrel train)."}})
+    MusicCLI(
+        MusicLM,
+        MusicDataModule,
+        args=["fit", *args],
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"fit": {"description": "Train a Music Transformer (musicrel train)."}},
+    )

@@ -6,7 +6,8 @@ Layout of OUT:
                               uint16, one stream per split: [bos] piece [eos] [bos] piece [eos] ...
     train_offsets.npy ...     int64 [n_pieces + 1]: where each piece's bos starts (last = stream length)
     cache/<codec hash>/<sha256>.npy | .json
-                              the encoded events (or the InvalidMidiError) of one file content, so that a re-run
+                              the encoded events (or the InvalidMidiError) of one file content, so that a
+                              re-run
                               (or a run with more sources) encodes nothing twice
 
 Files are identified by the sha256 of their bytes: duplicates (same bytes under another name) are counted and
@@ -163,16 +164,22 @@ def prepare(sources, out_dir, codec=None, workers: int | None = None, progress: 
             jobs.append((str(path), sha, str(cache_dir)))
 
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
-    bar = tqdm(total=len(jobs), desc="encoding", unit="file", disable=not progress or not jobs,
-               mininterval=0.5 if sys.stderr.isatty() else 30)
+    bar = tqdm(
+        total=len(jobs),
+        desc="encoding",
+        unit="file",
+        disable=not progress or not jobs,
+        mininterval=0.5 if sys.stderr.isatty() else 30,
+    )
     try:
         if workers == 1:
             _init_worker(codec.config.to_dict())
             outcomes = map(_encode_one, jobs)
             executor = None
         else:
-            executor = ProcessPoolExecutor(workers, initializer=_init_worker,
-                                           initargs=(codec.config.to_dict(),))
+            executor = ProcessPoolExecutor(
+                workers, initializer=_init_worker, initargs=(codec.config.to_dict(),)
+            )
             outcomes = executor.map(_encode_one, jobs, chunksize=8)
         for sha, status, n, code, message in outcomes:
             results[sha] = (status, n, code, message)
@@ -236,8 +243,12 @@ def _write_split(out_dir: Path, split: str, members: list[str], cache_dir: Path,
     key_path = out_dir / f".{split}.key"
     pieces = [np.load(cache_dir / f"{sha}.npy", mmap_mode="r") for sha in members]
     lengths = [int(p.size) for p in pieces]
-    fresh = not (stream_path.is_file() and offsets_path.is_file() and key_path.is_file()
-                 and key_path.read_text() == key)
+    fresh = not (
+        stream_path.is_file()
+        and offsets_path.is_file()
+        and key_path.is_file()
+        and key_path.read_text() == key
+    )
     if fresh:
         offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([n + 2 for n in lengths])
@@ -261,8 +272,10 @@ def _write_split(out_dir: Path, split: str, members: list[str], cache_dir: Path,
 def load_manifest(data_dir) -> dict:
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
-        raise ConfigError(f"{data_dir} is not a prepared data folder (no {MANIFEST}); run `musicrel prepare`",
-                          code="not_prepared")
+        raise ConfigError(
+            f"{data_dir} is not a prepared data folder (no {MANIFEST}); run `musicrel prepare`",
+            code="not_prepared",
+        )
     return json.loads(path.read_text())
 
 

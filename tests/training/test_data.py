@@ -18,8 +18,14 @@ def _notes(seed: int, n: int = 30) -> list[pretty_midi.Note]:
     notes, t = [], 0.0
     for _ in range(n):
         t += float(rng.integers(0, 40)) * 0.01
-        notes.append(pretty_midi.Note(velocity=int(rng.integers(20, 127)), pitch=int(rng.integers(30, 100)),
-                                      start=t, end=t + float(rng.integers(5, 80)) * 0.01))
+        notes.append(
+            pretty_midi.Note(
+                velocity=int(rng.integers(20, 127)),
+                pitch=int(rng.integers(30, 100)),
+                start=t,
+                end=t + float(rng.integers(5, 80)) * 0.01,
+            )
+        )
     return notes
 
 
@@ -39,8 +45,10 @@ def test_transposed_tokens_decode_to_transposed_notes(seed, semitones):
 
 
 def test_transposition_drops_notes_pushed_out_of_range():
-    notes = [pretty_midi.Note(velocity=64, pitch=p, start=i * 0.1, end=i * 0.1 + 0.05)
-             for i, p in enumerate((1, 60, 126))]
+    notes = [
+        pretty_midi.Note(velocity=64, pitch=p, start=i * 0.1, end=i * 0.1 + 0.05)
+        for i, p in enumerate((1, 60, 126))
+    ]
     up = CODEC.decode_notes(augment(CODEC, CODEC.encode_notes(notes), 3, 1.0))
     down = CODEC.decode_notes(augment(CODEC, CODEC.encode_notes(notes), -3, 1.0))
     assert [n.pitch for n in up] == [4, 63] and [n.pitch for n in down] == [57, 123]
@@ -105,8 +113,9 @@ def test_loader_resumes_at_the_next_batch(num_workers):
     ds = CropDataset(_stream(), 32, CODEC, length=12, seed=0)
 
     def loader():
-        return ResumableLoader(ds, batch_size=2, sampler=ResumableSampler(len(ds)), drop_last=True,
-                               num_workers=num_workers)
+        return ResumableLoader(
+            ds, batch_size=2, sampler=ResumableSampler(len(ds)), drop_last=True, num_workers=num_workers
+        )
 
     full = loader()
     full.sampler.set_epoch(1)

@@ -73,8 +73,13 @@ def test_other_codec_settings_do_not_reuse_the_cache(small_sources, tmp_path):
 
     out = tmp_path / "data"
     prepare([small_sources / "POP909_008.mid"], out, workers=1, progress=False)
-    m = prepare([small_sources / "POP909_008.mid"], out, codec=EventCodec(CodecConfig(velocity_bins=16)),
-                workers=1, progress=False)
+    m = prepare(
+        [small_sources / "POP909_008.mid"],
+        out,
+        codec=EventCodec(CodecConfig(velocity_bins=16)),
+        workers=1,
+        progress=False,
+    )
     assert m["counts"]["newly_encoded"] == 1 and m["codec"]["velocity_bins"] == 16
 
 

@@ -17,8 +17,20 @@ TINY = str(REPO / "configs" / "tiny.yaml")
 
 def _train(data: Path, root: Path, *extra: str) -> Path:
     # decay_steps pinned: by default the cosine follows max_steps, which differs between the runs compared
-    rc = main(["train", "--config", TINY, "--data.data_dir", str(data), "--trainer.default_root_dir", str(root),
-               "--model.decay_steps", "12", *extra])
+    rc = main(
+        [
+            "train",
+            "--config",
+            TINY,
+            "--data.data_dir",
+            str(data),
+            "--trainer.default_root_dir",
+            str(root),
+            "--model.decay_steps",
+            "12",
+            *extra,
+        ]
+    )
     assert rc == 0
     (version,) = sorted((root / "tiny").glob("version_*"))
     return version
@@ -44,7 +56,9 @@ def runs(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     a = _train(tiny_data, root / "a", "--trainer.max_steps", "12")
     b = _train(tiny_data, root / "b", "--trainer.max_steps", "6")
-    c = _train(tiny_data, root / "c", "--trainer.max_steps", "12", "--resume", str(b / "checkpoints" / "last.ckpt"))
+    c = _train(
+        tiny_data, root / "c", "--trainer.max_steps", "12", "--resume", str(b / "checkpoints" / "last.ckpt")
+    )
     return a, b, c
 
 
@@ -84,7 +98,11 @@ def test_export_keeps_the_logits(runs, tmp_path, tiny_data):
     a, _, _ = runs
     ckpt_path = a / "checkpoints" / "last.ckpt"
     assert main(["export", str(ckpt_path), "--out", str(tmp_path / "model")]) == 0
-    assert {p.name for p in (tmp_path / "model").iterdir()} == {"config.json", "model.safetensors", "MODEL_CARD.md"}
+    assert {p.name for p in (tmp_path / "model").iterdir()} == {
+        "config.json",
+        "model.safetensors",
+        "MODEL_CARD.md",
+    }
     ckpt = _load(ckpt_path)
     module = MusicLM(**{k: v for k, v in ckpt["hyper_parameters"].items() if not k.startswith("_")})
     module.load_state_dict(ckpt["state_dict"])
@@ -100,7 +118,10 @@ def test_evaluate_prints_the_table(runs, tmp_path, tiny_data, capsys):
     a, _, _ = runs
     main(["export", str(a / "checkpoints" / "last.ckpt"), "--out", str(tmp_path / "m")])
     capsys.readouterr()
-    assert main(["evaluate", "--checkpoint", str(tmp_path / "m"), "--data", str(tiny_data), "--split", "val"]) == 0
+    assert (
+        main(["evaluate", "--checkpoint", str(tmp_path / "m"), "--data", str(tiny_data), "--split", "val"])
+        == 0
+    )
     out = capsys.readouterr().out
     nll = float(next(line.split()[-1] for line in out.splitlines() if line.startswith("NLL")))
     assert 0 < nll < 5.0 and "perplexity" in out and "accuracy" in out

@@ -59,7 +59,9 @@ def test_transposition_drops_notes_pushed_out_of_range():
 def test_stretched_tokens_decode_to_stretched_notes(seed, factor):
     notes = _notes(seed)
     out = CODEC.decode_notes(augment(CODEC, CODEC.encode_notes(notes), 0, factor))
-    assert [n.pitch for n in out] == [n.pitch for n in CODEC.decode_notes(CODEC.encode_notes(notes))]
+    # onsets 10 ms apart may land on one step, which reorders them by pitch: compare as multisets
+    plain = CODEC.decode_notes(CODEC.encode_notes(notes))
+    assert sorted(n.pitch for n in out) == sorted(n.pitch for n in plain)
     # onsets scale by the factor, within the 10 ms grid (re-quantised by rounding)
     src = sorted(n.start for n in CODEC.decode_notes(CODEC.encode_notes(notes)))
     np.testing.assert_allclose(sorted(n.start for n in out), np.array(src) * factor, atol=0.0101)

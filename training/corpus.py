@@ -55,11 +55,9 @@ class Work:
 def list_works(limit: int | None = None) -> list[Work]:
     """Every work of the music21 corpus, one entry per tune of multi-tune ABC files, cheapest first.
 
-    music21's parse time grows with the size of a score (a Beethoven quartet takes minutes, a folk tune
-    tens of
-    milliseconds), so works are ordered by an estimate of their size: an export cut short (or `--limit`)
-    yields
-    as many pieces as possible, from every collection, and the few giant scores come last."""
+    music21's parse time grows with the size of a score (a Beethoven quartet takes minutes, a folk tune tens
+    of milliseconds), so works are ordered by an estimate of their size: an export cut short (or `--limit`)
+    yields as many pieces as possible, from every collection, and the few giant scores come last."""
     music21 = _music21()
     paths = sorted(Path(p) for p in music21.corpus.getPaths())
     root = Path(music21.corpus.__file__).resolve().parent

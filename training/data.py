@@ -1,17 +1,15 @@
 """Training data: random crops of a prepared split with token-level augmentation, resumable exactly.
 
-A split is one token stream `[bos] piece [eos] [bos] piece [eos] ...` (see training/prepare.py). Short
-pieces are
-therefore concatenated with their separators rather than padded: the music21 corpus is mostly folk tunes of
-a few
-hundred events, and padding them to max_seq_len would waste most of every batch. Crops start anywhere in the
-stream, so every token is equally likely to be seen (long pieces are sampled in proportion to their length).
+A split is one token stream `[bos] piece [eos] [bos] piece [eos] ...` (see training/prepare.py). Short pieces
+are therefore concatenated with their separators rather than padded: the music21 corpus is mostly folk tunes
+of a few hundred events, and padding them to max_seq_len would waste most of every batch. Crops start anywhere
+in the stream, so every token is equally likely to be seen (long pieces are sampled in proportion to their
+length).
 
 Example `i` of epoch `e` is a pure function of (seed, e, i): `CropDataset[e * len + i]`. The sampler yields
-those
-global indices from a start position, and `ResumableLoader` reports how many batches it has handed out, which
-Lightning stores in its checkpoints (`state_dict`/`load_state_dict` of a dataloader) -- so a resumed run sees
-exactly the batches an uninterrupted run would have seen.
+those global indices from a start position, and `ResumableLoader` reports how many batches it has handed out,
+which Lightning stores in its checkpoints (`state_dict`/`load_state_dict` of a dataloader) -- so a resumed run
+sees exactly the batches an uninterrupted run would have seen.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ from musicrel.errors import ConfigError
 
 STRETCH_FACTORS = (0.95, 0.975, 1.0, 1.025, 1.05)
 # Augmentation changes the number of events (stretching may split or merge time shifts, transposing drops
-# notes
-# out of range), so a little more than needed is cropped before augmenting and the result is cut to length.
+# notes out of range), so a little more than needed is cropped before augmenting and the result is cut to
+# length.
 _CROP_MARGIN = 1.25
 
 
@@ -147,11 +145,9 @@ class ResumableSampler(Sampler[int]):
 class ResumableLoader(DataLoader):
     """A DataLoader whose position (epoch, batches handed out) goes into Lightning checkpoints.
 
-    Lightning saves `state_dict()` of a train dataloader with the loop state and calls `load_state_dict`
-    when it
-    resumes; the position is applied when the matching epoch starts iterating. Lightning does not prefetch
-    from a
-    loader with a length, so the count is exactly the batches trained on when a checkpoint is written.
+    Lightning saves `state_dict()` of a train dataloader with the loop state and calls `load_state_dict` when
+    it resumes; the position is applied when the matching epoch starts iterating. Lightning does not prefetch
+    from a loader with a length, so the count is exactly the batches trained on when a checkpoint is written.
     """
 
     def __init__(self, *args, **kwargs):

@@ -34,8 +34,7 @@ def read_lightning_checkpoint(path) -> dict:
 
 
 def model_from_lightning_checkpoint(path):
-    """(MusicTransformer in eval mode, EventCodec, the raw checkpoint dict) from a .ckpt of `musicrel
-    train`."""
+    """(model in eval mode, EventCodec, the raw checkpoint dict) from a .ckpt of `musicrel train`."""
     from musicrel.codec import CodecConfig, EventCodec
     from musicrel.config import ModelConfig
     from musicrel.model import MusicTransformer

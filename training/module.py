@@ -2,9 +2,9 @@
 folder, and the LightningCLI that reads configs/*.yaml (+ command-line overrides) for `musicrel train`.
 
 The YAML's `model:` section holds the ModelConfig fields (plus optimiser settings); `vocab_size` and the codec
-settings are not written there: they come from the prepared data (`data.data_dir`'s manifest) and are
-linked into
-the module, whose hyper-parameters (plain JSON-able types) therefore hold everything `musicrel export` needs.
+settings are not written there: they come from the prepared data (`data.data_dir`'s manifest) and are linked
+into the module, whose hyper-parameters (plain JSON-able types) therefore hold everything `musicrel export`
+needs.
 """
 
 from __future__ import annotations
@@ -65,8 +65,7 @@ class MusicLM(L.LightningModule):
             n_layers..tie_embeddings: ModelConfig fields (see musicrel/config.py).
             lr: Peak learning rate of AdamW, reached after `warmup_steps` of linear warm-up.
             decay_steps: Steps of the cosine decay to `min_lr_ratio * lr` (default: trainer.max_steps, else
-            the
-                estimated steps of the run).
+                the estimated steps of the run).
             label_smoothing: Optimised loss only; the logged NLL is always the plain cross-entropy.
             compile: torch.compile the model; None = only on a GPU.
         """
@@ -168,12 +167,10 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 
 class MusicDataModule(L.LightningDataModule):
-    """A folder written by `musicrel prepare`: random augmented crops for training, fixed windows for
-    validation.
+    """A folder of `musicrel prepare`: random augmented crops for training, fixed windows for validation.
 
     The codec is the one the folder was prepared with (its manifest); `vocab_size` and `codec_config` are
-    linked
-    into the model.
+    linked into the model.
     """
 
     def __init__(

@@ -7,8 +7,7 @@ Layout of OUT:
     train_offsets.npy ...     int64 [n_pieces + 1]: where each piece's bos starts (last = stream length)
     cache/<codec hash>/<sha256>.npy | .json
                               the encoded events (or the InvalidMidiError) of one file content, so that a
-                              re-run
-                              (or a run with more sources) encodes nothing twice
+                              re-run (or a run with more sources) encodes nothing twice
 
 Files are identified by the sha256 of their bytes: duplicates (same bytes under another name) are counted and
 dropped, and the split is a function of the hash alone, so a file stays in its split when the corpus grows.

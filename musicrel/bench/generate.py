@@ -171,7 +171,7 @@ def run(args) -> int:
         )
     )
 
-    # End to end: generate_batch (prefill, sampling, grammar, rendering) on a 256-token primer.
+    # End to end: generate_batch (prefill, sampling, grammar, rendering), 8n tokens after a 256-token primer.
     primer = Primer(
         tokens=prompts[0][: min(256, cfg.max_seq_len // 2)],
         start_time=0.0,
@@ -181,7 +181,7 @@ def run(args) -> int:
         notes=[],
     )
     params = {
-        b: SamplingParams(seconds=10_000.0, max_new_tokens=n * 4, seed=0, num_samples=b) for b in (1, 8)
+        b: SamplingParams(seconds=10_000.0, max_new_tokens=n * 8, seed=0, num_samples=b) for b in (1, 8)
     }
 
     def end_to_end(batch):

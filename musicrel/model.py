@@ -210,10 +210,9 @@ class MusicTransformer(nn.Module):
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
+        residual_projections = ("attn.proj.weight", "mlp.2.weight")  # GPT-2: scaled down by depth
         for name, p in self.named_parameters():
-            if name.endswith(
-                ("attn.proj.weight", "mlp.2.weight")
-            ):  # GPT-2: residual projections scaled by depth
+            if name.endswith(residual_projections):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
             elif name.endswith(("E_r", "a_K", "a_V")):
                 nn.init.normal_(p, mean=0.0, std=0.02)
@@ -266,7 +265,8 @@ class MusicTransformer(nn.Module):
                     f"cache holds {cache.length} of {cache.max_len} positions; {t} more do not fit"
                 )
             if left_pad is not None:
-                cache.left_pad = self._check_left_pad(left_pad, B)
+                cache.left_pad = left_pad
+            cache.left_pad = self._check_left_pad(cache.left_pad, B)  # also when set by cache.reset()
             left_pad, t0 = cache.left_pad, cache.length
         else:
             left_pad = self._check_left_pad(left_pad, B)

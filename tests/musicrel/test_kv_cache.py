@@ -94,6 +94,9 @@ def test_left_pad_given_at_prefill_is_kept():
         b = model(x[:, 10:], cache=cache)  # left_pad remembered by the cache
     assert torch.equal(cache.left_pad, lp)
     torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-5, atol=1e-5)
+    cache.reset([4, 0])  # a plain list is accepted too, as generation code may pass one
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, cache=cache), full, rtol=1e-5, atol=1e-5)
 
 
 def test_cache_limits():

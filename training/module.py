@@ -47,7 +47,7 @@ class MusicLM(L.LightningModule):
         absolute_kind: str = "learned",
         t5_num_buckets: int = 32,
         t5_max_distance: int = 128,
-        query_chunk_size: int | None = None,
+        query_chunk_size: int | None = 128,
         tie_embeddings: bool = True,
         lr: float = 3e-4,
         weight_decay: float = 0.1,

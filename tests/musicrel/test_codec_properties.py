@@ -40,7 +40,8 @@ def test_notes_survive_round_trip(raw):
     notes = _separated(raw)
     decoded = CODEC.decode_notes(CODEC.encode_notes(notes))
     assert len(decoded) == len(notes)
-    expected = sorted(notes, key=lambda n: (round(n.start * 100), n.pitch))
+    # The codec rounds half up (floor(x + 0.5)), so ties at 5 ms sort as it does.
+    expected = sorted(notes, key=lambda n: (int(np.floor(n.start / CODEC.step + 0.5)), n.pitch))
     for want, got in zip(expected, decoded, strict=True):
         assert got.pitch == want.pitch
         assert abs(got.start - want.start) <= 0.005 + 1e-9

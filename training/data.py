@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from musicrel.errors import ConfigError
 
@@ -124,22 +124,31 @@ def _as_example(crop: np.ndarray, want: int, pad_id: int) -> dict[str, torch.Ten
     return {"inputs": x, "targets": y}
 
 
-class ResumableSampler(Sampler[int]):
-    """Yields global indices epoch * n + i for i from `start` (the resume position) to n - 1."""
+class ResumableSampler(DistributedSampler):
+    """Yields global indices epoch * n + i, for this rank's share of i (rank, rank + W, ...), from `start`
+    (the resume position, in examples of this rank) on.
 
-    def __init__(self, n: int):
-        self.n, self.epoch, self.start = n, 0, 0
+    It subclasses DistributedSampler so that Lightning's DDP leaves it in place instead of wrapping it (a
+    wrapper would hide the epoch and the resume position); the parent's __init__, which wants a process
+    group, is not needed: the rank and world size come from the trainer.
+    """
+
+    def __init__(self, n: int, num_replicas: int = 1, rank: int = 0):
+        self.n, self.num_replicas, self.rank = int(n), int(num_replicas), int(rank)
+        self.epoch, self.start = 0, 0
+        # read by Lightning; no shuffling needed: every index is a random crop anyway
+        self.shuffle, self.drop_last, self.seed = False, False, 0
 
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this before each epoch
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        return self.n
+        return len(range(self.rank, self.n, self.num_replicas))
 
     def __iter__(self):
         start, self.start = self.start, 0  # the resume offset applies to one epoch only
         base = self.epoch * self.n
-        yield from range(base + start, base + self.n)
+        yield from range(base + self.rank + start * self.num_replicas, base + self.n, self.num_replicas)
 
 
 class ResumableLoader(DataLoader):
@@ -164,7 +173,7 @@ class ResumableLoader(DataLoader):
             and pending["epoch"] == sampler.epoch
         ):
             self._batches = int(pending["batches"])
-            sampler.start = min(self._batches * self.batch_size, sampler.n)
+            sampler.start = min(self._batches * self.batch_size, len(sampler))
         for batch in super().__iter__():
             self._batches += 1
             yield batch

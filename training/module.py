@@ -125,7 +125,7 @@ class MusicLM(L.LightningModule):
         if self.val_nll.update_count == 0:
             return
         nll = self.val_nll.compute()
-        self.log("val_nll", nll, prog_bar=True, sync_dist=False)
+        self.log("val_nll", nll, prog_bar=True)  # MeanMetric.compute() already syncs ranks
         self.log("val_ppl", torch.exp(nll))
         self.log("val_acc", self.val_acc.compute())
         self.val_nll.reset()
@@ -226,10 +226,12 @@ class MusicDataModule(L.LightningDataModule):
             stretch=tuple(hp.stretch),
             augment=hp.augment,
         )
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         return ResumableLoader(
             ds,
             batch_size=hp.batch_size,
-            sampler=ResumableSampler(n),
+            sampler=ResumableSampler(n, num_replicas=world, rank=rank),
             drop_last=True,
             num_workers=hp.num_workers,
             persistent_workers=False,

@@ -138,3 +138,13 @@ def test_loader_resumes_at_the_next_batch(num_workers):
     assert resumed.state_dict() == {"epoch": 1, "batches": 6}
     resumed.sampler.set_epoch(2)  # the resume offset applies to the interrupted epoch only
     assert len(list(resumed)) == 6
+
+
+def test_ranks_share_an_epoch_without_overlap_and_resume_per_rank():
+    ranks = [ResumableSampler(10, num_replicas=2, rank=r) for r in (0, 1)]
+    for s in ranks:
+        s.set_epoch(3)
+    shares = [list(s) for s in ranks]
+    assert sorted(shares[0] + shares[1]) == list(range(30, 40)) and len(ranks[0]) == 5
+    ranks[1].start = 2  # rank 1 had consumed 2 examples
+    assert list(ranks[1]) == shares[1][2:]

@@ -161,6 +161,22 @@ def _sample_unmasked(
     return [out[r, : int(n_new[r])].numpy() for r in range(len(primers))]
 
 
+def held_out_files(folder: Path, split: str = "test") -> list[Path]:
+    """The `split` files of a prepared data folder (its manifest.json), else every MIDI file under folder."""
+    import json
+
+    from musicrel.commands.generate import find_motifs
+    from musicrel.errors import GenerationError
+
+    manifest = folder / "manifest.json"
+    if not manifest.is_file():
+        return find_motifs(folder)
+    splits = json.loads(manifest.read_text()).get("splits", {})
+    if split not in splits:
+        raise GenerationError(f"{manifest} has no split {split!r} (has {sorted(splits)})", code="no_input")
+    return [Path(f["path"]) for f in splits[split].get("files", [])]
+
+
 def evaluate_continuations(
     checkpoint,
     input_dir,
@@ -170,13 +186,16 @@ def evaluate_continuations(
     seed: int = 0,
     batch_size: int = 8,
     progress: bool = False,
+    split: str = "test",
 ) -> dict:
-    """Score the checkpoint's continuations of held-out pieces against the truth and the baselines."""
+    """Score the checkpoint's continuations of held-out pieces against the truth and the baselines.
+
+    input_dir: a folder of MIDI files, or a prepared data folder (manifest.json of `musicrel prepare`),
+    whose `split` files are used: pieces the model never trained on."""
     import torch
     from tqdm import tqdm
 
     from musicrel.checkpoint import load_codec, load_model
-    from musicrel.commands.generate import find_motifs
     from musicrel.errors import GenerationError, MusicrelError
     from musicrel.generate import (
         Primer,
@@ -196,7 +215,7 @@ def evaluate_continuations(
     untrained = MusicTransformer(model.cfg).eval()
 
     pieces, skipped = [], {}
-    for path in find_motifs(Path(input_dir)):
+    for path in held_out_files(Path(input_dir), split):
         if limit is not None and len(pieces) >= limit:
             break
         try:
@@ -262,6 +281,7 @@ def evaluate_continuations(
     return {
         "checkpoint": str(checkpoint),
         "input": str(input_dir),
+        "split": split if (Path(input_dir) / "manifest.json").is_file() else None,
         "pieces": len(pieces),
         "skipped": skipped,
         "motif_seconds": motif_seconds,

@@ -227,6 +227,7 @@ def _evaluate(args) -> int:
         seed=args.seed,
         batch_size=args.batch_size,
         progress=not args.quiet,
+        split=args.split,
     )
     print(format_table(report))
     if args.json:
@@ -274,7 +275,12 @@ def register(subparsers) -> None:
         "reference. The model, the motif repeated and an untrained model are scored side by side.",
     )
     e.add_argument("--checkpoint", required=True)
-    e.add_argument("--input", required=True, help="folder of held-out MIDI files")
+    e.add_argument(
+        "--input",
+        required=True,
+        help="folder of held-out MIDI files, or a prepared data folder (manifest.json)",
+    )
+    e.add_argument("--split", default="test", help="split of a prepared data folder (default: test)")
     e.add_argument("--motif-seconds", type=float, default=10.0)
     e.add_argument("--seconds", type=float, default=10.0)
     e.add_argument("--limit", type=_positive_int, default=None, help="use at most N pieces")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pretty_midi
@@ -125,3 +126,22 @@ def test_evaluate_continuations_end_to_end(tmp_path, one_thread):
         assert 0.0 <= r["pc_overlap"] <= 1.0 and 0.0 <= r["ioi_overlap"] <= 1.0
     table = format_table(report)
     assert "repeat motif" in table and "PC overlap" in table
+
+
+def test_held_out_files_reads_a_prepared_split(tmp_path):
+    import json
+
+    from musicrel.errors import GenerationError
+    from musicrel.evaluation import held_out_files
+
+    (tmp_path / "a.mid").write_bytes(b"")
+    assert held_out_files(tmp_path) == [tmp_path / "a.mid"]  # a plain folder: its MIDI files
+    files = [
+        {"path": "/data/x.mid", "sha256": "0", "tokens": 5},
+        {"path": "/data/y.mid", "sha256": "1", "tokens": 7},
+    ]
+    manifest = {"splits": {"train": {"files": []}, "test": {"files": files}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert held_out_files(tmp_path) == [Path("/data/x.mid"), Path("/data/y.mid")]
+    with pytest.raises(GenerationError, match="val"):
+        held_out_files(tmp_path, "val")

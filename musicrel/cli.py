@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+# Set before torch starts OpenMP: spinning worker threads make every small op wait on a busy CPU
+# (one 8-row generation took 80 s instead of 3 s on a shared 2-core machine).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from musicrel.errors import MusicrelError
 

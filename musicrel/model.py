@@ -83,7 +83,15 @@ class CausalSelfAttention(nn.Module):
         elif cfg.attention == "t5":
             self.rel_bias = nn.Embedding(cfg.t5_num_buckets, cfg.n_heads)
 
-    def forward(self, x: Tensor, cache: KVCache | None, layer: int, left_pad: Tensor | None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cache: KVCache | None,
+        layer: int,
+        left_pad: Tensor | None,
+        hidden: Tensor | None = None,
+    ) -> Tensor:
+        """`hidden` (B, 1, 1, T) bool, for a single query only: the keys it may not see (None: sees all)."""
         B, t, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q = q.view(B, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, t, D)
@@ -95,8 +103,11 @@ class CausalSelfAttention(nn.Module):
             cache.v[layer, :, :, t0 : t0 + t] = v
             k = cache.k[layer, :, :, : t0 + t]  # (B, H, T, D)
             v = cache.v[layer, :, :, : t0 + t]  # (B, H, T, D)
-        y = self.attend(q, k, v, left_pad)  # (B, H, t, D)
-        y = y.transpose(1, 2).contiguous().view(B, t, C)  # (B, t, C)
+        if t == 1 and self.cfg.attention == "skew" and not (self.training and self.dropout):
+            y = self._attend_one_skew(q, k, v, hidden)  # (B, H, 1, D)
+        else:
+            y = self.attend(q, k, v, left_pad)  # (B, H, t, D)
+        y = y.transpose(1, 2).reshape(B, t, C)  # (B, t, C)
         return self.proj(y)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, left_pad: Tensor | None) -> Tensor:
@@ -137,6 +148,28 @@ class CausalSelfAttention(nn.Module):
             else:
                 outs.append(self._shaw(qb, kb, vb, causal_allowed(c, e, left_pad, q.device), scale))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, t, D)
+
+    def _attend_one_skew(self, q: Tensor, k: Tensor, v: Tensor, hidden: Tensor | None) -> Tensor:
+        """One query after T - 1 cached keys: q (B, H, 1, D), k, v (B, H, T, D) -> (B, H, 1, D).
+
+        The general path's pad-and-skew is pointless for a single query: its relative logit for key j is
+        q · E_r[distance T - 1 - j], i.e. q against the table rows in order. So the relative term is one
+        (B, D) x (D, k + 1) matmul per head against E_r itself (never copied per row), and distances past k
+        share one column. A single last query sees every key: no causal mask, only padding (`hidden`)."""
+        B, H, _, D = q.shape
+        T, rows = k.size(2), self.E_r.size(1)
+        q = q * (1.0 / math.sqrt(D))  # scale q (B·H·D) rather than the logits or E_r
+        att = q @ k.transpose(-1, -2)  # (B, H, 1, T)
+        rel = torch.bmm(q.reshape(B, H, D).transpose(0, 1), self.E_r.transpose(1, 2))  # (H, B, k + 1)
+        rel = rel.transpose(0, 1).unsqueeze(2)  # (B, H, 1, k + 1): last column = distance 0
+        if rows >= T:
+            att += rel[..., rows - T :]
+        else:
+            att[..., T - rows :] += rel
+            att[..., : T - rows] += rel[..., :1]  # every distance beyond k uses row k
+        if hidden is not None:
+            att.masked_fill_(hidden, float("-inf"))
+        return att.softmax(dim=-1) @ v  # (B, H, 1, D)
 
     @staticmethod
     def _mask(S: Tensor, future: Tensor, left_pad: Tensor | None) -> Tensor:
@@ -186,8 +219,15 @@ class Block(nn.Module):
         )
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, cache: KVCache | None, layer: int, left_pad: Tensor | None) -> Tensor:
-        x = x + self.drop(self.attn(self.ln_1(x), cache, layer, left_pad))
+    def forward(
+        self,
+        x: Tensor,
+        cache: KVCache | None,
+        layer: int,
+        left_pad: Tensor | None,
+        hidden: Tensor | None = None,
+    ) -> Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x), cache, layer, left_pad, hidden))
         return x + self.mlp(self.ln_2(x))
 
 
@@ -280,8 +320,13 @@ class MusicTransformer(nn.Module):
                 pos = (pos - left_pad[:, None]).clamp(min=0)  # (B, t): count from each row's first real token
             x = x + (self.pos_emb(pos) if hasattr(self, "pos_emb") else self.pos_table[pos])
         x = self.drop(x)
+        hidden = None
+        if t == 1 and left_pad is not None and bool(left_pad.any()):
+            # One query sees every key but the padding: the mask is shared by all layers, so built once.
+            j = torch.arange(t0 + 1, device=tokens.device)
+            hidden = ((j[None] < left_pad[:, None]) & (j < t0)[None])[:, None, None]  # (B, 1, 1, T)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer, left_pad)
+            x = block(x, cache, layer, left_pad, hidden)
         if cache is not None:
             cache.length += t
         return self.head(self.ln_f(x))  # (B, t, vocab)

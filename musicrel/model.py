@@ -158,18 +158,15 @@ class CausalSelfAttention(nn.Module):
         share one column. A single last query sees every key: no causal mask, only padding (`hidden`)."""
         B, H, _, D = q.shape
         T, rows = k.size(2), self.E_r.size(1)
-        q = q * (1.0 / math.sqrt(D))  # scale q (B·H·D) rather than the logits or E_r
-        att = q @ k.transpose(-1, -2)  # (B, H, 1, T)
-        rel = torch.bmm(q.reshape(B, H, D).transpose(0, 1), self.E_r.transpose(1, 2))  # (H, B, k + 1)
-        rel = rel.transpose(0, 1).unsqueeze(2)  # (B, H, 1, k + 1): last column = distance 0
-        if rows >= T:
-            att += rel[..., rows - T :]
-        else:
-            att[..., T - rows :] += rel
-            att[..., : T - rows] += rel[..., :1]  # every distance beyond k uses row k
+        E_r = self.E_r[:, rows - T :] if rows >= T else self.E_r  # (H, min(T, k + 1), D)
+        # SDPA adds a float attn_mask after scaling Q·Kᵀ, so the relative term takes the scale through q.
+        q_scaled = q.reshape(B, H, D).transpose(0, 1) * (1.0 / math.sqrt(D))  # (H, B, D)
+        S_rel = torch.bmm(q_scaled, E_r.transpose(1, 2)).transpose(0, 1).unsqueeze(2)  # (B, H, 1, <= T)
+        if rows < T:  # every distance beyond k uses row k (the first column)
+            S_rel = torch.cat([S_rel[..., :1].expand(B, H, 1, T - rows), S_rel], dim=-1)  # (B, H, 1, T)
         if hidden is not None:
-            att.masked_fill_(hidden, float("-inf"))
-        return att.softmax(dim=-1) @ v  # (B, H, 1, D)
+            S_rel = S_rel.masked_fill(hidden, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=S_rel)  # (B, H, 1, D)
 
     @staticmethod
     def _mask(S: Tensor, future: Tensor, left_pad: Tensor | None) -> Tensor:

@@ -1,5 +1,5 @@
-"""Shared fixtures. Real MIDI lives in ../shared/midi beside the repo (or $MUSICREL_SHARED); it is not in a user's
-clone, so tests that need it skip with a reason when it is absent."""
+"""Shared fixtures. Real MIDI lives in ../shared/midi beside the repo (or $MUSICREL_SHARED); it is not in a
+user's clone, so tests that need it skip with a reason when it is absent."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from musicrel.errors import ConfigError, MusicrelError
 
 
-def _tracks(value: str):
+def parse_tracks(value: str):
+    """argparse type for --tracks: 'merge' or comma-separated instrument indices."""
     if value == "merge":
         return "merge"
     try:
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
     )
     enc.add_argument(
         "--tracks",
-        type=_tracks,
+        type=parse_tracks,
         default="merge",
         help="'merge' (default: all non-drum instruments) or instrument indices, e.g. 0,2",
     )

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from musicrel.commands.codec import parse_tracks
+
 MIDI_SUFFIXES = (".mid", ".midi")
 SUMMARY_FILE = "summary.json"
 
@@ -29,16 +31,6 @@ def output_paths(motif: Path, root: Path, out: Path, num_samples: int) -> list[P
     """`<out>/<relative folder>/<name>.sample<i>.mid`: folders are mirrored so equal names never collide."""
     rel = motif.relative_to(root) if root.is_dir() else Path(motif.name)
     return [out / rel.parent / f"{rel.stem}.sample{i}.mid" for i in range(num_samples)]
-
-
-def _tracks(value: str):
-    if value == "merge":
-        return "merge"
-    try:
-        return [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        msg = f"must be 'merge' or instrument indices like 0,2, got {value!r}"
-        raise argparse.ArgumentTypeError(msg) from None
 
 
 def _write_midi(pm, path: Path) -> None:
@@ -274,7 +266,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap on tokens per continuation")
     p.add_argument("--primer-seconds", type=float, default=30.0, help="seconds of the motif the model reads")
     p.add_argument("--include-primer", action="store_true", help="output = motif + continuation")
-    p.add_argument("--tracks", type=_tracks, default="merge", help="'merge' or instrument indices, e.g. 0,2")
+    p.add_argument(
+        "--tracks", type=parse_tracks, default="merge", help="'merge' or instrument indices, e.g. 0,2"
+    )
     p.add_argument("--batch-size", type=_positive_int, default=4, help="motifs generated together")
     p.add_argument("--devices", type=_positive_int, default=None, help="spread over N devices (Lightning)")
     p.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "mps", "auto"], default=None)

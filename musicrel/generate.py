@@ -4,9 +4,10 @@
 `sample` does all logits processing (the model never samples) and `generate` is an iterator of tokens, so a
 caller can stream them or stop at any step. Around that: `prepare_primer` (motif -> primer tokens), a token
 `Grammar` (no orphan or stuck notes, time never goes backwards, the requested length met to one time step),
-`generate_batch` (several jobs with their own primers and sampling settings in one batch, each sample with its
-own seeded generator so its output does not depend on what else is in the batch) and `render` (tokens -> MIDI
-with the motif's tempo and program).
+`render` (tokens -> MIDI with the motif's tempo and program), `DecodeBatch` (continuous batching: jobs with
+their own primers and sampling settings join and leave a running batch between decoding steps, each sample
+with its own seeded generator so its output does not depend on what else is in the batch) and
+`generate_batch` (a list of jobs run to completion on one DecodeBatch).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pretty_midi
@@ -100,7 +102,9 @@ class ContinuationResult:
     primer_tokens: int
     new_tokens: int  # all samples together
     seconds: float  # music generated (the longest sample)
-    timings: dict  # seconds: prefill, decode (shared by every job of the batch), render
+    timings: (
+        dict  # seconds: prefill (of the admission that took the job in), decode (admitted to done), render
+    )
     stopped: bool = False  # should_stop ended this job early
 
 
@@ -200,6 +204,12 @@ class Grammar:
     def select(self, rows: Tensor) -> None:
         """Keep only `rows` (dropped rows are done)."""
         self.open, self.elapsed, self.limit = self.open[rows], self.elapsed[rows], self.limit[rows]
+
+    def extend(self, other: Grammar) -> None:
+        """Append the rows of `other` (jobs joining a running batch)."""
+        self.open = torch.cat([self.open, other.open])
+        self.elapsed = torch.cat([self.elapsed, other.elapsed])
+        self.limit = torch.cat([self.limit, other.limit])
 
     def advance(self, tokens: Tensor) -> Tensor:
         """Record the sampled tokens (B,); returns them with limit-crossing shifts cut short."""
@@ -305,7 +315,7 @@ def generate(
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Primer, batch generation, rendering
+# Primer, rendering
 
 
 def shift_steps(codec) -> np.ndarray:
@@ -415,137 +425,6 @@ def row_seed(seed: int, sample_index: int) -> int:
     return int(np.random.SeedSequence([seed, sample_index]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def generate_batch(
-    model,
-    codec,
-    jobs: Sequence[tuple[Primer, SamplingParams]],
-    should_stop: Callable[[int], bool] | None = None,
-) -> list[ContinuationResult]:
-    """Continue every job's primer num_samples times, all rows as ONE batch (left padding for uneven primers).
-
-    A row stops when its music reaches params.seconds, after params.max_new_tokens, or when should_stop(job)
-    returns True (checked every step); rows that are done leave the batch, so the others run faster.
-    """
-    if not jobs:
-        return []
-    device = next(model.parameters()).device
-    step_ms = codec.config.step_ms
-    seeds, rows = [], []  # rows: (job index, sample index)
-    for j, (_, params) in enumerate(jobs):
-        if not isinstance(params, SamplingParams):
-            raise GenerationError(f"job {j}: params must be SamplingParams, got {type(params).__name__}")
-        seeds.append(secrets.randbelow(2**31) if params.seed is None else params.seed)
-        rows += [(j, i) for i in range(params.num_samples)]
-    # A primer that leaves no room in the window keeps its last tokens only.
-    crop = default_max_primer_tokens(model)
-    primers = []
-    for primer, _ in jobs:
-        tokens = np.asarray(primer.tokens, dtype=np.int64)
-        tokens = tokens[-crop:] if len(tokens) > crop else tokens
-        primers.append(tokens if len(tokens) else np.array([codec.bos_id]))
-    B = len(rows)
-    P = max(len(primers[j]) for j, _ in rows)
-    prompt = torch.full((B, P), codec.pad_id, dtype=torch.long)
-    left_pad = torch.empty(B, dtype=torch.long)
-    limit_steps, max_new = [], []
-    for r, (j, _) in enumerate(rows):
-        params = jobs[j][1]
-        n = len(primers[j])
-        prompt[r, P - n :] = torch.as_tensor(primers[j])
-        left_pad[r] = P - n
-        limit_steps.append(max(1, math.ceil(params.seconds * 1000.0 / step_ms - 1e-9)))
-        max_new.append(params.max_new_tokens or int(params.seconds * TOKENS_PER_SECOND_CAP) + 64)
-    max_new_t = torch.tensor(max_new)
-    grammar = Grammar(codec, [primers[j] for j, _ in rows], limit_steps, device=device)
-    job_rows = [[r for r, (j, _) in enumerate(rows) if j == jj] for jj in range(len(jobs))]
-
-    out = torch.empty(B, max(max_new), dtype=torch.long)  # generated tokens, written in place
-    n_new = torch.zeros(B, dtype=torch.long)
-    done = torch.zeros(B, dtype=torch.bool)
-    stopped = [False] * len(jobs)
-
-    def stop_requested() -> None:
-        if should_stop is None:
-            return
-        for j, rs in enumerate(job_rows):
-            if not stopped[j] and not bool(done[rs].all()) and should_stop(j):
-                stopped[j] = True
-                done[rs] = True
-
-    t0 = time.perf_counter()
-    t_first = None
-    stop_requested()
-    if not bool(done.all()):
-        gen = generate(
-            model,
-            prompt.to(device),
-            max(max_new),
-            left_pad=left_pad.to(device),
-            temperature=torch.tensor([jobs[j][1].temperature for j, _ in rows]),
-            top_k=torch.tensor([jobs[j][1].top_k or model.cfg.vocab_size for j, _ in rows]),
-            top_p=torch.tensor([jobs[j][1].top_p for j, _ in rows]),
-            generators=[torch.Generator().manual_seed(row_seed(seeds[j], i)) for j, i in rows],
-            grammar=grammar,
-        )
-        alive = torch.arange(B)  # the batch row of each row generate() still runs
-        token = next(gen)
-        t_first = time.perf_counter()
-        for step in itertools.count():
-            out[alive, step] = token.cpu()
-            n_new[alive] += 1
-            reached = grammar.elapsed.cpu() >= grammar.limit.cpu()
-            done[alive] |= reached | (n_new[alive] >= max_new_t[alive])
-            stop_requested()
-            if bool(done.all()):
-                break
-            keep = ~done[alive]
-            alive = alive[keep]
-            try:
-                token = gen.send(keep)  # done rows are dropped from the batch
-            except StopIteration:
-                break
-        gen.close()
-    t_end = time.perf_counter()
-    t_first = t_first or t_end
-
-    steps = shift_steps(codec)
-    results = []
-    for j, (primer, params) in enumerate(jobs):
-        t_render = time.perf_counter()
-        midis, toks, secs = [], [], []
-        for r in job_rows[j]:
-            new = out[r, : int(n_new[r])].numpy().copy()
-            toks.append(new)
-            secs.append(float(steps[new].sum()) * step_ms / 1000.0)
-            midis.append(
-                render(
-                    codec,
-                    primer,
-                    new,
-                    include_primer=params.include_primer,
-                    seed=seeds[j],
-                    sample_index=rows[r][1],
-                )
-            )
-        results.append(
-            ContinuationResult(
-                midis=midis,
-                tokens=toks,
-                seed=seeds[j],
-                primer_tokens=len(primers[j]),
-                new_tokens=int(sum(len(t) for t in toks)),
-                seconds=max(secs),
-                timings={
-                    "prefill": t_first - t0,
-                    "decode": t_end - t_first,
-                    "render": time.perf_counter() - t_render,
-                },
-                stopped=stopped[j],
-            )
-        )
-    return results
-
-
 def render(
     codec,
     primer: Primer,
@@ -606,6 +485,364 @@ def render(
         pm.text_events.append(pretty_midi.Text(label, 0.0))
     pm.text_events.append(pretty_midi.Text("end", offset + length))
     return pm
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Continuous batching
+
+
+@dataclass(eq=False)
+class _Job:
+    id: int
+    primer: Primer
+    params: SamplingParams
+    seed: int
+    tokens: np.ndarray  # the primer tokens the model reads (cropped to leave room in the window)
+    samples: list  # generated tokens per sample, filled in as its row leaves the batch
+    rows_left: int
+    admitted: float  # time.perf_counter() when its prefill was done
+    prefill_s: float
+    stopped: bool = False
+
+
+@dataclass(eq=False)
+class _Row:
+    job: _Job
+    sample: int
+    history: np.ndarray  # primer, then generated tokens (preallocated); the last one is the pending token
+    filled: int  # tokens in history
+    max_new: int
+
+    @property
+    def new_tokens(self) -> int:
+        return self.filled - len(self.job.tokens)
+
+
+def _check_params(j: int, params) -> None:
+    if not isinstance(params, SamplingParams):
+        raise GenerationError(
+            f"job {j}: params must be SamplingParams, got {type(params).__name__}", code="invalid_params"
+        )
+
+
+@contextmanager
+def _eval(model):
+    was_training = model.training
+    if was_training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
+
+
+class DecodeBatch:
+    """Continuous batching: the rows of many jobs decode together, one token each per `step()`, and jobs join
+    (`admit`) and leave (done or stopped) between steps, so no row waits for a batch to finish.
+
+    One KV cache of max_rows x max_seq_len positions is allocated once; live rows are its first rows and share
+    one length, each with its own left padding. A row's K/V never depend on where it sits in the cache
+    (relative schemes use distances; the absolute one counts from the row's first real token), so rows are
+    copied and shifted along the cache freely:
+    - admit: a primer minus its last token is prefilled in a small cache (once per distinct primer, e.g. for
+      every sample of a job) and copied to end at the shared length (the running rows shift right first when
+      it is longer). Its last token becomes the row's pending token, so in `step` every row does the same:
+      feed the pending token, sample the next one.
+    - rows that leave are packed out, dropping padding no row needs any more;
+    - when the cache is full, rows whose context fills the window slide (the last half window is prefilled
+      again, as `generate` does) and the others shift left.
+    Each row samples with its own generator seeded by (job seed, sample index): a job's tokens are the same
+    whatever it shares the batch with and whenever it is admitted.
+    """
+
+    @torch.inference_mode()
+    def __init__(self, model, codec, max_rows: int):
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise GenerationError(
+                f"max_rows must be an integer >= 1, got {max_rows!r}", code="invalid_params"
+            )
+        self.model, self.codec, self.max_rows = model, codec, max_rows
+        self.window = model.cfg.max_seq_len
+        self.keep_last = max(1, self.window // 2)  # tokens a row keeps when its window slides
+        self.device = next(model.parameters()).device
+        self._cache = model.new_cache(max_rows, self.window)  # k, v (n_layers, max_rows, H, window, D)
+        self.left_pad = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # (max_rows,)
+        self.length = 0  # positions the live rows share
+        self.rows: list[_Row] = []
+        # Per live row, in batch order:
+        self.pending = torch.empty(0, dtype=torch.long, device=self.device)  # (n,) the next token to feed
+        self.temperature = torch.empty(0, device=self.device)  # (n,)
+        self.top_k = torch.empty(0, dtype=torch.long, device=self.device)  # (n,)
+        self.top_p = torch.empty(0, device=self.device)  # (n,)
+        self.generators: list[torch.Generator] = []
+        self.grammar: Grammar | None = None
+        self._ids = itertools.count()
+        self._shift_steps = shift_steps(codec)
+
+    @property
+    def free_rows(self) -> int:
+        return self.max_rows - len(self.rows)
+
+    @property
+    def live_jobs(self) -> list[int]:
+        """Ids of the jobs still decoding, in batch order."""
+        return [job.id for job in dict.fromkeys(row.job for row in self.rows)]
+
+    @torch.inference_mode()
+    def admit(self, jobs: Sequence[tuple[Primer, SamplingParams]]) -> list[int]:
+        """Add jobs (num_samples rows each) to the batch; returns their ids, as `step` reports them.
+
+        Everything is checked and prefilled before the batch changes: a job that raises (GenerationError for
+        bad params, a primer token outside the vocabulary or more rows than are free) leaves it as it was."""
+        start = time.perf_counter()
+        crop, V = default_max_primer_tokens(self.model), self.model.cfg.vocab_size
+        primers = []
+        for j, (primer, params) in enumerate(jobs):
+            _check_params(j, params)
+            tokens = np.asarray(primer.tokens, dtype=np.int64).reshape(-1)[-crop:]
+            if not len(tokens):
+                tokens = np.array([self.codec.bos_id])
+            if tokens.min() < 0 or tokens.max() >= V:
+                raise GenerationError(f"job {j}: primer tokens must be in 0..{V - 1}", code="invalid_primer")
+            primers.append(tokens)
+        n_new = sum(params.num_samples for _, params in jobs)
+        if n_new > self.free_rows:
+            raise GenerationError(
+                f"{n_new} rows do not fit: {self.free_rows} of {self.max_rows} are free", code="batch_full"
+            )
+        if not jobs:
+            return []
+        row_jobs = [j for j, (_, params) in enumerate(jobs) for _ in range(params.num_samples)]
+        contexts = [primers[j][:-1] for j in row_jobs]
+        with _eval(self.model):
+            kv = self._prefill(contexts)
+        width = max(len(c) for c in contexts)
+        admitted = time.perf_counter()
+
+        # Nothing below fails: commit.
+        n = len(self.rows)
+        if n == 0:
+            self.length = width
+        elif width > self.length:
+            self._shift(width - self.length)
+        L = self.length
+        new = slice(n, n + n_new)
+        if kv is not None:
+            self._cache.k[:, new, :, L - width : L] = kv[0]
+            self._cache.v[:, new, :, L - width : L] = kv[1]
+        self.left_pad[new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
+        step_ms = self.codec.config.step_ms
+        ids = []
+        for j, (primer, params) in enumerate(jobs):
+            seed = secrets.randbelow(2**31) if params.seed is None else params.seed
+            job = _Job(
+                id=next(self._ids),
+                primer=primer,
+                params=params,
+                seed=seed,
+                tokens=primers[j],
+                samples=[np.zeros(0, dtype=np.int64)] * params.num_samples,
+                rows_left=params.num_samples,
+                admitted=admitted,
+                prefill_s=admitted - start,
+            )
+            ids.append(job.id)
+            max_new = params.max_new_tokens or int(params.seconds * TOKENS_PER_SECOND_CAP) + 64
+            for i in range(params.num_samples):
+                history = np.empty(len(job.tokens) + max_new, dtype=np.int64)
+                history[: len(job.tokens)] = job.tokens
+                self.rows.append(_Row(job, i, history, len(job.tokens), max_new))
+                self.generators.append(torch.Generator().manual_seed(row_seed(seed, i)))
+        rows = self.rows[n:]
+        params = [row.job.params for row in rows]
+
+        def cat(old: Tensor, values: list) -> Tensor:
+            return torch.cat([old, torch.as_tensor(values, dtype=old.dtype, device=self.device)])
+
+        self.pending = cat(self.pending, [int(row.job.tokens[-1]) for row in rows])
+        self.temperature = cat(self.temperature, [p.temperature for p in params])
+        self.top_k = cat(self.top_k, [p.top_k or V for p in params])
+        self.top_p = cat(self.top_p, [p.top_p for p in params])
+        limits = [max(1, math.ceil(p.seconds * 1000.0 / step_ms - 1e-9)) for p in params]
+        grammar = Grammar(self.codec, [row.job.tokens for row in rows], limits, device=self.device)
+        if self.grammar is None:
+            self.grammar = grammar
+        else:
+            self.grammar.extend(grammar)
+        return ids
+
+    @torch.inference_mode()
+    def step(self, should_stop: Callable[[int], bool] | None = None) -> list[tuple[int, ContinuationResult]]:
+        """One token for every live row. Returns (job id, result) for the jobs that finished: music long
+        enough, max_new_tokens reached, or should_stop(job id) True (checked first: no token for them)."""
+        finished = []
+        if should_stop is not None:
+            stop = {job_id for job_id in self.live_jobs if should_stop(job_id)}
+            if stop:
+                for row in self.rows:
+                    row.job.stopped |= row.job.id in stop
+                finished += self._drop([row.job.id not in stop for row in self.rows])
+        if not self.rows:
+            return finished
+        n = len(self.rows)
+        with _eval(self.model):
+            if self.length == self.window:
+                self._make_room()
+            cache = replace(
+                self._cache,
+                k=self._cache.k[:, :n],
+                v=self._cache.v[:, :n],
+                left_pad=self.left_pad[:n],
+                length=self.length,
+            )
+            logits = decode_one_token(self.model, self.pending, cache)
+        self.length += 1
+        token = sample(
+            self.grammar.constrain(logits), self.temperature, self.top_k, self.top_p, self.generators
+        )
+        self.pending = token = self.grammar.advance(token)
+        reached = (self.grammar.elapsed >= self.grammar.limit).tolist()
+        keep = []
+        for row, t, done in zip(self.rows, token.tolist(), reached, strict=True):
+            row.history[row.filled] = t
+            row.filled += 1
+            keep.append(not done and row.new_tokens < row.max_new)
+        return finished + self._drop(keep)
+
+    def _prefill(self, contexts: list[np.ndarray]) -> tuple[Tensor, Tensor] | None:
+        """K and V of `contexts` (one per row, right-aligned to the longest): (n_layers, R, H, width, D) each.
+        Rows with the same context share one forward pass (prefill is compute bound)."""
+        width = max(len(c) for c in contexts)
+        if width == 0:
+            return None
+        index: dict[bytes, int] = {}
+        inverse = [index.setdefault(c.tobytes(), len(index)) for c in contexts]
+        distinct = {i: c for i, c in zip(inverse, contexts, strict=True)}
+        tokens = torch.full((len(index), width), self.codec.pad_id, dtype=torch.long)  # (U, width)
+        left_pad = torch.empty(len(index), dtype=torch.long)
+        for u, c in distinct.items():
+            tokens[u, width - len(c) :] = torch.from_numpy(c)
+            left_pad[u] = width - len(c)
+        small = self.model.new_cache(len(index), width)
+        prefill(self.model, tokens.to(self.device), small, left_pad.to(self.device))
+        rows = torch.as_tensor(inverse, device=self.device)
+        return small.k[:, rows], small.v[:, rows]
+
+    def _shift(self, offset: int) -> None:
+        """Move every live row `offset` positions along the cache (right > 0; left < 0 drops padding only)."""
+        n, L = len(self.rows), self.length
+        src, dst = slice(max(0, -offset), L), slice(max(0, offset), L + offset)
+        for buf in (self._cache.k, self._cache.v):
+            buf[:, :n, :, dst] = buf[:, :n, :, src].clone()
+        self.left_pad[:n] = (self.left_pad[:n] + offset).clamp(min=0)
+        self.length = L + offset
+
+    def _make_room(self) -> None:
+        """The cache is full. Rows whose context fills the window slide: they keep their last `keep_last`
+        tokens, all but the pending one prefilled again. The others only shift left."""
+        lp = self.left_pad[: len(self.rows)].tolist()
+        keep = self.keep_last - 1
+        slide = [r for r, pad in enumerate(lp) if pad == 0]
+        length = max([keep] + [self.length - pad for pad in lp if pad > 0])
+        contexts = [
+            self.rows[r].history[self.rows[r].filled - self.keep_last : self.rows[r].filled - 1]
+            for r in slide
+        ]
+        kv = self._prefill(contexts) if slide else None
+        self._shift(length - self.length)
+        if slide:
+            rows = torch.as_tensor(slide, device=self.device)
+            if kv is not None:
+                self._cache.k[:, rows, :, length - keep : length] = kv[0]
+                self._cache.v[:, rows, :, length - keep : length] = kv[1]
+            self.left_pad[rows] = length - keep
+
+    def _drop(self, keep: list[bool]) -> list[tuple[int, ContinuationResult]]:
+        """Remove the rows not kept: their samples are done; jobs with no rows left are finished."""
+        finished = []
+        for row, kept in zip(self.rows, keep, strict=True):
+            if kept:
+                continue
+            job = row.job
+            job.samples[row.sample] = row.history[len(job.tokens) : row.filled].copy()
+            job.rows_left -= 1
+            if job.rows_left == 0:
+                finished.append((job.id, self._result(job)))
+        rows = [r for r, kept in enumerate(keep) if kept]
+        if len(rows) == len(keep):
+            return finished
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        m, L = len(rows), self.length
+        if m:
+            shift = int(self.left_pad[index].min())  # leading positions that are padding in every kept row
+            if shift or rows != list(range(m)):
+                for buf in (self._cache.k, self._cache.v):
+                    buf[:, :m, :, : L - shift] = buf[:, index, :, shift:L]
+            self.left_pad[:m] = self.left_pad[index] - shift
+            self.length = L - shift
+            self.grammar.select(index)
+        else:
+            self.length, self.grammar = 0, None
+        self.rows = [self.rows[r] for r in rows]
+        self.pending, self.temperature = self.pending[index], self.temperature[index]
+        self.top_k, self.top_p = self.top_k[index], self.top_p[index]
+        self.generators = [self.generators[r] for r in rows]
+        return finished
+
+    def _result(self, job: _Job) -> ContinuationResult:
+        start = time.perf_counter()
+        step_s = self.codec.config.step_ms / 1000.0
+        midis = [
+            render(
+                self.codec,
+                job.primer,
+                tokens,
+                include_primer=job.params.include_primer,
+                seed=job.seed,
+                sample_index=i,
+            )
+            for i, tokens in enumerate(job.samples)
+        ]
+        return ContinuationResult(
+            midis=midis,
+            tokens=job.samples,
+            seed=job.seed,
+            primer_tokens=len(job.tokens),
+            new_tokens=int(sum(len(t) for t in job.samples)),
+            seconds=max(float(self._shift_steps[t].sum()) * step_s for t in job.samples),
+            timings={
+                "prefill": job.prefill_s,
+                "decode": start - job.admitted,
+                "render": time.perf_counter() - start,
+            },
+            stopped=job.stopped,
+        )
+
+
+def generate_batch(
+    model,
+    codec,
+    jobs: Sequence[tuple[Primer, SamplingParams]],
+    should_stop: Callable[[int], bool] | None = None,
+) -> list[ContinuationResult]:
+    """Continue every job's primer num_samples times, all rows as ONE batch (a `DecodeBatch`).
+
+    A row stops when its music reaches params.seconds, after params.max_new_tokens, or when should_stop(job
+    index) returns True (checked every step); rows that are done leave the batch, so the others run faster.
+    """
+    if not jobs:
+        return []
+    for j, (_, params) in enumerate(jobs):
+        _check_params(j, params)
+    batch = DecodeBatch(model, codec, max_rows=sum(params.num_samples for _, params in jobs))
+    ids = batch.admit(jobs)
+    index = {job_id: j for j, job_id in enumerate(ids)}
+    stop = None if should_stop is None else (lambda job_id: should_stop(index[job_id]))
+    results: dict[int, ContinuationResult] = {}
+    while batch.rows:
+        results.update(batch.step(stop))
+    return [results[job_id] for job_id in ids]
 
 
 def continue_midi(

@@ -15,7 +15,9 @@ from musicrel.codec import EventCodec
 from musicrel.config import ModelConfig
 from musicrel.errors import GenerationError
 from musicrel.generate import (
+    DecodeBatch,
     Grammar,
+    Primer,
     SamplingParams,
     continue_midi,
     generate,
@@ -23,6 +25,7 @@ from musicrel.generate import (
     open_pitches,
     prepare_primer,
     render,
+    row_seed,
     sample,
     shift_steps,
 )
@@ -227,6 +230,119 @@ def test_should_stop_stops_only_that_job(model):
         np.testing.assert_array_equal(a, b)
     stopped_at_once = generate_batch(model, CODEC, [(primer, params)], should_stop=lambda j: True)[0]
     assert stopped_at_once.stopped and stopped_at_once.new_tokens == 0
+
+
+# ---- continuous batching: DecodeBatch ------------------------------------------------------------
+
+
+def _scheme_model(attention: str, max_seq_len: int) -> MusicTransformer:
+    torch.manual_seed(1)
+    cfg = ModelConfig(
+        vocab_size=CODEC.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=max_seq_len,
+        attention=attention, max_relative_distance=16 if attention == "shaw" else None,
+    )  # fmt: skip
+    return MusicTransformer(cfg).eval()
+
+
+def _mixed_jobs(max_tokens: int) -> list:
+    """Primers of different lengths (left padding, right shifts on admission) and stopping rules."""
+    short = prepare_primer(CODEC, make_motif(3), 0.5, max_tokens=max_tokens)
+    long = prepare_primer(CODEC, make_motif(40, program=40), 30.0, max_tokens=max_tokens)
+    mid = prepare_primer(CODEC, make_motif(12), 1.0, max_tokens=max_tokens)
+    assert len(short.tokens) < len(mid.tokens) < len(long.tokens)
+    return [
+        (short, SamplingParams(seconds=1000.0, max_new_tokens=70, seed=11, num_samples=2, top_k=40)),
+        (long, SamplingParams(seconds=1.5, seed=5, temperature=1.2, top_p=0.8)),
+        (mid, SamplingParams(seconds=1000.0, max_new_tokens=45, seed=3, num_samples=2, temperature=0.8)),
+    ]
+
+
+def _assert_same(a, b) -> None:
+    assert len(a.tokens) == len(b.tokens) and a.seed == b.seed
+    for x, y in zip(a.tokens, b.tokens, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert [notes_of(m) for m in a.midis] == [notes_of(m) for m in b.midis]
+
+
+@pytest.mark.parametrize("attention", ["skew", "absolute", "t5", "shaw"])
+@pytest.mark.parametrize("max_seq_len", [128, 32])
+def test_job_is_the_same_alone_batched_or_admitted_mid_flight(attention, max_seq_len):
+    """Each sample's tokens depend on its job only: not on batch-mates, nor on the step it joined at. With a
+    32-token window the rows also slide (and shift) while others join and leave."""
+    m = _scheme_model(attention, max_seq_len)
+    jobs = _mixed_jobs(max_tokens=max_seq_len - 8)
+    alone = [generate_batch(m, CODEC, [job])[0] for job in jobs]
+    together = generate_batch(m, CODEC, jobs)
+
+    batch = DecodeBatch(m, CODEC, max_rows=5)
+    results: dict = {}
+    ids = batch.admit(jobs[:1])
+    for _ in range(7):
+        results.update(batch.step())
+    ids += batch.admit(jobs[1:2])  # a longer primer than the cache holds: the running rows shift right
+    while ids[1] not in results:
+        results.update(batch.step())
+    assert len(batch.rows) == 2 and batch.free_rows == 3
+    ids += batch.admit(jobs[2:])  # joins rows that have slid (32-token window) and a job that has left
+    while batch.rows:
+        results.update(batch.step())
+    assert batch.length == 0 and batch.free_rows == 5
+    for a, b, c in zip(alone, together, [results[i] for i in ids], strict=True):
+        _assert_same(a, b)
+        _assert_same(a, c)
+    assert [len(t) for t in alone[0].tokens] == [70, 70]
+
+
+def test_decode_batch_equals_full_recompute_past_the_window():
+    """Admission (primer prefilled without its last token), slides and packing change speed, never tokens:
+    the reference recomputes the whole window for every token."""
+    m = tiny_model(max_seq_len=32)
+    primer = prepare_primer(CODEC, make_motif(30), 30.0, max_tokens=24)
+    params = SamplingParams(seconds=1000.0, max_new_tokens=100, seed=9, num_samples=2, top_p=0.9)
+    batch = DecodeBatch(m, CODEC, max_rows=2)
+    (job,) = batch.admit([(primer, params)])
+    results: dict = {}
+    while batch.rows:
+        results.update(batch.step())
+    tokens = torch.as_tensor(np.asarray(primer.tokens, dtype=np.int64))
+    reference = generate(
+        m, tokens[None].repeat(2, 1), 100, top_p=0.9, use_cache=False,
+        generators=[torch.Generator().manual_seed(row_seed(9, i)) for i in range(2)],
+        grammar=Grammar(CODEC, [primer.tokens] * 2, [10**9] * 2),
+    )  # fmt: skip
+    expected = torch.stack(list(reference), dim=1).numpy()  # (2, 100)
+    np.testing.assert_array_equal(np.stack(results[job].tokens), expected)
+
+
+def test_admission_that_fails_leaves_the_batch_as_it_was(model):
+    primer = prepare_primer(CODEC, make_motif(), 4.0)
+    params = SamplingParams(seconds=1.0, seed=2, num_samples=2)
+    alone = generate_batch(model, CODEC, [(primer, params)])[0]
+    batch = DecodeBatch(model, CODEC, max_rows=3)
+    (job,) = batch.admit([(primer, params)])
+    results = dict(batch.step())
+    bad = Primer(np.array([0, CODEC.vocab_size]), 0.0, 1.0, 120.0, 0, [])
+    with pytest.raises(GenerationError) as info:
+        batch.admit([(primer, SamplingParams(seconds=1.0)), (bad, SamplingParams(seconds=1.0))])
+    assert info.value.code == "invalid_primer"
+    with pytest.raises(GenerationError) as info:
+        batch.admit([(primer, SamplingParams(seconds=1.0, num_samples=2))])  # one row is free
+    assert info.value.code == "batch_full"
+    assert len(batch.rows) == 2 and batch.live_jobs == [job]
+    while batch.rows:
+        results.update(batch.step())
+    _assert_same(alone, results[job])
+
+
+def test_decode_batch_stops_a_job_between_steps(model):
+    primer = prepare_primer(CODEC, make_motif(), 4.0)
+    batch = DecodeBatch(model, CODEC, max_rows=4)
+    keep, cut = batch.admit([(primer, SamplingParams(seconds=3.0, seed=1)), (primer, SamplingParams(seed=2))])
+    for _ in range(3):
+        assert batch.step() == []
+    ((job, result),) = batch.step(should_stop=lambda j: j == cut)  # checked before the step's token
+    assert job == cut and result.stopped and len(result.tokens[0]) == 3
+    assert batch.live_jobs == [keep] and len(batch.rows) == 1
 
 
 def test_include_primer_puts_motif_then_continuation_and_keeps_tempo_program(model):

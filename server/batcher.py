@@ -1,10 +1,12 @@
-"""The generation worker: one thread owns the model; requests queue up and are generated in micro-batches.
+"""The generation worker: one thread owns the model and decodes every request in ONE running batch.
 
-The event loop only enqueues a Job and awaits its future. The worker takes the first waiting job, waits up to
-`batch_window_s` for others to join (up to `max_batch_rows` samples in all), and runs them as ONE
-`generate_batch` call: on a CPU or GPU, eight rows cost far less than eight single-row runs. Results go back
-to the loop with `call_soon_threadsafe`. A job whose client left or whose deadline passed is skipped if still
-queued, and stopped within a decoding step (via `should_stop`) if already running.
+The event loop only enqueues a Job and awaits its future. The worker holds a `DecodeBatch` (continuous
+batching): before every decoding step it admits waiting jobs while rows are free (up to `max_batch_rows`
+samples in all), then decodes one token for every live row. A job leaves as soon as its music is long enough,
+so a short request never waits for a long one and a new one never waits for a batch to finish. When the
+worker is idle, the first job waits up to `batch_window_s` for companions, so that a burst starts together
+(one prefill). Results go back to the loop with `call_soon_threadsafe`. A job whose client left or whose
+deadline passed is skipped if still queued, and stopped at its next step if already decoding.
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ class Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None
+    started_at: float | None = None  # admitted into the running batch
     finished_at: float | None = None
-    batch_jobs: int = 0  # how many requests shared this job's generate_batch call
-    batch_rows: int = 0
+    batch_jobs: int = 0  # the most requests decoded together while this one ran (itself included)
+    batch_rows: int = 0  # the most rows (samples) decoded together while this one ran
     generation_s: float = 0.0
     stop_reason: str | None = None
 
@@ -83,18 +85,22 @@ class Batcher:
         max_queue: int,
         max_batch_rows: int,
         batch_window_s: float,
-        generate: Callable[..., list] | None = None,
-        warmup: Callable[[], None] | None = None,
+        decoder: Callable[..., Any] | None = None,
+        warmup: Callable[[Any], None] | None = None,
     ) -> None:
+        """`decoder(model, codec, max_rows)` makes the running batch (musicrel.generate.DecodeBatch when None;
+        tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker is
+        ready."""
         self.model = model
         self.codec = codec
         self.metrics = metrics
         self.max_queue = max_queue
         self.max_batch_rows = max_batch_rows
         self.batch_window_s = batch_window_s
-        self._generate = generate
+        self._decoder = decoder
         self._warmup = warmup
         self._pending: collections.deque[Job] = collections.deque()
+        self._running: dict[int, Job] = {}  # by the batch's job id
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="musicrel-generation", daemon=True)
@@ -126,7 +132,7 @@ class Batcher:
         return len(self._pending)
 
     def stop(self, timeout: float | None = None) -> None:
-        """Refuse new jobs, fail the queued ones, let the running batch finish (up to timeout)."""
+        """Refuse new jobs, fail the queued ones, let the running rows finish (up to timeout)."""
         with self._cond:
             self._stopping = True
             dropped = list(self._pending)
@@ -140,48 +146,62 @@ class Batcher:
 
     # ---- worker thread ---------------------------------------------------------------------------
 
+    def _new_batch(self) -> Any:
+        decoder = self._decoder
+        if decoder is None:
+            from musicrel.generate import DecodeBatch as decoder
+        return decoder(self.model, self.codec, self.max_batch_rows)
+
     def _run(self) -> None:
-        if self._warmup is not None:
-            try:
-                self._warmup()
-            except Exception as exc:  # reported by /readyz; the service never becomes ready
-                log.exception("warm-up generation failed")
-                self.failed = f"warm-up failed: {exc}"
-                return
+        try:
+            batch = self._new_batch()
+            if self._warmup is not None:
+                self._warmup(batch)
+        except Exception as exc:  # reported by /readyz; the service never becomes ready
+            log.exception("warm-up generation failed")
+            self.failed = f"warm-up failed: {exc}"
+            return
         self.ready.set()
         while True:
-            batch = self._next_batch()
-            if batch is None:
+            jobs = self._take(batch)
+            if jobs is None:
                 return
-            self._run_batch(batch)
+            if jobs:
+                self._admit(batch, jobs)
+            if batch.rows:
+                batch = self._step(batch)
 
-    def _next_batch(self) -> list[Job] | None:
+    def _take(self, batch: Any) -> list[Job] | None:
+        """Waiting jobs that fit in the free rows, in arrival order. Blocks while there is nothing to do;
+        None once stopping with nothing in flight."""
         with self._cond:
-            while not self._pending and not self._stopping:
-                self._cond.wait()
-            if self._stopping:
-                return None
-            batch = [self._pending.popleft()]
-            rows = batch[0].rows
-            window_end = time.monotonic() + self.batch_window_s
-            while rows < self.max_batch_rows:
-                remaining = window_end - time.monotonic()
-                if not self._pending:
-                    if remaining <= 0 or self._stopping:
+            if not batch.rows:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return None
+                # Idle: companions arriving within the window start with the first job (one prefill).
+                window_end = time.monotonic() + self.batch_window_s
+                while not self._stopping and sum(j.rows for j in self._pending) < batch.free_rows:
+                    remaining = window_end - time.monotonic()
+                    if remaining <= 0:
                         break
                     self._cond.wait(remaining)
-                    continue
-                if rows + self._pending[0].rows > self.max_batch_rows:
-                    break  # it leads the next batch
-                job = self._pending.popleft()
-                batch.append(job)
-                rows += job.rows
-            self.metrics.queue_depth.set(len(self._pending))
-        return batch
+            if self._stopping:
+                return []  # draining: the running rows finish, nothing new starts
+            jobs: list[Job] = []
+            free = batch.free_rows
+            # A job with more rows than the batch holds is taken alone, so it fails instead of blocking.
+            while self._pending and (self._pending[0].rows <= free or not (jobs or batch.rows)):
+                jobs.append(self._pending.popleft())
+                free -= jobs[-1].rows
+            if jobs:
+                self.metrics.queue_depth.set(len(self._pending))
+        return jobs
 
-    def _run_batch(self, batch: list[Job]) -> None:
+    def _admit(self, batch: Any, jobs: list[Job]) -> None:
         live = []
-        for job in batch:
+        for job in jobs:
             if job.should_stop():  # the client left or timed out while queued: don't spend compute on it
                 self.metrics.stopped.labels(job.stop_reason).inc()
                 job._deliver(error=WorkerStoppedError(f"job {job.stop_reason} before it started"))
@@ -189,48 +209,51 @@ class Batcher:
                 live.append(job)
         if not live:
             return
+        start = time.monotonic()
         try:
-            results = self._generate_many(live)
+            admitted = list(zip(batch.admit([(job.primer, job.params) for job in live]), live, strict=True))
         except Exception as exc:
-            if len(live) == 1:
-                live[0]._deliver(error=exc)
-                return
-            # One bad job must not fail the requests it happened to share a batch with: run each alone.
-            log.warning("batch of %d failed (%s); retrying its jobs one by one", len(live), exc)
+            # One bad job must not fail the requests it arrived with: admit each alone (admit changes nothing
+            # when it raises).
+            if len(live) > 1:
+                log.warning("admitting %d jobs failed (%s); admitting them one by one", len(live), exc)
+            admitted = []
             for job in live:
                 try:
-                    job._deliver(self._generate_many([job])[0])
+                    admitted += zip(batch.admit([(job.primer, job.params)]), [job], strict=True)
                 except Exception as single_exc:
                     job._deliver(error=single_exc)
+        if not admitted:
             return
-        for job, result in zip(live, results, strict=True):
-            job._deliver(result)
-
-    def _generate_many(self, jobs: list[Job]) -> list:
-        generate = self._generate
-        if generate is None:
-            from musicrel.generate import generate_batch as generate
-
-        start = time.monotonic()
-        rows = sum(job.rows for job in jobs)
-        for job in jobs:
-            job.started_at = start
-            job.batch_jobs, job.batch_rows = len(jobs), rows
-            self.metrics.queue_seconds.observe(start - job.enqueued_at)
-        results = generate(
-            self.model,
-            self.codec,
-            [(job.primer, job.params) for job in jobs],
-            should_stop=lambda i: jobs[i].should_stop(),
-        )
-        end = time.monotonic()
         self.metrics.batches.inc()
-        self.metrics.batched_jobs.inc(len(jobs))
+        self.metrics.batched_jobs.inc(len(admitted))
+        for job_id, job in admitted:
+            job.started_at = start
+            self._running[job_id] = job
+            self.metrics.queue_seconds.observe(start - job.enqueued_at)
+
+    def _step(self, batch: Any) -> Any:
+        """One decoding step; delivers the jobs that finished. Returns the batch to go on with."""
+        live, rows = batch.live_jobs, len(batch.rows)
+        for job_id in live:
+            job = self._running[job_id]
+            job.batch_jobs, job.batch_rows = max(job.batch_jobs, len(live)), max(job.batch_rows, rows)
         self.metrics.batch_rows.observe(rows)
-        self.metrics.generation_seconds.observe(end - start)
-        for job, result in zip(jobs, results, strict=True):
-            job.finished_at, job.generation_s = end, end - start
+        try:
+            finished = batch.step(should_stop=lambda job_id: self._running[job_id].should_stop())
+        except Exception as exc:  # a bug, not a bad request (admission checked those): start afresh
+            log.exception("decoding step failed; failing its %d request(s)", len(self._running))
+            for job in self._running.values():
+                job._deliver(error=exc)
+            self._running.clear()
+            return self._new_batch()
+        now = time.monotonic()
+        for job_id, result in finished:
+            job = self._running.pop(job_id)
+            job.finished_at, job.generation_s = now, now - (job.started_at or now)
+            self.metrics.generation_seconds.observe(job.generation_s)
             self.metrics.tokens_generated.inc(result.new_tokens)
             if job.stop_reason is not None:
                 self.metrics.stopped.labels(job.stop_reason).inc()
-        return results
+            job._deliver(result)
+        return batch

@@ -41,23 +41,30 @@ class Metrics:
         )
         self.queue_seconds = Histogram(
             "musicrel_queue_seconds",
-            "time a request waited for its batch",
+            "time a request waited before joining the running batch",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.generation_seconds = Histogram(
             "musicrel_generation_seconds",
-            "generate_batch wall time per batch",
+            "per request: from joining the running batch to its result",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.tokens_generated = Counter("musicrel_tokens_generated", "new tokens generated", registry=r)
-        self.batches = Counter("musicrel_batches", "generate_batch calls", registry=r)
+        self.batches = Counter(
+            "musicrel_batches",
+            "admissions into the running batch (one prefill each; requests arriving together share one)",
+            registry=r,
+        )
         self.batched_jobs = Counter(
-            "musicrel_batched_jobs", "requests generated (summed over batches)", registry=r
+            "musicrel_batched_jobs", "requests admitted into the running batch", registry=r
         )
         self.batch_rows = Histogram(
-            "musicrel_batch_rows", "samples per batch", buckets=ROW_BUCKETS, registry=r
+            "musicrel_batch_rows",
+            "live rows (samples of every running request) per decoding step; _count is the steps",
+            buckets=ROW_BUCKETS,
+            registry=r,
         )
         self.rejected = Counter(
             "musicrel_rejected", "requests refused before generation", ["reason"], registry=r

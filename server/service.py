@@ -48,10 +48,13 @@ def warmup_midi() -> bytes:
 
 
 class Service:
-    def __init__(self, settings: Settings, metrics: Metrics, generate: Callable[..., list] | None = None):
+    def __init__(self, settings: Settings, metrics: Metrics, generate: Callable[..., Any] | None = None):
+        """`generate(model, codec, max_rows)` makes the worker's running batch: musicrel.generate.DecodeBatch
+        when None; tests pass a subclass that holds the worker or fails on purpose. (The name is create_app's,
+        which passes it through.)"""
         self.settings = settings
         self.metrics = metrics
-        self.generate = generate  # None: musicrel.generate.generate_batch (tests pass a wrapper around it)
+        self.decoder = generate
         self.model: Any = None
         self.codec: Any = None
         self.batcher: Batcher | None = None
@@ -100,18 +103,20 @@ class Service:
             max_queue=s.max_queue,
             max_batch_rows=s.max_batch_rows,
             batch_window_s=s.batch_window_ms / 1000,
-            generate=self.generate,
+            decoder=self.decoder,
             warmup=self._warmup if s.warmup else None,
         )
         self.batcher.start()
 
-    def _warmup(self) -> None:
-        from musicrel.generate import SamplingParams, generate_batch, prepare_primer
+    def _warmup(self, batch: Any) -> None:
+        """A tiny generation through the worker's own batch: every path runs once before /readyz says 200."""
+        from musicrel.generate import SamplingParams, prepare_primer
 
         start = time.perf_counter()
         primer = prepare_primer(self.codec, warmup_midi(), primer_seconds=2.0)
-        params = SamplingParams(seconds=0.5, seed=0, num_samples=1, max_new_tokens=8)
-        (self.generate or generate_batch)(self.model, self.codec, [(primer, params)])
+        batch.admit([(primer, SamplingParams(seconds=0.5, seed=0, num_samples=1, max_new_tokens=8))])
+        while batch.rows:
+            batch.step()
         log.info("warm-up generation took %.0f ms", 1000 * (time.perf_counter() - start))
 
     def stop(self) -> None:

@@ -26,9 +26,12 @@ class Settings(BaseSettings):
     # Requests waiting for the generation worker (not yet started); one more gets 429.
     max_queue: int = Field(64, ge=1)
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with 429 and 503")
-    # Micro-batching: the worker waits this long after the first queued request for others to join its batch.
+    # Continuous batching: requests join the running batch between decoding steps. Only when the worker is
+    # idle does the first request wait this long for others to start with it (one shared prefill).
     batch_window_ms: float = Field(20.0, ge=0, le=10_000)
-    max_batch_rows: int = Field(16, ge=1, le=1024, description="samples generated together in one batch")
+    max_batch_rows: int = Field(
+        16, ge=1, le=1024, description="samples decoded together in the running batch (its KV cache size)"
+    )
     request_timeout_s: float = Field(120.0, gt=0, description="per-request deadline, upload to answer (504)")
     drain_timeout_s: float = Field(
         30.0, ge=0, description="after SIGTERM, how long in-flight requests may run"

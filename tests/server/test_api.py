@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from musicrel.generate import generate_batch
+from musicrel.generate import DecodeBatch
 from server.app import create_app
 from server.settings import Settings
 
@@ -46,8 +46,9 @@ MOTIF = motif()
 
 
 class Gate:
-    """Wraps generate_batch: a batch waits at the gate until it is opened (or until every job of the batch
-    should stop, so deadlines and disconnects still end it), then really runs. Records calls and results."""
+    """Makes the worker's running batch (create_app's `generate=`): a DecodeBatch whose decoding steps wait at
+    the gate until it is opened (or until every live job should stop, so deadlines and disconnects still end
+    it), then really run. Records the results of the jobs that finish."""
 
     def __init__(self, open_: bool = True):
         self.opened = threading.Event()
@@ -62,14 +63,20 @@ class Gate:
         self.entered.clear()
         self.results.clear()
 
-    def __call__(self, model, codec, jobs, should_stop=None):
-        self.entered.set()
-        while not self.opened.wait(0.01):
-            if should_stop is not None and all(should_stop(i) for i in range(len(jobs))):
-                break
-        out = generate_batch(model, codec, jobs, should_stop=should_stop)
-        self.results.append(out)
-        return out
+    def __call__(self, model, codec, max_rows):
+        gate = self
+
+        class Gated(DecodeBatch):
+            def step(self, should_stop=None):
+                gate.entered.set()
+                while not gate.opened.wait(0.01):
+                    if should_stop is not None and all(should_stop(j) for j in self.live_jobs):
+                        break
+                finished = super().step(should_stop)
+                gate.results += [result for _, result in finished]
+                return finished
+
+        return Gated(model, codec, max_rows)
 
 
 @contextlib.contextmanager
@@ -398,7 +405,7 @@ def test_queue_full_is_429_and_deadline_is_504(tiny_checkpoint):
         assert second["r"].status_code == 504
         wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="deadline") >= 2)
         assert metric(service, "musicrel_stopped_jobs_total", reason="deadline") == 2
-        assert gate.results[-1][0].stopped and gate.results[-1][0].new_tokens == 0
+        assert gate.results[-1].stopped and gate.results[-1].new_tokens == 0
         gate.opened.set()
         assert post(client, **FAST).status_code == 200  # the service carries on
 
@@ -441,7 +448,7 @@ def test_client_disconnect_stops_generation(tiny_checkpoint):
         client.portal.call(call_and_leave)
         wait_for(lambda: gate.results)
         assert messages[0]["status"] == 499
-        result = gate.results[-1][0]
+        result = gate.results[-1]
         assert result.stopped and result.new_tokens == 0  # 30 s of music asked for, nothing generated
         assert metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1
 
@@ -470,16 +477,60 @@ def test_draining_refuses_new_work(tiny_checkpoint):
         assert client.get("/healthz").status_code == 200
 
 
-def test_unexpected_failure_is_json_500(tiny_checkpoint):
-    def broken(model, codec, jobs, should_stop=None):
-        if len(jobs[0][0].tokens) > 40:  # the warm-up primer is short and passes
-            raise RuntimeError("boom")
-        return generate_batch(model, codec, jobs, should_stop=should_stop)
+class Broken(DecodeBatch):
+    """Admission fails for primers over 40 tokens (the warm-up's is shorter)."""
 
-    with serve(tiny_checkpoint, generate=broken, raise_errors=False) as (client, _):
+    def admit(self, jobs):
+        if any(len(primer.tokens) > 40 for primer, _ in jobs):
+            raise RuntimeError("boom")
+        return super().admit(jobs)
+
+
+def test_unexpected_failure_is_json_500(tiny_checkpoint):
+    with serve(tiny_checkpoint, generate=Broken, raise_errors=False) as (client, _):
         response = post(client, **FAST)
         assert response.status_code == 500
         assert error_of(response)["code"] == "internal" and "boom" not in response.text
+
+
+def test_a_job_that_fails_admission_fails_alone(tiny_checkpoint):
+    short = motif(n_notes=3)  # under 40 primer tokens
+    with serve(tiny_checkpoint, generate=Broken, raise_errors=False, batch_window_ms=1500) as (
+        client,
+        service,
+    ):
+        data = [short, MOTIF, short]
+        responses = _concurrently(lambda i: post(client, data[i], json=True, seconds="0.3", seed=str(i)), 3)
+        assert [r.status_code for r in responses] == [200, 500, 200], [r.text for r in responses]
+        assert metric(service, "musicrel_batched_jobs_total") == 2  # the good two (warm-up is not counted)
+        assert sorted(responses[i].json()["seed"] for i in (0, 2)) == [0, 2]
+
+
+def test_a_request_joins_the_running_batch(tiny_checkpoint):
+    """Continuous batching: a request arriving while another decodes is admitted at the next step and
+    decoded alongside it; it does not wait for the running one to finish."""
+    gate = Gate()
+    with serve(tiny_checkpoint, generate=gate, batch_window_ms=0) as (client, service):
+        gate.hold()
+        first: dict = {}
+        running = threading.Thread(
+            target=lambda: first.update(r=post(client, json=True, seconds="60", seed="1"))
+        )
+        running.start()
+        assert gate.entered.wait(10)  # 60 s of music: many steps to go
+        second: dict = {}
+        joining = threading.Thread(target=lambda: second.update(r=post(client, json=True, **FAST)))
+        joining.start()
+        wait_for(lambda: service.batcher.queue_depth == 1)
+        gate.opened.set()
+        joining.join(30)
+        running.join(60)
+        a, b = first["r"].json(), second["r"].json()
+        assert a["batch"] == b["batch"] == {"requests": 2, "rows": 2}
+        assert b["new_tokens"] > 0 and a["new_tokens"] > b["new_tokens"]
+        assert metric(service, "musicrel_batches_total") == 2  # one admission each
+        steps = metric(service, "musicrel_batch_rows_count")
+        assert metric(service, "musicrel_batch_rows_sum") > steps  # some steps decoded both rows
 
 
 # ---- musicrel serve ------------------------------------------------------------------------------

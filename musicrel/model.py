@@ -159,14 +159,15 @@ class CausalSelfAttention(nn.Module):
         B, H, _, D = q.shape
         T, rows = k.size(2), self.E_r.size(1)
         E_r = self.E_r[:, rows - T :] if rows >= T else self.E_r  # (H, min(T, k + 1), D)
-        # SDPA adds a float attn_mask after scaling Q·Kᵀ, so the relative term takes the scale through q.
-        q_scaled = q.reshape(B, H, D).transpose(0, 1) * (1.0 / math.sqrt(D))  # (H, B, D)
-        S_rel = torch.bmm(q_scaled, E_r.transpose(1, 2)).transpose(0, 1).unsqueeze(2)  # (B, H, 1, <= T)
+        # Both terms share the 1/sqrt(D) scale: scale q once and tell SDPA not to scale again. Every op
+        # counts here: a decode step is a few dozen small kernels, so their count sets its cost.
+        q = q * (1.0 / math.sqrt(D))  # (B, H, 1, D)
+        S_rel = q @ E_r.transpose(1, 2)  # (B, H, 1, <= T)
         if rows < T:  # every distance beyond k uses row k (the first column)
             S_rel = torch.cat([S_rel[..., :1].expand(B, H, 1, T - rows), S_rel], dim=-1)  # (B, H, 1, T)
         if hidden is not None:
             S_rel = S_rel.masked_fill(hidden, float("-inf"))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=S_rel)  # (B, H, 1, D)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=S_rel, scale=1.0)  # (B, H, 1, D)
 
     @staticmethod
     def _mask(S: Tensor, future: Tensor, left_pad: Tensor | None) -> Tensor:

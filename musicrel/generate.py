@@ -16,6 +16,7 @@ import itertools
 import math
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -548,7 +549,8 @@ class DecodeBatch:
     - admit: a primer minus its last token is prefilled in a small cache (once per distinct primer, e.g. for
       every sample of a job) and copied to end at the shared length (the running rows shift right first when
       it is longer). Its last token becomes the row's pending token, so in `step` every row does the same:
-      feed the pending token, sample the next one.
+      feed the pending token, sample the next one. With `primer_cache` > 0 the K/V of that many recent
+      distinct primers are kept: the same motif again (say with another seed) needs no prefill at all.
     - rows that leave are packed out, dropping padding no row needs any more;
     - when the cache is full, rows whose context fills the window slide (the last half window is prefilled
       again, as `generate` does) and the others shift left.
@@ -557,12 +559,14 @@ class DecodeBatch:
     """
 
     @torch.inference_mode()
-    def __init__(self, model, codec, max_rows: int):
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise GenerationError(
-                f"max_rows must be an integer >= 1, got {max_rows!r}", code="invalid_params"
-            )
-        self.model, self.codec, self.max_rows = model, codec, max_rows
+    def __init__(self, model, codec, max_rows: int, primer_cache: int = 0):
+        for name, value, low in (("max_rows", max_rows, 1), ("primer_cache", primer_cache, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise GenerationError(
+                    f"{name} must be an integer >= {low}, got {value!r}", code="invalid_params"
+                )
+        self.model, self.codec, self.max_rows, self.primer_cache = model, codec, max_rows, primer_cache
+        self._primers: OrderedDict[bytes, tuple[Tensor, Tensor]] = OrderedDict()  # K/V of recent primers
         self.window = model.cfg.max_seq_len
         self.keep_last = max(1, self.window // 2)  # tokens a row keeps when its window slides
         self.device = next(model.parameters()).device
@@ -616,7 +620,7 @@ class DecodeBatch:
         row_jobs = [j for j, (_, params) in enumerate(jobs) for _ in range(params.num_samples)]
         contexts = [primers[j][:-1] for j in row_jobs]
         with _eval(self.model):
-            kv = self._prefill(contexts)
+            kv = self._prefill(contexts, remember=True)
         width = max(len(c) for c in contexts)
         admitted = time.perf_counter()
 
@@ -627,11 +631,10 @@ class DecodeBatch:
         elif width > self.length:
             self._shift(width - self.length)
         L = self.length
-        new = slice(n, n + n_new)
-        if kv is not None:
-            self._cache.k[:, new, :, L - width : L] = kv[0]
-            self._cache.v[:, new, :, L - width : L] = kv[1]
-        self.left_pad[new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
+        for r, (k, v) in enumerate(kv):
+            self._cache.k[:, n + r, :, L - k.size(2) : L] = k
+            self._cache.v[:, n + r, :, L - v.size(2) : L] = v
+        self.left_pad[n : n + n_new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
         step_ms = self.codec.config.step_ms
         ids = []
         for j, (primer, params) in enumerate(jobs):
@@ -710,24 +713,40 @@ class DecodeBatch:
             keep.append(not done and row.new_tokens < row.max_new)
         return finished + self._drop(keep)
 
-    def _prefill(self, contexts: list[np.ndarray]) -> tuple[Tensor, Tensor] | None:
-        """K and V of `contexts` (one per row, right-aligned to the longest): (n_layers, R, H, width, D) each.
-        Rows with the same context share one forward pass (prefill is compute bound)."""
-        width = max(len(c) for c in contexts)
-        if width == 0:
-            return None
-        index: dict[bytes, int] = {}
-        inverse = [index.setdefault(c.tobytes(), len(index)) for c in contexts]
-        distinct = {i: c for i, c in zip(inverse, contexts, strict=True)}
-        tokens = torch.full((len(index), width), self.codec.pad_id, dtype=torch.long)  # (U, width)
-        left_pad = torch.empty(len(index), dtype=torch.long)
-        for u, c in distinct.items():
-            tokens[u, width - len(c) :] = torch.from_numpy(c)
-            left_pad[u] = width - len(c)
-        small = self.model.new_cache(len(index), width)
-        prefill(self.model, tokens.to(self.device), small, left_pad.to(self.device))
-        rows = torch.as_tensor(inverse, device=self.device)
-        return small.k[:, rows], small.v[:, rows]
+    def _prefill(self, contexts: list[np.ndarray], remember: bool = False) -> list[tuple[Tensor, Tensor]]:
+        """K and V of each context: (n_layers, H, len, D) each, one pair per context (views, not copies).
+
+        Contexts that are alike (every sample of a job) share one forward pass: prefill is compute bound.
+        With `remember`, the K/V of the last `primer_cache` distinct contexts are kept, so a primer seen
+        again (the same motif with another seed) costs no forward pass at all."""
+        found: dict[bytes, tuple[Tensor, Tensor]] = {}
+        missing: dict[bytes, np.ndarray] = {}
+        for c in contexts:
+            key = c.tobytes()
+            if key in found or key in missing:
+                continue
+            if key in self._primers:
+                self._primers.move_to_end(key)
+                found[key] = self._primers[key]
+            else:
+                missing[key] = c
+        if missing:
+            width = max(len(c) for c in missing.values())
+            tokens = torch.full((len(missing), width), self.codec.pad_id, dtype=torch.long)  # (U, width)
+            left_pad = torch.tensor([width - len(c) for c in missing.values()])  # (U,)
+            for u, c in enumerate(missing.values()):
+                tokens[u, width - len(c) :] = torch.from_numpy(c)
+            small = self.model.new_cache(len(missing), max(1, width))
+            if width:
+                prefill(self.model, tokens.to(self.device), small, left_pad.to(self.device))
+            for u, (key, c) in enumerate(missing.items()):
+                kv = small.k[:, u, :, width - len(c) : width], small.v[:, u, :, width - len(c) : width]
+                found[key] = kv
+                if remember and self.primer_cache:
+                    self._primers[key] = (kv[0].clone(), kv[1].clone())
+                    while len(self._primers) > self.primer_cache:
+                        self._primers.popitem(last=False)
+        return [found[c.tobytes()] for c in contexts]
 
     def _shift(self, offset: int) -> None:
         """Move every live row `offset` positions along the cache (right > 0; left < 0 drops padding only)."""
@@ -749,14 +768,12 @@ class DecodeBatch:
             self.rows[r].history[self.rows[r].filled - self.keep_last : self.rows[r].filled - 1]
             for r in slide
         ]
-        kv = self._prefill(contexts) if slide else None
+        kv = self._prefill(contexts) if slide else []
         self._shift(length - self.length)
-        if slide:
-            rows = torch.as_tensor(slide, device=self.device)
-            if kv is not None:
-                self._cache.k[:, rows, :, length - keep : length] = kv[0]
-                self._cache.v[:, rows, :, length - keep : length] = kv[1]
-            self.left_pad[rows] = length - keep
+        for r, (k, v) in zip(slide, kv, strict=True):
+            self._cache.k[:, r, :, length - keep : length] = k
+            self._cache.v[:, r, :, length - keep : length] = v
+            self.left_pad[r] = length - keep
 
     def _drop(self, keep: list[bool]) -> list[tuple[int, ContinuationResult]]:
         """Remove the rows not kept: their samples are done; jobs with no rows left are finished."""

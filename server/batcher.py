@@ -85,18 +85,20 @@ class Batcher:
         max_queue: int,
         max_batch_rows: int,
         batch_window_s: float,
+        primer_cache: int = 0,
         decoder: Callable[..., Any] | None = None,
         warmup: Callable[[Any], None] | None = None,
     ) -> None:
-        """`decoder(model, codec, max_rows)` makes the running batch (musicrel.generate.DecodeBatch when None;
-        tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker is
-        ready."""
+        """`decoder(model, codec, max_rows, primer_cache=...)` makes the running batch (DecodeBatch when
+        None; tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker
+        is ready."""
         self.model = model
         self.codec = codec
         self.metrics = metrics
         self.max_queue = max_queue
         self.max_batch_rows = max_batch_rows
         self.batch_window_s = batch_window_s
+        self.primer_cache = primer_cache
         self._decoder = decoder
         self._warmup = warmup
         self._pending: collections.deque[Job] = collections.deque()
@@ -150,7 +152,7 @@ class Batcher:
         decoder = self._decoder
         if decoder is None:
             from musicrel.generate import DecodeBatch as decoder
-        return decoder(self.model, self.codec, self.max_batch_rows)
+        return decoder(self.model, self.codec, self.max_batch_rows, primer_cache=self.primer_cache)
 
     def _run(self) -> None:
         try:

@@ -49,9 +49,9 @@ def warmup_midi() -> bytes:
 
 class Service:
     def __init__(self, settings: Settings, metrics: Metrics, generate: Callable[..., Any] | None = None):
-        """`generate(model, codec, max_rows)` makes the worker's running batch: musicrel.generate.DecodeBatch
-        when None; tests pass a subclass that holds the worker or fails on purpose. (The name is create_app's,
-        which passes it through.)"""
+        """`generate(model, codec, max_rows, primer_cache=n)` makes the worker's running batch (DecodeBatch
+        when None; tests pass a subclass that holds the worker or fails on purpose). The name is create_app's,
+        which passes it through."""
         self.settings = settings
         self.metrics = metrics
         self.decoder = generate
@@ -103,6 +103,7 @@ class Service:
             max_queue=s.max_queue,
             max_batch_rows=s.max_batch_rows,
             batch_window_s=s.batch_window_ms / 1000,
+            primer_cache=s.primer_cache,
             decoder=self.decoder,
             warmup=self._warmup if s.warmup else None,
         )

@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     max_batch_rows: int = Field(
         16, ge=1, le=1024, description="samples decoded together in the running batch (its KV cache size)"
     )
+    # A primer's K/V is a few MB at most (max_seq_len x layers x d_model x 2 floats): cheap to keep, and users
+    # re-roll the same motif with new seeds.
+    primer_cache: int = Field(
+        16, ge=0, le=1024, description="recent distinct primers whose K/V are kept (no prefill again); 0: off"
+    )
     request_timeout_s: float = Field(120.0, gt=0, description="per-request deadline, upload to answer (504)")
     drain_timeout_s: float = Field(
         30.0, ge=0, description="after SIGTERM, how long in-flight requests may run"

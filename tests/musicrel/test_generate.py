@@ -334,6 +334,38 @@ def test_admission_that_fails_leaves_the_batch_as_it_was(model):
     _assert_same(alone, results[job])
 
 
+def test_primer_cache_skips_the_prefill_of_a_primer_seen_again():
+    m = tiny_model()
+    prefills: list = []
+    m.register_forward_pre_hook(
+        lambda _, args: prefills.append(args[0].shape) if args[0].size(1) > 1 else None
+    )
+    x, y, z = (prepare_primer(CODEC, make_motif(n), 3.0) for n in (8, 10, 12))
+    params = [SamplingParams(seconds=0.5, seed=s, num_samples=2) for s in range(5)]
+    alone = [generate_batch(m, CODEC, [(x, p)])[0] for p in params]
+    prefills.clear()
+    batch = DecodeBatch(m, CODEC, max_rows=4, primer_cache=2)
+    results: dict = {}
+
+    def run(primer, p) -> int:
+        (job,) = batch.admit([(primer, p)])
+        while batch.rows:
+            results.update(batch.step())
+        return job
+
+    first = run(x, params[0])
+    assert len(prefills) == 1  # one forward pass for both samples
+    again = run(x, params[1])  # the same motif with another seed: no prefill
+    assert len(prefills) == 1
+    run(y, params[2])
+    run(z, params[3])  # the cache holds 2 primers: x is forgotten
+    assert len(prefills) == 3
+    last = run(x, params[4])
+    assert len(prefills) == 4
+    for job, expected in ((first, alone[0]), (again, alone[1]), (last, alone[4])):
+        _assert_same(results[job], expected)
+
+
 def test_decode_batch_stops_a_job_between_steps(model):
     primer = prepare_primer(CODEC, make_motif(), 4.0)
     batch = DecodeBatch(model, CODEC, max_rows=4)

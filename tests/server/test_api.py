@@ -63,7 +63,7 @@ class Gate:
         self.entered.clear()
         self.results.clear()
 
-    def __call__(self, model, codec, max_rows):
+    def __call__(self, model, codec, max_rows, **options):
         gate = self
 
         class Gated(DecodeBatch):
@@ -76,7 +76,7 @@ class Gate:
                 gate.results += [result for _, result in finished]
                 return finished
 
-        return Gated(model, codec, max_rows)
+        return Gated(model, codec, max_rows, **options)
 
 
 @contextlib.contextmanager

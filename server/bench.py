@@ -1,7 +1,10 @@
 """`musicrel bench serve`: requests per second of a real uvicorn process, serial vs concurrent, side by side.
 
 Both phases send the same requests (same motif, same seeds, so the same music and token counts); the ratio
-shows what micro-batching buys. Without --checkpoint a random model of the default ModelConfig size is used.
+shows what continuous batching buys over HTTP. The same requests are then decoded in this process, one at a
+time vs `concurrency` in flight on one DecodeBatch: what batching the model can give at this moment on this
+machine, the ceiling of the HTTP ratio. Without --checkpoint a random model of the default ModelConfig size is
+used.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser(
         "serve",
-        help="service throughput: serial vs N concurrent clients (micro-batching)",
+        help="service throughput: serial vs N concurrent clients (continuous batching)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--checkpoint", type=Path, default=None, help="default: a random default-size model")
@@ -99,6 +102,31 @@ def _phase(url: str, motif: bytes, seeds: list[int], seconds: float, concurrency
     return wall, sum(tokens)
 
 
+def _in_process(checkpoint: Path, motif: bytes, seeds: list[int], seconds: float, concurrency: int) -> dict:
+    """Wall seconds and tokens of the same requests on a DecodeBatch, `width` jobs in flight, no HTTP."""
+    from musicrel.checkpoint import load_codec, load_model
+    from musicrel.generate import DecodeBatch, SamplingParams, default_max_primer_tokens, prepare_primer
+
+    model, codec = load_model(checkpoint), load_codec(checkpoint)
+    primer = prepare_primer(codec, motif, max_tokens=default_max_primer_tokens(model))
+
+    def closed_loop(width: int) -> tuple[float, int]:
+        batch = DecodeBatch(model, codec, width, primer_cache=16)  # as the server's
+        todo = [(primer, SamplingParams(seconds=seconds, seed=seed)) for seed in seeds]
+        tokens = 0
+        start = time.perf_counter()
+        while todo or batch.rows:
+            free = width - len(batch.rows)
+            if todo and free:
+                batch.admit(todo[:free])
+                del todo[:free]
+            tokens += sum(result.new_tokens for _, result in batch.step())
+        return time.perf_counter() - start, tokens
+
+    closed_loop(1)  # warm-up
+    return {width: closed_loop(width) for width in (1, concurrency)}
+
+
 def run(args: argparse.Namespace) -> int:
     import httpx
 
@@ -138,22 +166,31 @@ def run(args: argparse.Namespace) -> int:
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
+        if args.torch_threads:
+            import torch
 
-    rows = [
-        ("serial", 1, serial_s, serial_tokens),
-        (f"concurrent x{args.concurrency}", args.concurrency, conc_s, conc_tokens),
-    ]
+            torch.set_num_threads(args.torch_threads)
+        local = _in_process(checkpoint, motif, seeds, args.seconds, args.concurrency)
+
     threads = args.torch_threads or "default"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"{args.requests} requests of {args.seconds:g} s each, batch window {args.batch_window_ms:g} ms, "
-        f"torch threads {threads}"
+        f"torch threads {threads}, load average {load:.1f} on {os.cpu_count()} CPUs"
     )
     header = ("mode", "clients", "wall s", "req/s", "tokens", "tok/s", "vs serial")
-    print(f"{header[0]:<16} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))
-    for name, clients, wall, tokens in rows:
-        ratio = serial_s / wall
+    print(f"{header[0]:<26} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))
+    rows = [
+        ("HTTP serial", 1, serial_s, serial_tokens, serial_s),
+        (f"HTTP concurrent x{args.concurrency}", args.concurrency, conc_s, conc_tokens, serial_s),
+    ]
+    for width, (wall, tokens) in local.items():
+        name = "in-process, one at a time" if width == 1 else f"in-process, {width} in flight"
+        rows.append((name, width, wall, tokens, local[1][0]))
+    for name, clients, wall, tokens, serial in rows:
         print(
-            f"{name:<16} {clients:>7} {wall:>7.2f} {args.requests / wall:>7.2f} {tokens:>7} "
-            f"{tokens / wall:>7.0f} {ratio:>8.2f}x"
+            f"{name:<26} {clients:>7} {wall:>7.2f} {args.requests / wall:>7.2f} {tokens:>7} "
+            f"{tokens / wall:>7.0f} {serial / wall:>8.2f}x"
         )
+    print("in-process rows: the same requests without HTTP; their ratio is the ceiling of the HTTP one")
     return 0

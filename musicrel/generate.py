@@ -542,18 +542,18 @@ class DecodeBatch:
     """Continuous batching: the rows of many jobs decode together, one token each per `step()`, and jobs join
     (`admit`) and leave (done or stopped) between steps, so no row waits for a batch to finish.
 
-    One KV cache of max_rows x max_seq_len positions is allocated once; live rows are its first rows and share
-    one length, each with its own left padding. A row's K/V never depend on where it sits in the cache
-    (relative schemes use distances; the absolute one counts from the row's first real token), so rows are
-    copied and shifted along the cache freely:
+    One KV cache of max_rows rows (growing up to max_seq_len positions) holds every row; live rows are its
+    first rows and share one length, each with its own left padding. A row's K/V never depend on where it sits
+    in the cache (relative schemes use distances; the absolute one counts from the row's first real token), so
+    rows are copied and shifted along the cache freely:
     - admit: a primer minus its last token is prefilled in a small cache (once per distinct primer, e.g. for
       every sample of a job) and copied to end at the shared length (the running rows shift right first when
       it is longer). Its last token becomes the row's pending token, so in `step` every row does the same:
       feed the pending token, sample the next one. With `primer_cache` > 0 the K/V of that many recent
       distinct primers are kept: the same motif again (say with another seed) needs no prefill at all.
     - rows that leave are packed out, dropping padding no row needs any more;
-    - when the cache is full, rows whose context fills the window slide (the last half window is prefilled
-      again, as `generate` does) and the others shift left.
+    - when the shared length reaches the window, rows whose context fills it slide (the last half window is
+      prefilled again, as `generate` does) and the others shift left.
     Each row samples with its own generator seeded by (job seed, sample index): a job's tokens are the same
     whatever it shares the batch with and whenever it is admitted.
     """
@@ -570,7 +570,8 @@ class DecodeBatch:
         self.window = model.cfg.max_seq_len
         self.keep_last = max(1, self.window // 2)  # tokens a row keeps when its window slides
         self.device = next(model.parameters()).device
-        self._cache = model.new_cache(max_rows, self.window)  # k, v (n_layers, max_rows, H, window, D)
+        # k, v (n_layers, max_rows, H, max_len, D); max_len grows as needed, up to the window.
+        self._cache = model.new_cache(max_rows, min(self.window, 64))
         self.left_pad = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # (max_rows,)
         self.length = 0  # positions the live rows share
         self.rows: list[_Row] = []
@@ -626,6 +627,7 @@ class DecodeBatch:
 
         # Nothing below fails: commit.
         n = len(self.rows)
+        self._reserve(max(width, self.length))
         if n == 0:
             self.length = width
         elif width > self.length:
@@ -692,6 +694,7 @@ class DecodeBatch:
         with _eval(self.model):
             if self.length == self.window:
                 self._make_room()
+            self._reserve(self.length + 1)
             cache = replace(
                 self._cache,
                 k=self._cache.k[:, :n],
@@ -747,6 +750,18 @@ class DecodeBatch:
                     while len(self._primers) > self.primer_cache:
                         self._primers.popitem(last=False)
         return [found[c.tobytes()] for c in contexts]
+
+    def _reserve(self, length: int) -> None:
+        """Grow the cache (doubling, up to the window) to hold `length` positions, keeping the live rows: a
+        batch of short jobs never allocates a whole window per row."""
+        size = self._cache.max_len
+        if length <= size:
+            return
+        cache = self.model.new_cache(self.max_rows, min(self.window, max(length, 2 * size)))
+        n, L = len(self.rows), self.length
+        cache.k[:, :n, :, :L] = self._cache.k[:, :n, :, :L]
+        cache.v[:, :n, :, :L] = self._cache.v[:, :n, :, :L]
+        self._cache = cache
 
     def _shift(self, offset: int) -> None:
         """Move every live row `offset` positions along the cache (right > 0; left < 0 drops padding only)."""

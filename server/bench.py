@@ -33,6 +33,13 @@ def register(bench_subparsers) -> None:
     p.add_argument("--seconds", type=float, default=2.0, help="music per request")
     p.add_argument("--batch-window-ms", type=float, default=20.0)
     p.add_argument("--torch-threads", type=int, default=None, help="MUSICREL_TORCH_THREADS for the server")
+    p.add_argument(
+        "--primer-cache",
+        type=int,
+        default=16,
+        help="MUSICREL_PRIMER_CACHE: every request here has the same motif, so with it only the first one "
+        "prefills; 0 makes each request pay its prefill",
+    )
     p.set_defaults(func=run)
 
 
@@ -102,8 +109,10 @@ def _phase(url: str, motif: bytes, seeds: list[int], seconds: float, concurrency
     return wall, sum(tokens)
 
 
-def _in_process(checkpoint: Path, motif: bytes, seeds: list[int], seconds: float, concurrency: int) -> dict:
-    """Wall seconds and tokens of the same requests on a DecodeBatch, `width` jobs in flight, no HTTP."""
+def _in_process(
+    checkpoint: Path, motif: bytes, seeds: list[int], seconds: float, concurrency: int, primer_cache: int
+) -> dict:
+    """Wall seconds and tokens of the same requests on a DecodeBatch, one or `concurrency` jobs in flight."""
     from musicrel.checkpoint import load_codec, load_model
     from musicrel.generate import DecodeBatch, SamplingParams, default_max_primer_tokens, prepare_primer
 
@@ -111,7 +120,7 @@ def _in_process(checkpoint: Path, motif: bytes, seeds: list[int], seconds: float
     primer = prepare_primer(codec, motif, max_tokens=default_max_primer_tokens(model))
 
     def closed_loop(width: int) -> tuple[float, int]:
-        batch = DecodeBatch(model, codec, width, primer_cache=16)  # as the server's
+        batch = DecodeBatch(model, codec, width, primer_cache=primer_cache)
         todo = [(primer, SamplingParams(seconds=seconds, seed=seed)) for seed in seeds]
         tokens = 0
         start = time.perf_counter()
@@ -142,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             "MUSICREL_BATCH_WINDOW_MS": str(args.batch_window_ms),
             "MUSICREL_MAX_BATCH_ROWS": str(max(16, args.concurrency)),
             "MUSICREL_MAX_SECONDS": str(max(60.0, args.seconds)),
+            "MUSICREL_PRIMER_CACHE": str(args.primer_cache),
         }
         if args.torch_threads:
             env["MUSICREL_TORCH_THREADS"] = str(args.torch_threads)
@@ -170,13 +180,14 @@ def run(args: argparse.Namespace) -> int:
             import torch
 
             torch.set_num_threads(args.torch_threads)
-        local = _in_process(checkpoint, motif, seeds, args.seconds, args.concurrency)
+        local = _in_process(checkpoint, motif, seeds, args.seconds, args.concurrency, args.primer_cache)
 
     threads = args.torch_threads or "default"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"{args.requests} requests of {args.seconds:g} s each, batch window {args.batch_window_ms:g} ms, "
-        f"torch threads {threads}, load average {load:.1f} on {os.cpu_count()} CPUs"
+        f"torch threads {threads}, primer cache {args.primer_cache}, load average {load:.1f} on "
+        f"{os.cpu_count()} CPUs"
     )
     header = ("mode", "clients", "wall s", "req/s", "tokens", "tok/s", "vs serial")
     print(f"{header[0]:<26} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))

@@ -112,8 +112,13 @@ def test_every_musicrel_variable_is_a_real_setting_with_a_valid_value(services, 
         env = service["environment"]
         assert isinstance(env, dict), f"{name}: environment as a mapping"
         ours = {k: v for k, v in env.items() if k.startswith("MUSICREL_")}
-        assert {"MUSICREL_MAX_UPLOAD_BYTES", "MUSICREL_MAX_QUEUE", "MUSICREL_BATCH_WINDOW_MS",
-                "MUSICREL_REQUEST_TIMEOUT_S", "MUSICREL_DRAIN_TIMEOUT_S"} <= set(ours), name
+        assert {
+            "MUSICREL_MAX_UPLOAD_BYTES",
+            "MUSICREL_MAX_QUEUE",
+            "MUSICREL_BATCH_WINDOW_MS",
+            "MUSICREL_REQUEST_TIMEOUT_S",
+            "MUSICREL_DRAIN_TIMEOUT_S",
+        } <= set(ours), name
         unknown = [k for k in ours if k.removeprefix("MUSICREL_").lower() not in fields]
         assert unknown == [], f"{name}: not fields of server.settings.Settings: {unknown}"
         for key in list(Settings.model_fields):
@@ -159,14 +164,26 @@ def test_dockerfile_cpu_default_cuda_arg_pinned_torch_non_root(dockerfile):
     assert [a for w, a in instructions if w == "EXPOSE"] == ["8000"]
     cmd = [a for w, a in instructions if w == "CMD"][-1]
     assert shlex.split(cmd.strip("[]").replace(",", " ")) == [
-        "musicrel", "serve", "--checkpoint", CONTAINER_CHECKPOINT, "--host", "0.0.0.0", "--port", "8000",
+        "musicrel",
+        "serve",
+        "--checkpoint",
+        CONTAINER_CHECKPOINT,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
     ]
 
 
 def test_dockerfile_copies_only_existing_and_unignored_paths(dockerfile):
     copies = [a.split() for w, a in _instructions(dockerfile) if w == "COPY"]
-    sources = [s for c in copies if not any(x.startswith("--from") for x in c) for s in c[:-1]
-               if not s.startswith("--")]
+    sources = [
+        s
+        for c in copies
+        if not any(x.startswith("--from") for x in c)
+        for s in c[:-1]
+        if not s.startswith("--")
+    ]
     assert "checkpoints/default" in sources
     for source in sources:
         assert (REPO / source).exists(), f"COPY {source}: not in the repo"

@@ -45,8 +45,11 @@ def test_example_is_small_and_encodes(example):
 
 def _notes(path) -> list[tuple]:
     pm = pretty_midi.PrettyMIDI(str(path))
-    return sorted((i.program, n.pitch, n.velocity, round(n.start, 4), round(n.end, 4)) for i in pm.instruments
-                  for n in i.notes)
+    return sorted(
+        (i.program, n.pitch, n.velocity, round(n.start, 4), round(n.end, 4))
+        for i in pm.instruments
+        for n in i.notes
+    )
 
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if not e.needs_corpus], ids=lambda e: e.file)

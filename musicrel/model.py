@@ -162,7 +162,9 @@ class CausalSelfAttention(nn.Module):
         # Both terms share the 1/sqrt(D) scale: scale q once and tell SDPA not to scale again. Every op
         # counts here: a decode step is a few dozen small kernels, so their count sets its cost.
         q = q * (1.0 / math.sqrt(D))  # (B, H, 1, D)
-        S_rel = q @ E_r.transpose(1, 2)  # (B, H, 1, <= T)
+        # Heads as the bmm batch and rows as its M: a broadcast q @ E_rᵀ would copy E_r once per row.
+        S_rel = torch.bmm(q.view(B, H, D).transpose(0, 1), E_r.transpose(1, 2))  # (H, B, <= T)
+        S_rel = S_rel.transpose(0, 1).unsqueeze(2)  # (B, H, 1, <= T)
         if rows < T:  # every distance beyond k uses row k (the first column)
             S_rel = torch.cat([S_rel[..., :1].expand(B, H, 1, T - rows), S_rel], dim=-1)  # (B, H, 1, T)
         if hidden is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 from fastapi import FastAPI
@@ -43,11 +44,12 @@ def _share_uvicorn_logging() -> None:
         log.propagate = False
 
 
-def create_app(settings: Settings | None = None, generate: Callable[..., list] | None = None) -> FastAPI:
-    """`generate` replaces musicrel.generate.generate_batch (same signature); tests wrap it."""
+def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | None = None) -> FastAPI:
+    """`decoder(model, codec, max_rows, primer_cache=n)` makes the worker's running batch (default:
+    musicrel.generate.DecodeBatch); tests pass a subclass that holds the worker or fails on purpose."""
     settings = settings or Settings()
     metrics = Metrics()
-    service = Service(settings, metrics, generate=generate)
+    service = Service(settings, metrics, decoder=decoder)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

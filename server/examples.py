@@ -47,10 +47,20 @@ def _piano_motif(path: Path) -> None:
     pm = pretty_midi.PrettyMIDI(initial_tempo=96)
     piano = pretty_midi.Instrument(program=0, name="Piano")
     melody = [  # (pitch, start beat, length in beats)
-        (72, 0, 1), (76, 1, 1), (79, 2, 1.5), (77, 3.5, 0.5),
-        (76, 4, 1), (74, 5, 1), (72, 6, 2),
-        (74, 8, 1), (77, 9, 1), (81, 10, 1.5), (79, 11.5, 0.5),
-        (77, 12, 1), (76, 13, 1), (74, 14, 2),
+        (72, 0, 1),
+        (76, 1, 1),
+        (79, 2, 1.5),
+        (77, 3.5, 0.5),
+        (76, 4, 1),
+        (74, 5, 1),
+        (72, 6, 2),
+        (74, 8, 1),
+        (77, 9, 1),
+        (81, 10, 1.5),
+        (79, 11.5, 0.5),
+        (77, 12, 1),
+        (76, 13, 1),
+        (74, 14, 2),
     ]
     for pitch, start, length in melody:
         piano.notes.append(pretty_midi.Note(92, pitch, start * beat, (start + length) * beat - 0.02))
@@ -85,18 +95,32 @@ def _blues_riff(path: Path) -> None:
 
 
 EXAMPLES: tuple[Example, ...] = (
-    Example("Bach chorale (BWV 66.6)", "bach_bwv66_6.mid",
-            "Opening bars of a four-voice J. S. Bach chorale, from the music21 corpus.",
-            _corpus_excerpt("bach/bwv66.6", 0, 4), needs_corpus=True),
-    Example("Chopin mazurka (Op. 6 No. 2)", "chopin_mazurka_op6_no2.mid",
-            "First sixteen bars of a Chopin mazurka in 3/4, from the music21 corpus.",
-            _corpus_excerpt("chopin/mazurka06-2.krn", 1, 16), needs_corpus=True),
-    Example("Piano theme in C", "piano_theme_c.mid",
-            "A four-bar melody over an Alberti bass, written note by note with pretty_midi.",
-            _piano_motif),
-    Example("Blues riff in A", "blues_riff_a.mid",
-            "A swung electric-piano riff with a walking bass (two tracks), written with pretty_midi.",
-            _blues_riff),
+    Example(
+        "Bach chorale (BWV 66.6)",
+        "bach_bwv66_6.mid",
+        "Opening bars of a four-voice J. S. Bach chorale, from the music21 corpus.",
+        _corpus_excerpt("bach/bwv66.6", 0, 4),
+        needs_corpus=True,
+    ),
+    Example(
+        "Chopin mazurka (Op. 6 No. 2)",
+        "chopin_mazurka_op6_no2.mid",
+        "First sixteen bars of a Chopin mazurka in 3/4, from the music21 corpus.",
+        _corpus_excerpt("chopin/mazurka06-2.krn", 1, 16),
+        needs_corpus=True,
+    ),
+    Example(
+        "Piano theme in C",
+        "piano_theme_c.mid",
+        "A four-bar melody over an Alberti bass, written note by note with pretty_midi.",
+        _piano_motif,
+    ),
+    Example(
+        "Blues riff in A",
+        "blues_riff_a.mid",
+        "A swung electric-piano riff with a walking bass (two tracks), written with pretty_midi.",
+        _blues_riff,
+    ),
 )
 
 

@@ -85,8 +85,8 @@ class Timings(BaseModel):
 
 
 class BatchInfo(BaseModel):
-    requests: int = Field(description="requests generated together in this request's batch")
-    rows: int = Field(description="samples in that batch")
+    requests: int = Field(description="the most requests decoded together while this request ran")
+    rows: int = Field(description="the most rows (samples) decoded together while this request ran")
 
 
 class ContinuationResponse(BaseModel):

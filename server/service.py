@@ -48,13 +48,12 @@ def warmup_midi() -> bytes:
 
 
 class Service:
-    def __init__(self, settings: Settings, metrics: Metrics, generate: Callable[..., Any] | None = None):
-        """`generate(model, codec, max_rows, primer_cache=n)` makes the worker's running batch (DecodeBatch
-        when None; tests pass a subclass that holds the worker or fails on purpose). The name is create_app's,
-        which passes it through."""
+    def __init__(self, settings: Settings, metrics: Metrics, decoder: Callable[..., Any] | None = None):
+        """`decoder(model, codec, max_rows, primer_cache=n)` makes the worker's running batch (DecodeBatch
+        when None; tests pass a subclass that holds the worker or fails on purpose)."""
         self.settings = settings
         self.metrics = metrics
-        self.decoder = generate
+        self.decoder = decoder
         self.model: Any = None
         self.codec: Any = None
         self.batcher: Batcher | None = None

@@ -24,8 +24,8 @@ from server.settings import Settings
 
 FAST = {"seconds": "0.3", "seed": "7"}  # a short continuation keeps each generation cheap on the tiny model
 MIDI_CODES = {
-    "not_midi", "truncated", "bad_data_byte", "no_notes", "smpte_division", "zero_division", "too_large",
-    "too_many_tracks", "too_many_events", "too_long", "no_such_track",
+    "not_midi", "truncated", "bad_data_byte", "bad_event", "no_notes", "smpte_division", "zero_division",
+    "too_large", "too_many_tracks", "too_many_events", "too_long", "no_such_track",
 }  # fmt: skip
 
 
@@ -46,7 +46,7 @@ MOTIF = motif()
 
 
 class Gate:
-    """Makes the worker's running batch (create_app's `generate=`): a DecodeBatch whose decoding steps wait at
+    """Makes the worker's running batch (create_app's `decoder=`): a DecodeBatch whose decoding steps wait at
     the gate until it is opened (or until every live job should stop, so deadlines and disconnects still end
     it), then really run. Records the results of the jobs that finish."""
 
@@ -80,8 +80,8 @@ class Gate:
 
 
 @contextlib.contextmanager
-def serve(checkpoint, *, generate=None, wait_ready: bool = True, raise_errors: bool = True, **overrides):
-    app = create_app(Settings(checkpoint=checkpoint, **overrides), generate=generate)
+def serve(checkpoint, *, decoder=None, wait_ready: bool = True, raise_errors: bool = True, **overrides):
+    app = create_app(Settings(checkpoint=checkpoint, **overrides), decoder=decoder)
     with TestClient(app, raise_server_exceptions=raise_errors) as client:
         service = app.state.service
         if wait_ready:
@@ -382,7 +382,7 @@ def test_concurrent_requests_share_batches(tiny_checkpoint):
 def test_queue_full_is_429_and_deadline_is_504(tiny_checkpoint):
     gate = Gate()
     with serve(
-        tiny_checkpoint, generate=gate, max_queue=1, batch_window_ms=0, max_batch_rows=1, request_timeout_s=2
+        tiny_checkpoint, decoder=gate, max_queue=1, batch_window_ms=0, max_batch_rows=1, request_timeout_s=2
     ) as (client, service):
         gate.hold()
         first: dict = {}
@@ -412,7 +412,7 @@ def test_queue_full_is_429_and_deadline_is_504(tiny_checkpoint):
 
 def test_client_disconnect_stops_generation(tiny_checkpoint):
     gate = Gate()
-    with serve(tiny_checkpoint, generate=gate, batch_window_ms=0, disconnect_poll_s=0.02) as pair:
+    with serve(tiny_checkpoint, decoder=gate, batch_window_ms=0, disconnect_poll_s=0.02) as pair:
         client, service = pair
         gate.hold()
         request = httpx.Request("POST", "http://test/v1/continuations", files={"file": ("m.mid", MOTIF)},
@@ -455,7 +455,7 @@ def test_client_disconnect_stops_generation(tiny_checkpoint):
 
 def test_not_ready_until_warm(tiny_checkpoint):
     gate = Gate(open_=False)  # holds the warm-up generation
-    with serve(tiny_checkpoint, generate=gate, wait_ready=False) as (client, service):
+    with serve(tiny_checkpoint, decoder=gate, wait_ready=False) as (client, service):
         response = client.get("/readyz")
         assert response.status_code == 503 and error_of(response)["code"] == "not_ready"
         assert client.get("/healthz").status_code == 200  # alive, just not ready
@@ -487,7 +487,7 @@ class Broken(DecodeBatch):
 
 
 def test_unexpected_failure_is_json_500(tiny_checkpoint):
-    with serve(tiny_checkpoint, generate=Broken, raise_errors=False) as (client, _):
+    with serve(tiny_checkpoint, decoder=Broken, raise_errors=False) as (client, _):
         response = post(client, **FAST)
         assert response.status_code == 500
         assert error_of(response)["code"] == "internal" and "boom" not in response.text
@@ -495,7 +495,7 @@ def test_unexpected_failure_is_json_500(tiny_checkpoint):
 
 def test_a_job_that_fails_admission_fails_alone(tiny_checkpoint):
     short = motif(n_notes=3)  # under 40 primer tokens
-    with serve(tiny_checkpoint, generate=Broken, raise_errors=False, batch_window_ms=1500) as (
+    with serve(tiny_checkpoint, decoder=Broken, raise_errors=False, batch_window_ms=1500) as (
         client,
         service,
     ):
@@ -510,7 +510,7 @@ def test_a_request_joins_the_running_batch(tiny_checkpoint):
     """Continuous batching: a request arriving while another decodes is admitted at the next step and
     decoded alongside it; it does not wait for the running one to finish."""
     gate = Gate()
-    with serve(tiny_checkpoint, generate=gate, batch_window_ms=0) as (client, service):
+    with serve(tiny_checkpoint, decoder=gate, batch_window_ms=0) as (client, service):
         gate.hold()
         first: dict = {}
         running = threading.Thread(

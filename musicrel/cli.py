@@ -8,9 +8,12 @@ import importlib
 import os
 import sys
 
-# Set before torch starts OpenMP: spinning worker threads make every small op wait on a busy CPU
-# (one 8-row generation took 80 s instead of 3 s on a shared 2-core machine).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Set before torch starts OpenMP: how long idle workers spin before they sleep. A decode step is dozens of
+# small parallel ops with Python in between; waking sleeping workers for each (OMP_WAIT_POLICY=PASSIVE) made
+# it 2.4x slower on an idle 2-core machine, and 10,000 spins still let them fall asleep between ops, while
+# libgomp's default 300,000 starves other processes longer on a busy machine. 100,000 measured as fast as the
+# default (`musicrel bench generate`). An explicit setting wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 
 from musicrel.errors import MusicrelError
 

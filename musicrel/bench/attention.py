@@ -161,11 +161,10 @@ def _fmt_mb(n: int | None) -> str:
 
 
 def run(args) -> int:
-    # With more runnable threads than free cores, OpenMP's default spin-waiting makes every parallel op wait
-    # for a descheduled thread (~10 ms each on a busy 2-core box). Passive waiting must be chosen before the
-    # OpenMP runtime loads, i.e. before torch is imported; an explicit setting is respected.
-    omp_policy = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    omp_note = "" if "torch" not in sys.modules else " (torch was imported earlier: may not apply)"
+    # OpenMP waiting (musicrel.cli sets a short spin count before torch loads) decides how long the many small
+    # parallel ops wait for their workers: printed so runs can be compared.
+    omp_policy = os.environ.get("OMP_WAIT_POLICY", "default")
+    spin = os.environ.get("GOMP_SPINCOUNT", "default")
     import torch
 
     from musicrel.config import ModelConfig
@@ -176,8 +175,8 @@ def run(args) -> int:
     torch.set_num_threads(args.threads)
     B, H, D = args.batch, 8, 512
     print(f"musicrel bench attention: torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-          f"{os.cpu_count()} CPU(s), OMP_WAIT_POLICY={omp_policy}{omp_note}, batch {B}, H={H}, D={D} "
-          f"(head size {D // H}), fp32, CPU")  # fmt: skip
+          f"{os.cpu_count()} CPU(s), OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}, batch {B}, H={H}, "
+          f"D={D} (head size {D // H}), fp32, CPU")  # fmt: skip
 
     # (a) memory --------------------------------------------------------------------------------------
     lengths = (256, 512, 1024) if quick else (512, 1024, 2048)

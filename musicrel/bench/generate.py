@@ -60,9 +60,8 @@ def _sync(device) -> None:
 
 
 def run(args) -> int:
-    # Spinning OpenMP workers steal cycles from each other on an oversubscribed machine; must precede torch's
-    # first parallel region.
-    omp_policy = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    omp_policy = os.environ.get("OMP_WAIT_POLICY", "default")
+    spin = os.environ.get("GOMP_SPINCOUNT", "default")
     import numpy as np
     import torch
 
@@ -207,7 +206,7 @@ def run(args) -> int:
         f"attention {cfg.attention}, max_seq_len {cfg.max_seq_len}, {model.num_parameters() / 1e6:.1f} M "
         f"params; device {device}, torch threads {torch.get_num_threads()}, {n} tokens per measurement, "
         f"median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
-        f"OMP_WAIT_POLICY={omp_policy}"
+        f"OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}"
     )
     header = ("measure", "baseline", "ours", "ratio", "goal")
     widths = [max(len(str(r[i])) for r in [*rows, header]) for i in range(len(header))]

@@ -124,10 +124,7 @@ def _lightning_predict(model, codec, todo, params, args) -> list[dict] | None:
 
 
 def _torch_setup(args) -> None:
-    """Before torch starts: OpenMP workers that spin while waiting make an oversubscribed CPU ~30x slower on
-    small decode steps (measured on a shared 2-core machine); sleeping workers cost almost nothing when the
-    CPU is free. An explicit OMP_WAIT_POLICY wins."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """Threads for torch (the OpenMP spin count is set by musicrel.cli before torch loads)."""
     import torch
 
     if args.threads:

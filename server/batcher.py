@@ -88,11 +88,14 @@ class Batcher:
         primer_cache: int = 0,
         decoder: Callable[..., Any] | None = None,
         warmup: Callable[[Any], None] | None = None,
+        torch_threads: int | None = None,
     ) -> None:
         """`decoder(model, codec, max_rows, primer_cache=...)` makes the running batch (DecodeBatch when
         None; tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker
-        is ready."""
+        is ready. `torch_threads` is set in the worker thread itself: OpenMP's thread count is per calling
+        thread, so setting it elsewhere would not reach the thread that generates."""
         self.model = model
+        self.torch_threads = torch_threads
         self.codec = codec
         self.metrics = metrics
         self.max_queue = max_queue
@@ -155,6 +158,10 @@ class Batcher:
         return decoder(self.model, self.codec, self.max_batch_rows, primer_cache=self.primer_cache)
 
     def _run(self) -> None:
+        if self.torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
         try:
             batch = self._new_batch()
             if self._warmup is not None:

@@ -105,6 +105,7 @@ class Service:
             primer_cache=s.primer_cache,
             decoder=self.decoder,
             warmup=self._warmup if s.warmup else None,
+            torch_threads=s.torch_threads,
         )
         self.batcher.start()
 

@@ -17,9 +17,10 @@ class Settings(BaseSettings):
         Path("checkpoints/default"), description="Folder with config.json + model.safetensors"
     )
     device: str = Field("cpu", description="torch device the model runs on (cpu, cuda, cuda:1, ...)")
-    # On a CPU shared with other processes one intra-op thread is often faster than several that wait on
-    # each other; None keeps torch's default (one per core).
-    torch_threads: int | None = Field(None, ge=1, le=256, description="torch.set_num_threads for generation")
+    # Generation runs on a worker thread, where several OpenMP threads measured up to 2x SLOWER than one on a
+    # 2-core machine at every batch size (`musicrel bench serve --torch-threads N` measures yours); raise it
+    # on a machine with many free cores. None keeps torch's default (one per core).
+    torch_threads: int | None = Field(1, ge=1, le=256, description="torch.set_num_threads for generation")
 
     # Bodies beyond this are refused with 413 before any multipart parsing.
     max_upload_bytes: int = Field(2_000_000, ge=1024)

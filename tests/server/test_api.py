@@ -548,3 +548,21 @@ def test_serve_refuses_a_missing_checkpoint_or_bad_setting(tmp_path, tiny_checkp
     assert main(["serve", "--checkpoint", str(tiny_checkpoint)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "MUSICREL_MAX_QUEUE" in err
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_torch_threads_apply_in_the_generation_thread(tiny_checkpoint, threads):
+    """OpenMP's thread count is per calling thread: the setting must be applied by the worker itself."""
+    import torch
+
+    seen: list = []
+
+    def decoder(model, codec, max_rows, **options):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return DecodeBatch(model, codec, max_rows, **options)
+
+    before = torch.get_num_threads()
+    with serve(tiny_checkpoint, decoder=decoder, torch_threads=threads) as (client, _):
+        assert post(client, **FAST).status_code == 200
+    assert seen and seen[0] == ("musicrel-generation", threads)
+    torch.set_num_threads(before)

@@ -72,8 +72,10 @@ class Service:
 
         from musicrel.checkpoint import load_codec, load_model
 
-        if self.settings.torch_threads is not None:
-            torch.set_num_threads(self.settings.torch_threads)
+        # Loading needs no parallelism, and an OpenMP team in this thread would count against the CPUs: with
+        # more OpenMP threads than CPUs libgomp lets idle workers spin only 100 times before sleeping, which
+        # made the generation thread's steps 2x slower. (Its own count is set in that thread: Batcher.)
+        torch.set_num_threads(1)
         folder = Path(self.settings.checkpoint)
         self.model = load_model(folder, device=self.settings.device)
         self.codec = load_codec(folder)

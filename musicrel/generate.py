@@ -551,7 +551,9 @@ class DecodeBatch:
       it is longer). Its last token becomes the row's pending token, so in `step` every row does the same:
       feed the pending token, sample the next one. With `primer_cache` > 0 the K/V of that many recent
       distinct primers are kept: the same motif again (say with another seed) needs no prefill at all.
-    - rows that leave are packed out, dropping padding no row needs any more;
+    - a row that leaves is replaced by a kept row from the end of the live block (swap-remove): only the rows
+      that move are copied, so rows have no lasting order. Padding that no kept row needs any more is dropped
+      only when it is a quarter of the length or more, as that copies every row;
     - when the shared length reaches the window, rows whose context fills it slide (the last half window is
       prefilled again, as `generate` does) and the others shift left.
     Each row samples with its own generator seeded by (job seed, sample index): a job's tokens are the same
@@ -591,8 +593,8 @@ class DecodeBatch:
 
     @property
     def live_jobs(self) -> list[int]:
-        """Ids of the jobs still decoding, in batch order."""
-        return [job.id for job in dict.fromkeys(row.job for row in self.rows)]
+        """Ids of the jobs still decoding, in the order they were admitted (rows themselves have no order)."""
+        return sorted({row.job.id for row in self.rows})
 
     @torch.inference_mode()
     def admit(self, jobs: Sequence[tuple[Primer, SamplingParams]]) -> list[int]:
@@ -791,7 +793,11 @@ class DecodeBatch:
             self.left_pad[r] = length - keep
 
     def _drop(self, keep: list[bool]) -> list[tuple[int, ContinuationResult]]:
-        """Remove the rows not kept: their samples are done; jobs with no rows left are finished."""
+        """Remove the rows not kept: their samples are done; jobs with no rows left are finished.
+
+        Swap-remove: each hole among the first m (kept) rows takes a kept row from beyond them, so only those
+        rows' K/V are copied (their real positions only: a row's padding is masked, whatever it holds) and a
+        departure costs what moves, not the whole live cache. Every per-row state follows the same order."""
         finished = []
         for row, kept in zip(self.rows, keep, strict=True):
             if kept:
@@ -801,25 +807,46 @@ class DecodeBatch:
             job.rows_left -= 1
             if job.rows_left == 0:
                 finished.append((job.id, self._result(job)))
-        rows = [r for r, kept in enumerate(keep) if kept]
-        if len(rows) == len(keep):
+        m = sum(keep)
+        if m == len(keep):
             return finished
-        index = torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        m, L = len(rows), self.length
-        if m:
-            shift = int(self.left_pad[index].min())  # leading positions that are padding in every kept row
-            if shift or rows != list(range(m)):
-                for buf in (self._cache.k, self._cache.v):
-                    buf[:, :m, :, : L - shift] = buf[:, index, :, shift:L]
-            self.left_pad[:m] = self.left_pad[index] - shift
+        if not m:
+            self.rows, self.length, self.grammar = [], 0, None
+            self.pending, self.temperature = self.pending[:0], self.temperature[:0]
+            self.top_k, self.top_p, self.generators = self.top_k[:0], self.top_p[:0], []
+            return finished
+        holes = [r for r in range(m) if not keep[r]]
+        movers = [r for r in range(m, len(keep)) if keep[r]]  # as many as holes
+        order = list(range(m))
+        for hole, mover in zip(holes, movers, strict=True):
+            order[hole] = mover
+        index = torch.as_tensor(order, dtype=torch.long, device=self.device)
+        L = self.length
+        left_pad = self.left_pad[index]  # (m,)
+        # Leading positions that are padding in every kept row could go, but that moves every kept row (a copy
+        # of the whole live K/V, what swap-remove avoids). Kept, they cost attention over masked positions
+        # (and may make the cache grow sooner), but they never bring a slide sooner: a row slides only when
+        # its own context fills the window, and at the window `_make_room` just shifts rows that all have
+        # padding (so there is no need to shift here at the window either). So drop them only when they are a
+        # quarter of the length or more: each later step then attends over at most 3/4 of the positions it
+        # would otherwise, which pays back the copy (a few passes over the live K/V) within about a dozen.
+        shift = int(left_pad.min())
+        if 4 * shift >= L:
+            for buf in (self._cache.k, self._cache.v):
+                buf[:, :m, :, : L - shift] = buf[:, index, :, shift:L]
             self.length = L - shift
-            self.grammar.select(index)
+            left_pad = left_pad - shift
         else:
-            self.length, self.grammar = 0, None
-        self.rows = [self.rows[r] for r in rows]
+            for hole, mover in zip(holes, movers, strict=True):
+                start = int(left_pad[hole])
+                for buf in (self._cache.k, self._cache.v):
+                    buf[:, hole, :, start:L].copy_(buf[:, mover, :, start:L])
+        self.left_pad[:m] = left_pad
+        self.grammar.select(index)
+        self.rows = [self.rows[r] for r in order]
         self.pending, self.temperature = self.pending[index], self.temperature[index]
         self.top_k, self.top_p = self.top_k[index], self.top_p[index]
-        self.generators = [self.generators[r] for r in rows]
+        self.generators = [self.generators[r] for r in order]
         return finished
 
     def _result(self, job: _Job) -> ContinuationResult:

@@ -377,6 +377,78 @@ def test_decode_batch_stops_a_job_between_steps(model):
     assert batch.live_jobs == [keep] and len(batch.rows) == 1
 
 
+@pytest.mark.parametrize("attention", ["skew", "absolute"])
+@pytest.mark.parametrize("max_seq_len", [128, 32])
+def test_jobs_leaving_in_scrambled_order_are_the_same_as_alone(attention, max_seq_len):
+    """Rows leave in an order unrelated to their place in the batch (the longest primer first, a middle job
+    stopped, a job admitted into a hole): the rows that fill the holes carry their K/V, padding, pending
+    token, sampling settings, generator and grammar state with them, so every job is as it is alone."""
+    m = _scheme_model(attention, max_seq_len)
+    crop = max_seq_len - 8
+
+    def job(n: int, **params):
+        return (
+            prepare_primer(CODEC, make_motif(n), 30.0, max_tokens=crop),
+            SamplingParams(seconds=1000.0, **params),
+        )
+
+    jobs = [
+        job(20, max_new_tokens=12, seed=1),  # the longest primer leaves first: the others' padding goes
+        job(4, max_new_tokens=60, seed=2, num_samples=2, top_k=30),
+        job(10, max_new_tokens=1000, seed=3, num_samples=2, temperature=0.8),  # stopped after 25 tokens
+        job(6, max_new_tokens=20, seed=4),
+        job(12, max_new_tokens=35, seed=5, temperature=1.3, top_p=0.8),
+        job(5, max_new_tokens=40, seed=6),  # admitted into a hole
+    ]
+    alone = [generate_batch(m, CODEC, [j])[0] for j in jobs]
+    batch = DecodeBatch(m, CODEC, max_rows=7)
+    ids = batch.admit(jobs[:5])
+    results: dict = {}
+    steps, scrambled, shifted = 0, False, False
+    while batch.rows:
+        if steps == 15:
+            ids += batch.admit(jobs[5:])
+        before = batch.length
+        victim = ids[2] if steps >= 25 else None
+        results.update(batch.step(should_stop=lambda j, victim=victim: j == victim))
+        steps += 1
+        order = [(row.job.id, row.sample) for row in batch.rows]
+        scrambled |= order != sorted(order)
+        shifted |= bool(batch.rows) and before < max_seq_len and batch.length <= before
+    assert scrambled, "no row ever moved into a hole"
+    assert shifted or max_seq_len == 32, "no departure dropped shared padding"
+    assert batch.length == 0 and batch.free_rows == 7
+    stopped = results[ids[2]]
+    assert stopped.stopped and [len(t) for t in stopped.tokens] == [25, 25]
+    for a, t in zip(alone[2].tokens, stopped.tokens, strict=True):
+        np.testing.assert_array_equal(a[:25], t)
+    for j in (0, 1, 3, 4, 5):
+        _assert_same(alone[j], results[ids[j]])
+
+
+def test_a_departure_moves_only_the_last_row(model):
+    """A middle row leaves: the last row takes its place with its K/V (its real positions only), nothing else
+    in the cache is written, and the shared padding left (less than a quarter of the length) stays."""
+    primers = [prepare_primer(CODEC, make_motif(n), 30.0) for n in (8, 9, 7, 8)]
+    assert [len(p.tokens) for p in primers] == [40, 45, 35, 40]  # row 1 is the only one without padding
+    batch = DecodeBatch(model, CODEC, max_rows=4)
+    ids = batch.admit([(p, SamplingParams(seconds=1000.0, seed=s)) for s, p in enumerate(primers)])
+    for _ in range(3):
+        batch.step()
+    L, rows = batch.length, list(batch.rows)
+    k, v, left_pad = batch._cache.k.clone(), batch._cache.v.clone(), batch.left_pad.clone()
+    pad = int(left_pad[3])
+    assert L == 47 and left_pad[:4].tolist() == [5, 0, 10, 5]
+    ((job, _),) = batch.step(should_stop=lambda j: j == ids[1])
+    assert job == ids[1] and batch.rows == [rows[0], rows[3], rows[2]]
+    assert batch.length == L + 1 and batch.left_pad[:3].tolist() == [5, 5, 10]  # no shift: 5 < 47 / 4
+    for new, old in ((batch._cache.k, k), (batch._cache.v, v)):
+        torch.testing.assert_close(new[:, [0, 2], :, :L], old[:, [0, 2], :, :L], rtol=0, atol=0)
+        torch.testing.assert_close(new[:, 1, :, pad:L], old[:, 3, :, pad:L], rtol=0, atol=0)
+        torch.testing.assert_close(new[:, 1, :, :pad], old[:, 1, :, :pad], rtol=0, atol=0)  # padding: as was
+    assert batch.live_jobs == [ids[0], ids[2], ids[3]]
+
+
 def test_include_primer_puts_motif_then_continuation_and_keeps_tempo_program(model):
     motif = make_motif(12, tempo=84.0, program=33, offset=1.0)
     end = max(n.end for n in motif.instruments[1].notes)

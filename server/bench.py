@@ -5,6 +5,10 @@ shows what continuous batching buys over HTTP. The same requests are then decode
 time vs `concurrency` in flight on one DecodeBatch: what batching the model can give at this moment on this
 machine, the ceiling of the HTTP ratio. Without --checkpoint a random model of the default ModelConfig size is
 used.
+
+Machine speed drifts over tens of seconds, so each pair runs in --rounds rounds with the order alternating
+(serial first in even rounds, concurrent first in odd ones): drift hits both modes alike. The table sums walls
+and tokens over all rounds; a line per pair gives the per-round ratios and their median.
 """
 
 from __future__ import annotations
@@ -13,12 +17,17 @@ import argparse
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def register(bench_subparsers) -> None:
@@ -29,6 +38,7 @@ def register(bench_subparsers) -> None:
     )
     p.add_argument("--checkpoint", type=Path, default=None, help="default: a random default-size model")
     p.add_argument("--requests", type=int, default=16, help="requests per phase")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of both phases, order alternating per round")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--seconds", type=float, default=2.0, help="music per request")
     p.add_argument("--batch-window-ms", type=float, default=20.0)
@@ -72,6 +82,19 @@ def _random_checkpoint(folder: Path) -> Path:
     return folder
 
 
+def _side_by_side(rounds: int, serial: Callable[[], T], concurrent: Callable[[], T]) -> list[tuple[T, T]]:
+    """(serial(), concurrent()) per round, serial run first in even rounds and second in odd ones."""
+    pairs = []
+    for r in range(rounds):
+        if r % 2 == 0:
+            serial_result = serial()
+            pairs.append((serial_result, concurrent()))
+        else:
+            concurrent_result = concurrent()
+            pairs.append((serial(), concurrent_result))
+    return pairs
+
+
 def _phase(url: str, motif: bytes, seeds: list[int], seconds: float, concurrency: int) -> tuple[float, int]:
     import httpx
 
@@ -110,9 +133,15 @@ def _phase(url: str, motif: bytes, seeds: list[int], seconds: float, concurrency
 
 
 def _in_process(
-    checkpoint: Path, motif: bytes, seeds: list[int], seconds: float, concurrency: int, primer_cache: int
-) -> dict:
-    """Wall seconds and tokens of the same requests on a DecodeBatch, one or `concurrency` jobs in flight."""
+    checkpoint: Path,
+    motif: bytes,
+    seeds: list[int],
+    seconds: float,
+    concurrency: int,
+    primer_cache: int,
+    rounds: int,
+) -> list[tuple[tuple[float, int], tuple[float, int]]]:
+    """Per round, (wall s, tokens) of the same requests on a DecodeBatch: one vs `concurrency` in flight."""
     from musicrel.checkpoint import load_codec, load_model
     from musicrel.generate import DecodeBatch, SamplingParams, default_max_primer_tokens, prepare_primer
 
@@ -133,12 +162,14 @@ def _in_process(
         return time.perf_counter() - start, tokens
 
     closed_loop(1)  # warm-up
-    return {width: closed_loop(width) for width in (1, concurrency)}
+    return _side_by_side(rounds, lambda: closed_loop(1), lambda: closed_loop(concurrency))
 
 
 def run(args: argparse.Namespace) -> int:
     import httpx
 
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or _random_checkpoint(Path(tmp) / "ckpt")
         with socket.socket() as s:
@@ -171,8 +202,11 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(0.2)
             motif = _motif()
             seeds = list(range(args.requests))
-            serial_s, serial_tokens = _phase(url, motif, seeds, args.seconds, 1)
-            conc_s, conc_tokens = _phase(url, motif, seeds, args.seconds, args.concurrency)
+            http = _side_by_side(
+                args.rounds,
+                lambda: _phase(url, motif, seeds, args.seconds, 1),
+                lambda: _phase(url, motif, seeds, args.seconds, args.concurrency),
+            )
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
@@ -180,28 +214,39 @@ def run(args: argparse.Namespace) -> int:
             import torch
 
             torch.set_num_threads(args.torch_threads)
-        local = _in_process(checkpoint, motif, seeds, args.seconds, args.concurrency, args.primer_cache)
+        local = _in_process(
+            checkpoint, motif, seeds, args.seconds, args.concurrency, args.primer_cache, args.rounds
+        )
 
     threads = args.torch_threads or "default"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"{args.requests} requests of {args.seconds:g} s each, batch window {args.batch_window_ms:g} ms, "
-        f"torch threads {threads}, primer cache {args.primer_cache}, load average {load:.1f} on "
-        f"{os.cpu_count()} CPUs"
+        f"{args.rounds} rounds of {args.requests} requests of {args.seconds:g} s each per mode, order "
+        f"alternating per round, batch window {args.batch_window_ms:g} ms, torch threads {threads}, "
+        f"primer cache {args.primer_cache}, load average {load:.1f} on {os.cpu_count()} CPUs"
     )
     header = ("mode", "clients", "wall s", "req/s", "tokens", "tok/s", "vs serial")
     print(f"{header[0]:<26} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))
-    rows = [
-        ("HTTP serial", 1, serial_s, serial_tokens, serial_s),
-        (f"HTTP concurrent x{args.concurrency}", args.concurrency, conc_s, conc_tokens, serial_s),
+    pairs = [
+        ("HTTP", http, "HTTP serial", f"HTTP concurrent x{args.concurrency}"),
+        ("in-process", local, "in-process, one at a time", f"in-process, {args.concurrency} in flight"),
     ]
-    for width, (wall, tokens) in local.items():
-        name = "in-process, one at a time" if width == 1 else f"in-process, {width} in flight"
-        rows.append((name, width, wall, tokens, local[1][0]))
-    for name, clients, wall, tokens, serial in rows:
-        print(
-            f"{name:<26} {clients:>7} {wall:>7.2f} {args.requests / wall:>7.2f} {tokens:>7} "
-            f"{tokens / wall:>7.0f} {serial / wall:>8.2f}x"
+    requests = args.rounds * args.requests
+    ratios = []
+    for label, results, serial_name, concurrent_name in pairs:
+        serial_wall = sum(serial[0] for serial, _ in results)
+        for mode, name, clients in ((0, serial_name, 1), (1, concurrent_name, args.concurrency)):
+            wall = sum(pair[mode][0] for pair in results)
+            tokens = sum(pair[mode][1] for pair in results)
+            print(
+                f"{name:<26} {clients:>7} {wall:>7.2f} {requests / wall:>7.2f} {tokens:>7} "
+                f"{tokens / wall:>7.0f} {serial_wall / wall:>8.2f}x"
+            )
+        per_round = [serial[0] / concurrent[0] for serial, concurrent in results]
+        ratios.append(
+            f"per-round ratio ({label}): {' '.join(f'{x:.2f}x' for x in per_round)}; "
+            f"median {statistics.median(per_round):.2f}x"
         )
+    print("\n".join(ratios))
     print("in-process rows: the same requests without HTTP; their ratio is the ceiling of the HTTP one")
     return 0

@@ -18,6 +18,10 @@ class MusicrelError(Exception):
     def message(self) -> str:
         return str(self)
 
+    def __reduce__(self):
+        # Pickle keeps the code (the service's engine process sends errors to the server process).
+        return type(self), (str(self), self.code)
+
 
 class InvalidMidiError(MusicrelError, ValueError):
     """The input is not MIDI we can use (not MIDI, truncated, hostile, or without notes)."""

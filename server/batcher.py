@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import io
 import logging
 import threading
 import time
@@ -40,8 +41,10 @@ class Job:
     params: Any  # musicrel.generate.SamplingParams
     rows: int
     deadline: float  # time.monotonic() after which the job is abandoned
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future | None = None  # settled on `loop` (a request awaits it)...
+    loop: asyncio.AbstractEventLoop | None = None
+    # ...or, in the engine process, reported instead: sink("started" | "done" | "error", job, payload)
+    sink: Callable[[str, Job, Any], None] | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # admitted into the running batch
     finished_at: float | None = None
@@ -60,7 +63,16 @@ class Job:
             self.stop_reason = "deadline"
         return self.stop_reason is not None
 
+    def _started(self, at: float) -> None:
+        self.started_at = at
+        if self.sink is not None:
+            self.sink("started", self, at)
+
     def _deliver(self, result: Any = None, error: BaseException | None = None) -> None:
+        if self.sink is not None:
+            self.sink("done" if error is None else "error", self, result if error is None else error)
+            return
+
         def settle() -> None:
             if self.future.done():
                 return
@@ -73,6 +85,32 @@ class Job:
 
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
             self.loop.call_soon_threadsafe(settle)
+
+
+def warmup_midi() -> bytes:
+    """Two bars of a C-major arpeggio: enough to run prefill and a few decode steps through every path."""
+    import pretty_midi
+
+    pm = pretty_midi.PrettyMIDI(initial_tempo=120)
+    piano = pretty_midi.Instrument(program=0)
+    for i, pitch in enumerate((60, 64, 67, 72, 67, 64, 60, 64)):
+        piano.notes.append(pretty_midi.Note(80, pitch, i * 0.25, i * 0.25 + 0.24))
+    pm.instruments.append(piano)
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    return buffer.getvalue()
+
+
+def warm_up(codec: Any, batch: Any) -> None:
+    """A tiny generation through the worker's own batch: every path runs once before /readyz says 200."""
+    from musicrel.generate import SamplingParams, prepare_primer
+
+    start = time.perf_counter()
+    primer = prepare_primer(codec, warmup_midi(), primer_seconds=2.0)
+    batch.admit([(primer, SamplingParams(seconds=0.5, seed=0, num_samples=1, max_new_tokens=8))])
+    while batch.rows:
+        batch.step()
+    log.info("warm-up generation took %.0f ms", 1000 * (time.perf_counter() - start))
 
 
 class Batcher:
@@ -122,6 +160,10 @@ class Batcher:
         job = Job(
             primer, params, rows=params.num_samples, deadline=deadline, future=loop.create_future(), loop=loop
         )
+        self.enqueue(job)
+        return job
+
+    def enqueue(self, job: Job) -> None:
         with self._cond:
             if self._stopping:
                 raise WorkerStoppedError("the generation worker is shutting down")
@@ -130,7 +172,6 @@ class Batcher:
             self._pending.append(job)
             self.metrics.queue_depth.set(len(self._pending))
             self._cond.notify()
-        return job
 
     @property
     def queue_depth(self) -> int:
@@ -237,7 +278,7 @@ class Batcher:
         self.metrics.batches.inc()
         self.metrics.batched_jobs.inc(len(admitted))
         for job_id, job in admitted:
-            job.started_at = start
+            job._started(start)
             self._running[job_id] = job
             self.metrics.queue_seconds.observe(start - job.enqueued_at)
 

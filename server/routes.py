@@ -259,8 +259,15 @@ async def examples(settings: SettingsDep) -> Any:
     ]
 
 
-@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
-async def healthz() -> Any:
+@router.get(
+    "/healthz",
+    response_model=Health,
+    summary="Liveness: the process answers, and its generation worker has not failed for good",
+    responses={503: {"model": ErrorResponse}},
+)
+async def healthz(service: ServiceDep) -> Any:
+    if service.batcher is not None and service.batcher.failed:
+        return error_response(503, "failed", service.batcher.failed)
     return Health(status="ok")
 
 

@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import io
 import logging
 import signal
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from server.batcher import Batcher
+from server.batcher import Batcher, warm_up
+from server.engine import EngineProcess
 from server.errors import ApiError
 from server.metrics import Metrics
 from server.settings import Settings
@@ -33,20 +34,6 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def warmup_midi() -> bytes:
-    """Two bars of a C-major arpeggio: enough to run prefill and a few decode steps through every path."""
-    import pretty_midi
-
-    pm = pretty_midi.PrettyMIDI(initial_tempo=120)
-    piano = pretty_midi.Instrument(program=0)
-    for i, pitch in enumerate((60, 64, 67, 72, 67, 64, 60, 64)):
-        piano.notes.append(pretty_midi.Note(80, pitch, i * 0.25, i * 0.25 + 0.24))
-    pm.instruments.append(piano)
-    buffer = io.BytesIO()
-    pm.write(buffer)
-    return buffer.getvalue()
-
-
 class Service:
     def __init__(self, settings: Settings, metrics: Metrics, decoder: Callable[..., Any] | None = None):
         """`decoder(model, codec, max_rows, primer_cache=n)` makes the worker's running batch (DecodeBatch
@@ -56,7 +43,7 @@ class Service:
         self.decoder = decoder
         self.model: Any = None
         self.codec: Any = None
-        self.batcher: Batcher | None = None
+        self.batcher: Batcher | EngineProcess | None = None
         self.info: dict[str, Any] = {}
         self.parse_limiter: anyio.CapacityLimiter | None = None
         self.draining = False
@@ -67,7 +54,9 @@ class Service:
     # ---- start-up --------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Load the checkpoint once (blocking: called in a thread during start-up)."""
+        """Load the checkpoint once (blocking: called in a thread during start-up). With the engine in its own
+        process this copy stays on the CPU: it serves the model info and the primer crop; the engine loads
+        its own on the configured device."""
         import torch
 
         from musicrel.checkpoint import load_codec, load_model
@@ -77,7 +66,8 @@ class Service:
         # made the generation thread's steps 2x slower. (Its own count is set in that thread: Batcher.)
         torch.set_num_threads(1)
         folder = Path(self.settings.checkpoint)
-        self.model = load_model(folder, device=self.settings.device)
+        device = "cpu" if self.uses_engine_process else self.settings.device
+        self.model = load_model(folder, device=device)
         self.codec = load_codec(folder)
         config = self.model.cfg
         card = folder / "MODEL_CARD.md"
@@ -94,33 +84,30 @@ class Service:
             "loaded %s: %d parameters, sha256 %s", folder, self.info["parameters"], self.info["sha256"][:12]
         )
 
+    @property
+    def uses_engine_process(self) -> bool:
+        """A decoder given in code (tests) can only run in this process."""
+        return self.settings.engine == "process" and self.decoder is None
+
     def start(self) -> None:
         s = self.settings
         self.parse_limiter = anyio.CapacityLimiter(s.parse_threads)
-        self.batcher = Batcher(
-            self.model,
-            self.codec,
-            metrics=self.metrics,
-            max_queue=s.max_queue,
-            max_batch_rows=s.max_batch_rows,
-            batch_window_s=s.batch_window_ms / 1000,
-            primer_cache=s.primer_cache,
-            decoder=self.decoder,
-            warmup=self._warmup if s.warmup else None,
-            torch_threads=s.torch_threads,
-        )
+        if self.uses_engine_process:
+            self.batcher = EngineProcess(s, self.metrics)
+        else:
+            self.batcher = Batcher(
+                self.model,
+                self.codec,
+                metrics=self.metrics,
+                max_queue=s.max_queue,
+                max_batch_rows=s.max_batch_rows,
+                batch_window_s=s.batch_window_ms / 1000,
+                primer_cache=s.primer_cache,
+                decoder=self.decoder,
+                warmup=partial(warm_up, self.codec) if s.warmup else None,
+                torch_threads=s.torch_threads,
+            )
         self.batcher.start()
-
-    def _warmup(self, batch: Any) -> None:
-        """A tiny generation through the worker's own batch: every path runs once before /readyz says 200."""
-        from musicrel.generate import SamplingParams, prepare_primer
-
-        start = time.perf_counter()
-        primer = prepare_primer(self.codec, warmup_midi(), primer_seconds=2.0)
-        batch.admit([(primer, SamplingParams(seconds=0.5, seed=0, num_samples=1, max_new_tokens=8))])
-        while batch.rows:
-            batch.step()
-        log.info("warm-up generation took %.0f ms", 1000 * (time.perf_counter() - start))
 
     def stop(self) -> None:
         self.draining = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +18,10 @@ class Settings(BaseSettings):
         Path("checkpoints/default"), description="Folder with config.json + model.safetensors"
     )
     device: str = Field("cpu", description="torch device the model runs on (cpu, cuda, cuda:1, ...)")
+    # "process": the model and the decoding loop live in a child process, so request handling (multipart,
+    # MIDI parsing and writing, HTTP) never competes with decoding for the GIL: a Python thread busy 5 % of
+    # the time made decoding steps 10-25 % slower in the same process. "thread": all in this process.
+    engine: Literal["process", "thread"] = Field("process", description="where the decoding loop runs")
     # Generation runs on a worker thread, where several OpenMP threads measured up to 2x SLOWER than one on a
     # 2-core machine at every batch size (`musicrel bench serve --torch-threads N` measures yours); raise it
     # on a machine with many free cores. None keeps torch's default (one per core).

@@ -81,6 +81,7 @@ class Gate:
 
 @contextlib.contextmanager
 def serve(checkpoint, *, decoder=None, wait_ready: bool = True, raise_errors: bool = True, **overrides):
+    overrides.setdefault("engine", "thread")  # fast to start; the engine process has its own tests
     app = create_app(Settings(checkpoint=checkpoint, **overrides), decoder=decoder)
     with TestClient(app, raise_server_exceptions=raise_errors) as client:
         service = app.state.service

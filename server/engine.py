@@ -1,0 +1,317 @@
+"""The generation engine in a process of its own (MUSICREL_ENGINE=process, the default).
+
+In one process, every request's Python work (multipart parsing, reading and writing MIDI, HTTP) competes with
+the decoding loop for the GIL: torch releases the GIL inside each op and the loop has to win it back about a
+hundred times per step. On a 2-core machine a thread busy 5 % of the time made decoding steps 10-25 % slower.
+So the server process only parses and answers, and a child process (spawned: no fork of a process holding
+threads and an OpenMP pool) owns the model and runs the same `Batcher` on its own GIL. It is a plain
+`python -m server.engine FD` with one end of a socket pair, so it never re-imports the server's main module.
+
+They talk over one pipe. Server -> engine: ("job", id, primer, params, deadline), ("cancel", id, reason),
+("stop", timeout). Engine -> server: ("ready",) or ("failed", why), ("started", id, at), ("done" | "error",
+id, payload, job fields), and ("metric", name, labels, method, args) for the worker's Prometheus updates,
+which the server applies to its own registry. Deadlines and timings are time.monotonic(), one clock for both
+processes. The server keeps the bounded queue (429) itself: it counts the jobs not yet started. The first
+message is the Settings; if the server goes away the engine sees end-of-file and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from server.batcher import Batcher, Job, QueueFullError, WorkerStoppedError, warm_up
+from server.metrics import Metrics
+from server.settings import Settings
+
+log = logging.getLogger("musicrel.server")
+
+_JOB_FIELDS = ("started_at", "finished_at", "batch_jobs", "batch_rows", "generation_s", "stop_reason")
+
+
+@dataclass(eq=False)
+class RemoteJob(Job):
+    """The server's side of a job the engine runs: cancelling it tells the engine."""
+
+    id: int = 0
+    engine: EngineProcess | None = None
+
+    def cancel(self, reason: str) -> None:
+        first = self.stop_reason is None
+        super().cancel(reason)
+        if first and self.engine is not None:
+            self.engine._send(("cancel", self.id, reason))
+
+
+class EngineProcess:
+    """Same interface as Batcher (start, submit, queue_depth, stop, ready, failed), run in a child process."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.max_queue = settings.max_queue
+        self.ready = threading.Event()
+        self.failed: str | None = None
+        self._jobs: dict[int, RemoteJob] = {}  # submitted and not answered yet
+        self._queued = 0  # of those, not started yet
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # _jobs, _queued, _stopping, and sends on the pipe
+        self._stopping = False
+        self._process: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._reader = threading.Thread(target=self._read, name="musicrel-engine-reader", daemon=True)
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair()
+        root = str(Path(__file__).resolve().parents[1])  # so `server` imports however we were started
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}
+        with theirs:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "server.engine", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                env=env,
+            )
+        self._conn = Connection(ours.detach())  # EOF on it now means the engine is gone
+        self._conn.send(self.settings)
+        self._reader.start()
+
+    def _alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    # ---- event-loop side -------------------------------------------------------------------------
+
+    def submit(self, primer: Any, params: Any, deadline: float) -> Job:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._stopping or self.failed:
+                raise WorkerStoppedError(self.failed or "the generation worker is shutting down")
+            if self._queued >= self.max_queue:
+                raise QueueFullError(f"{self._queued} requests are already waiting")
+            job = RemoteJob(
+                primer,
+                params,
+                rows=params.num_samples,
+                deadline=deadline,
+                future=loop.create_future(),
+                loop=loop,
+                id=next(self._ids),
+                engine=self,
+            )
+            self._jobs[job.id] = job
+            self._queued += 1
+            self.metrics.queue_depth.set(self._queued)
+            self._send_locked(("job", job.id, primer, params, deadline))
+        return job
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queued
+
+    def _send(self, message: tuple) -> None:
+        with self._lock:
+            self._send_locked(message)
+
+    def _send_locked(self, message: tuple) -> None:
+        # The engine may be gone: the reader then fails what was in flight.
+        with contextlib.suppress(OSError, ValueError):
+            self._conn.send(message)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Refuse new jobs; the engine fails its queued jobs, lets the running rows finish (up to timeout)."""
+        with self._lock:
+            self._stopping = True
+            if self._alive():
+                self._send_locked(("stop", timeout))
+        if self._reader.is_alive():
+            self._reader.join(None if timeout is None else timeout + 10.0)
+        if self._process is not None:
+            try:
+                self._process.wait(5.0)
+            except subprocess.TimeoutExpired:
+                log.warning("the engine process did not stop in time; killing it")
+                self._process.kill()
+                self._process.wait(5.0)
+        self._fail_all(WorkerStoppedError("the service is shutting down"))
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+
+    # ---- reader thread ---------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = message[0]
+            if kind == "metric":
+                _, name, labels, method, args = message
+                if name != "queue_depth":  # the engine's queue is ours: counted in submit/_read
+                    metric = getattr(self.metrics, name)
+                    getattr(metric.labels(*labels) if labels else metric, method)(*args)
+            elif kind == "started":
+                _, job_id, at = message
+                with self._lock:
+                    job = self._jobs.get(job_id)
+                    if job is not None and job.started_at is None:
+                        job.started_at = at
+                        self._queued -= 1
+                        self.metrics.queue_depth.set(self._queued)
+            elif kind in ("done", "error"):
+                _, job_id, payload, fields = message
+                with self._lock:
+                    job = self._jobs.pop(job_id, None)
+                    if job is not None and job.started_at is None:
+                        self._queued -= 1
+                        self.metrics.queue_depth.set(self._queued)
+                if job is None:
+                    continue
+                for name, value in fields.items():
+                    if name != "stop_reason" or value is not None:
+                        setattr(job, name, value)
+                job._deliver(payload if kind == "done" else None, payload if kind == "error" else None)
+            elif kind == "ready":
+                self.ready.set()
+            elif kind == "failed":
+                self.failed = message[1]
+            elif kind == "stopped":
+                break
+        if not self._stopping and self.failed is None:
+            self.failed = "the generation engine process exited"
+            log.error("%s (exit code %s)", self.failed, self._process.wait())
+        if not self._stopping:
+            self.ready.clear()  # for good: /readyz and /healthz say so, and an orchestrator restarts us
+        self._fail_all(WorkerStoppedError(self.failed or "the service is shutting down"))
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+            self._queued = 0
+        for job in jobs:
+            job._deliver(error=error)
+
+
+# ---- the engine process ---------------------------------------------------------------------------
+
+
+class _RemoteMetrics:
+    """Stands in for Metrics in the engine: every update becomes a ("metric", ...) message."""
+
+    def __init__(self, send: Any, name: str | None = None, labels: tuple = ()) -> None:
+        self._send, self._name, self._labels = send, name, labels
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._name is None:
+            return _RemoteMetrics(self._send, attr)
+        if attr == "labels":
+            return lambda *labels: _RemoteMetrics(self._send, self._name, labels)
+        return lambda *args: self._send(("metric", self._name, self._labels, attr, args))
+
+
+def _picklable(error: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def engine_main(conn: Any, settings: Settings) -> None:
+    """Entry point of the engine process: load the model, run a Batcher, serve the pipe until told to stop."""
+    # The server process decides when to stop (SIGTERM drains there first); Ctrl-C reaches the whole process
+    # group, and the engine must not die under the requests that are draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     [engine] %(message)s")
+    send_lock = threading.Lock()
+
+    def send(message: tuple) -> None:
+        with send_lock:
+            conn.send(message)
+
+    try:
+        import torch
+
+        from musicrel.checkpoint import load_codec, load_model
+
+        torch.set_num_threads(1)  # see Service.load: only the worker thread runs an OpenMP team
+        model = load_model(settings.checkpoint, device=settings.device)
+        codec = load_codec(settings.checkpoint)
+    except Exception as exc:
+        log.exception("loading the checkpoint failed")
+        send(("failed", f"loading the checkpoint failed: {exc}"))
+        return
+    ids: dict[Job, int] = {}
+
+    def sink(event: str, job: Job, payload: Any) -> None:
+        if event == "started":
+            send(("started", ids[job], payload))
+            return
+        fields = {name: getattr(job, name) for name in _JOB_FIELDS}
+        send((event, ids.pop(job), payload if event == "done" else _picklable(payload), fields))
+
+    batcher = Batcher(
+        model,
+        codec,
+        metrics=_RemoteMetrics(send),
+        max_queue=1 << 30,  # bounded by the server
+        max_batch_rows=settings.max_batch_rows,
+        batch_window_s=settings.batch_window_ms / 1000,
+        primer_cache=settings.primer_cache,
+        warmup=(lambda batch: warm_up(codec, batch)) if settings.warmup else None,
+        torch_threads=settings.torch_threads,
+    )
+    batcher.start()
+    while not batcher.ready.wait(0.05):
+        if batcher.failed:
+            send(("failed", batcher.failed))
+            return
+    send(("ready",))
+    jobs: dict[int, Job] = {}
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the server is gone: nobody waits for answers
+            batcher.stop(timeout=0)
+            return
+        kind = message[0]
+        if kind == "job":
+            _, job_id, primer, params, deadline = message
+            job = Job(primer, params, rows=params.num_samples, deadline=deadline, sink=sink)
+            ids[job], jobs[job_id] = job_id, job
+            try:
+                batcher.enqueue(job)
+            except Exception as exc:
+                job._deliver(error=exc)
+        elif kind == "cancel":
+            job = jobs.get(message[1])
+            if job is not None:
+                job.cancel(message[2])
+        elif kind == "stop":
+            batcher.stop(timeout=message[1])
+            with contextlib.suppress(OSError):
+                send(("stopped",))
+            return
+        for job_id in [i for i, job in jobs.items() if job not in ids]:  # answered: forget
+            del jobs[job_id]
+
+
+if __name__ == "__main__":
+    connection = Connection(int(sys.argv[1]))
+    engine_main(connection, connection.recv())

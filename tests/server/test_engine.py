@@ -1,0 +1,155 @@
+"""The engine process (MUSICREL_ENGINE=process, the default): the same answers as the in-process worker, the
+queue bound kept by the server, metrics and cancellations across the pipe, and a dead engine."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import httpx
+import pytest
+
+from musicrel.errors import GenerationError, InvalidMidiError
+from server.engine import _picklable
+from tests.server.test_api import FAST, MOTIF, _concurrently, error_of, metric, post, serve, wait_for
+
+
+def test_errors_cross_the_pipe_with_their_code():
+    for error in (
+        GenerationError("too long", code="primer_too_long"),
+        InvalidMidiError("bad", code="truncated"),
+    ):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and back.code == error.code and str(back) == str(error)
+
+    class Local(Exception):  # defined in a function: pickle cannot find it again
+        pass
+
+    sent = _picklable(Local("boom"))
+    assert isinstance(sent, RuntimeError) and "Local: boom" in str(sent)
+
+
+def test_engine_process_answers_like_the_thread_engine(tiny_checkpoint):
+    answers = {}
+    for engine in ("thread", "process"):
+        with serve(tiny_checkpoint, engine=engine) as (client, service):
+            response = post(client, json=True, seconds="1.0", seed="11", num_samples="2")
+            assert response.status_code == 200, response.text
+            body = response.json()
+            answers[engine] = [s["midi_base64"] for s in body["samples"]]
+            # The engine's metric updates reach the server's registry.
+            assert metric(service, "musicrel_tokens_generated_total") == body["new_tokens"] > 0
+            assert metric(service, "musicrel_batched_jobs_total") == 1
+            assert metric(service, "musicrel_batch_rows_count") >= max(
+                s["new_tokens"] for s in body["samples"]
+            )
+            assert body["timings"]["generation_ms"] > 0 and body["timings"]["queue_ms"] >= 0
+        if engine == "process":
+            assert service.batcher._process.returncode == 0  # stopped cleanly with the app
+    assert answers["process"] == answers["thread"]
+
+
+def test_engine_queue_bound_is_kept_by_the_server(tiny_checkpoint):
+    # Idle, the engine waits up to the batch window for a second request to fill its 2 rows: the first one
+    # stays queued meanwhile, so the queue (1) is full and the next request is refused at once.
+    with serve(tiny_checkpoint, engine="process", max_queue=1, max_batch_rows=2, batch_window_ms=4000) as (
+        client,
+        service,
+    ):
+        first: dict = {}
+        waiting = threading.Thread(target=lambda: first.update(r=post(client, **FAST)))
+        waiting.start()
+        wait_for(lambda: service.batcher.queue_depth == 1)
+        response = post(client, **FAST)
+        assert response.status_code == 429 and error_of(response)["code"] == "queue_full"
+        waiting.join(60)
+        assert first["r"].status_code == 200
+        assert service.batcher.queue_depth == 0
+        assert metric(service, "musicrel_queue_depth") == 0
+
+
+def test_concurrent_requests_share_the_engine_batch(tiny_checkpoint):
+    with serve(tiny_checkpoint, engine="process", batch_window_ms=1500, max_batch_rows=16) as (
+        client,
+        service,
+    ):
+        responses = _concurrently(lambda i: post(client, json=True, seconds="0.3", seed=str(i)), 4)
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+        assert sorted(r.json()["seed"] for r in responses) == [0, 1, 2, 3]
+        assert max(r.json()["batch"]["requests"] for r in responses) > 1
+        assert metric(service, "musicrel_batches_total") < 4
+
+
+def test_a_client_that_leaves_stops_its_generation_in_the_engine(tiny_checkpoint):
+    with serve(
+        tiny_checkpoint, engine="process", batch_window_ms=0, disconnect_poll_s=0.02, max_seconds=600
+    ) as (
+        client,
+        service,
+    ):
+        request = httpx.Request("POST", "http://test/v1/continuations", files={"file": ("m.mid", MOTIF)},
+                                data={"seconds": "600"})  # fmt: skip
+        body = request.read()
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/v1/continuations", "raw_path": b"/v1/continuations",
+            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("test", 80),
+            "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
+        }  # fmt: skip
+        messages: list = []
+
+        async def call_and_leave() -> None:
+            import anyio
+
+            sent = False
+
+            async def receive():
+                nonlocal sent
+                if not sent:
+                    sent = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                while not any(job.started_at for job in list(service.batcher._jobs.values())):
+                    await anyio.sleep(0.005)
+                return {"type": "http.disconnect"}  # the client leaves once its generation has begun
+
+            async def send(message):
+                messages.append(message)
+
+            await client.app(scope, receive, send)
+
+        client.portal.call(call_and_leave)
+        assert messages[0]["status"] == 499
+        # Only the cancel message can stop it: 600 s of music is thousands of steps, and no deadline is near.
+        wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1, 30)
+        assert post(client, **FAST).status_code == 200
+
+
+def test_a_dead_engine_fails_its_requests_and_readiness(tiny_checkpoint):
+    with serve(tiny_checkpoint, engine="process", max_seconds=600) as (client, service):
+        result: dict = {}
+        running = threading.Thread(target=lambda: result.update(r=post(client, seconds="600")))
+        running.start()
+        wait_for(lambda: any(job.started_at for job in list(service.batcher._jobs.values())), 30)
+        service.batcher._process.kill()
+        running.join(30)
+        assert result["r"].status_code == 503 and "engine" in error_of(result["r"])["message"]
+        response = client.get("/readyz")
+        assert response.status_code == 503 and "engine" in error_of(response)["message"]
+        alive = client.get("/healthz")  # for good: liveness fails too, so an orchestrator restarts the server
+        assert alive.status_code == 503 and error_of(alive)["code"] == "failed"
+        refused = post(client, **FAST)
+        assert refused.status_code == 503 and error_of(refused)["code"] == "not_ready"
+
+
+def test_an_engine_that_cannot_load_says_why(tiny_checkpoint):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA: the engine must fail to load on device cuda")
+    # The server's own copy loads on the CPU; the engine's, on the configured device, cannot.
+    with serve(tiny_checkpoint, engine="process", device="cuda", wait_ready=False) as (client, service):
+        wait_for(lambda: service.batcher.failed is not None, 60)
+        response = client.get("/readyz")
+        assert response.status_code == 503
+        assert "loading the checkpoint failed" in error_of(response)["message"]
+        assert not service.batcher.ready.is_set()

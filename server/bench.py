@@ -9,6 +9,11 @@ used.
 Machine speed drifts over tens of seconds, so each pair runs in --rounds rounds with the order alternating
 (serial first in even rounds, concurrent first in odd ones): drift hits both modes alike. The table sums walls
 and tokens over all rounds; a line per pair gives the per-round ratios and their median.
+
+Each client sends requests back to back until the phase's requests are gone, so the concurrent phase starts
+with 8 in flight and ends with fewer (the last requests finish alone). With 2 requests per client half of that
+phase was this ramp-down, which measures how a finite workload ends rather than throughput at concurrency N:
+so the default is 6 requests per client.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ def register(bench_subparsers) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--checkpoint", type=Path, default=None, help="default: a random default-size model")
-    p.add_argument("--requests", type=int, default=16, help="requests per phase")
+    p.add_argument(
+        "--requests", type=int, default=None, help="requests per phase (default: 6 per concurrent client)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="rounds of both phases, order alternating per round")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--seconds", type=float, default=2.0, help="music per request")
@@ -168,8 +175,14 @@ def _in_process(
 def run(args: argparse.Namespace) -> int:
     import httpx
 
+    from server.settings import Settings
+
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
+    args.requests = args.requests or 6 * args.concurrency
+    # The in-process rows run with the server's thread count, so that they are the ceiling of its numbers.
+    threads = args.torch_threads or Settings().torch_threads
+    engine = os.environ.get("MUSICREL_ENGINE", Settings().engine)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or _random_checkpoint(Path(tmp) / "ckpt")
         with socket.socket() as s:
@@ -210,20 +223,20 @@ def run(args: argparse.Namespace) -> int:
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
-        if args.torch_threads:
+        if threads:
             import torch
 
-            torch.set_num_threads(args.torch_threads)
+            torch.set_num_threads(threads)
         local = _in_process(
             checkpoint, motif, seeds, args.seconds, args.concurrency, args.primer_cache, args.rounds
         )
 
-    threads = args.torch_threads or "default"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"{args.rounds} rounds of {args.requests} requests of {args.seconds:g} s each per mode, order "
-        f"alternating per round, batch window {args.batch_window_ms:g} ms, torch threads {threads}, "
-        f"primer cache {args.primer_cache}, load average {load:.1f} on {os.cpu_count()} CPUs"
+        f"alternating per round, batch window {args.batch_window_ms:g} ms, torch threads "
+        f"{threads or 'default'}, engine {engine}, primer cache {args.primer_cache}, load average "
+        f"{load:.1f} on {os.cpu_count()} CPUs"
     )
     header = ("mode", "clients", "wall s", "req/s", "tokens", "tok/s", "vs serial")
     print(f"{header[0]:<26} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))

@@ -2,9 +2,9 @@
 
 Both phases send the same requests (same motif, same seeds, so the same music and token counts); the ratio
 shows what continuous batching buys over HTTP. The same requests are then decoded in this process, one at a
-time vs `concurrency` in flight on one DecodeBatch: what batching the model can give at this moment on this
-machine, the ceiling of the HTTP ratio. Without --checkpoint a random model of the default ModelConfig size is
-used.
+time vs `concurrency` in flight on one DecodeBatch: what batching the model gives at this moment on this
+machine without HTTP or the engine process. Without --checkpoint a random model of the default ModelConfig
+size is used.
 
 Machine speed drifts over tens of seconds, so each pair runs in --rounds rounds with the order alternating
 (serial first in even rounds, concurrent first in odd ones): drift hits both modes alike. The table sums walls
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     args.requests = args.requests or 6 * args.concurrency
-    # The in-process rows run with the server's thread count, so that they are the ceiling of its numbers.
+    # The in-process rows run with the server's thread count, so that they compare with its numbers.
     threads = args.torch_threads or Settings().torch_threads
     engine = os.environ.get("MUSICREL_ENGINE", Settings().engine)
     with tempfile.TemporaryDirectory() as tmp:
@@ -261,5 +261,5 @@ def run(args: argparse.Namespace) -> int:
             f"median {statistics.median(per_round):.2f}x"
         )
     print("\n".join(ratios))
-    print("in-process rows: the same requests without HTTP; their ratio is the ceiling of the HTTP one")
+    print("in-process rows: the same requests on a DecodeBatch in this process (no HTTP, no engine process)")
     return 0

@@ -9,7 +9,7 @@ import hashlib
 import io
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pretty_midi
@@ -411,42 +411,50 @@ def test_queue_full_is_429_and_deadline_is_504(tiny_checkpoint):
         assert post(client, **FAST).status_code == 200  # the service carries on
 
 
+def post_then_leave(client: TestClient, fields: dict, leave: Callable[[], bool]) -> list:
+    """POST a continuation straight to the ASGI app, the client going away once `leave()` is true after its
+    body was sent (TestClient itself cannot disconnect). Returns the ASGI messages the app sent."""
+    request = httpx.Request("POST", "http://test/v1/continuations", files={"file": ("m.mid", MOTIF)},
+                            data=fields)  # fmt: skip
+    body = request.read()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/continuations", "raw_path": b"/v1/continuations",
+        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("test", 80),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
+    }  # fmt: skip
+    messages: list = []
+
+    async def call_and_leave() -> None:
+        import anyio
+
+        sent = False
+
+        async def receive():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            while not leave():
+                await anyio.sleep(0.005)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            messages.append(message)
+
+        await client.app(scope, receive, send)
+
+    client.portal.call(call_and_leave)
+    return messages
+
+
 def test_client_disconnect_stops_generation(tiny_checkpoint):
     gate = Gate()
     with serve(tiny_checkpoint, decoder=gate, batch_window_ms=0, disconnect_poll_s=0.02) as pair:
         client, service = pair
         gate.hold()
-        request = httpx.Request("POST", "http://test/v1/continuations", files={"file": ("m.mid", MOTIF)},
-                                data={"seconds": "30"})  # fmt: skip
-        body = request.read()
-        scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-            "scheme": "http", "path": "/v1/continuations", "raw_path": b"/v1/continuations",
-            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("test", 80),
-            "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
-        }  # fmt: skip
-        messages: list = []
-
-        async def call_and_leave() -> None:
-            import anyio
-
-            sent = False
-
-            async def receive():
-                nonlocal sent
-                if not sent:
-                    sent = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                if gate.entered.is_set():  # the client leaves once its generation has begun
-                    return {"type": "http.disconnect"}
-                await anyio.sleep(3600)
-
-            async def send(message):
-                messages.append(message)
-
-            await client.app(scope, receive, send)
-
-        client.portal.call(call_and_leave)
+        # The client leaves once its generation has begun.
+        messages = post_then_leave(client, {"seconds": "30"}, gate.entered.is_set)
         wait_for(lambda: gate.results)
         assert messages[0]["status"] == 499
         result = gate.results[-1]

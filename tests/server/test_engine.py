@@ -6,12 +6,25 @@ from __future__ import annotations
 import pickle
 import threading
 
-import httpx
 import pytest
 
 from musicrel.errors import GenerationError, InvalidMidiError
 from server.engine import _picklable
-from tests.server.test_api import FAST, MOTIF, _concurrently, error_of, metric, post, serve, wait_for
+from tests.server.test_api import (
+    FAST,
+    _concurrently,
+    error_of,
+    metric,
+    post,
+    post_then_leave,
+    serve,
+    wait_for,
+)
+
+
+def started(service) -> bool:
+    """Whether a job the engine runs has begun decoding (the engine reported it)."""
+    return any(job.started_at for job in list(service.batcher._jobs.values()))
 
 
 def test_errors_cross_the_pipe_with_their_code():
@@ -87,37 +100,8 @@ def test_a_client_that_leaves_stops_its_generation_in_the_engine(tiny_checkpoint
         client,
         service,
     ):
-        request = httpx.Request("POST", "http://test/v1/continuations", files={"file": ("m.mid", MOTIF)},
-                                data={"seconds": "600"})  # fmt: skip
-        body = request.read()
-        scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-            "scheme": "http", "path": "/v1/continuations", "raw_path": b"/v1/continuations",
-            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("test", 80),
-            "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
-        }  # fmt: skip
-        messages: list = []
-
-        async def call_and_leave() -> None:
-            import anyio
-
-            sent = False
-
-            async def receive():
-                nonlocal sent
-                if not sent:
-                    sent = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                while not any(job.started_at for job in list(service.batcher._jobs.values())):
-                    await anyio.sleep(0.005)
-                return {"type": "http.disconnect"}  # the client leaves once its generation has begun
-
-            async def send(message):
-                messages.append(message)
-
-            await client.app(scope, receive, send)
-
-        client.portal.call(call_and_leave)
+        # The client leaves once its generation has begun.
+        messages = post_then_leave(client, {"seconds": "600"}, lambda: started(service))
         assert messages[0]["status"] == 499
         # Only the cancel message can stop it: 600 s of music is thousands of steps, and no deadline is near.
         wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1, 30)
@@ -129,7 +113,7 @@ def test_a_dead_engine_fails_its_requests_and_readiness(tiny_checkpoint):
         result: dict = {}
         running = threading.Thread(target=lambda: result.update(r=post(client, seconds="600")))
         running.start()
-        wait_for(lambda: any(job.started_at for job in list(service.batcher._jobs.values())), 30)
+        wait_for(lambda: started(service), 30)
         service.batcher._process.kill()
         running.join(30)
         assert result["r"].status_code == 503 and "engine" in error_of(result["r"])["message"]

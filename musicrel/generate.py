@@ -823,13 +823,10 @@ class DecodeBatch:
         index = torch.as_tensor(order, dtype=torch.long, device=self.device)
         L = self.length
         left_pad = self.left_pad[index]  # (m,)
-        # Leading positions that are padding in every kept row could go, but that moves every kept row (a copy
-        # of the whole live K/V, what swap-remove avoids). Kept, they cost attention over masked positions
-        # (and may make the cache grow sooner), but they never bring a slide sooner: a row slides only when
-        # its own context fills the window, and at the window `_make_room` just shifts rows that all have
-        # padding (so there is no need to shift here at the window either). So drop them only when they are a
-        # quarter of the length or more: each later step then attends over at most 3/4 of the positions it
-        # would otherwise, which pays back the copy (a few passes over the live K/V) within about a dozen.
+        # Leading positions that are padding in every kept row could go, but that copies every kept row (what
+        # swap-remove avoids). Kept, they only cost attention over masked positions (a row slides when its own
+        # context fills the window; `_make_room` shifts padded rows then). So drop them once they are a
+        # quarter of the length: later steps attend over <= 3/4 of the positions, repaying the copy in ~12.
         shift = int(left_pad.min())
         if 4 * shift >= L:
             for buf in (self._cache.k, self._cache.v):

@@ -39,6 +39,7 @@ from server.settings import Settings
 
 log = logging.getLogger("musicrel.server")
 
+MAX_RESTARTS = 3  # engine deaths in a row (none ready in between) before the service gives up
 _JOB_FIELDS = ("started_at", "finished_at", "batch_jobs", "batch_rows", "generation_s", "stop_reason")
 
 
@@ -72,9 +73,15 @@ class EngineProcess:
         self._stopping = False
         self._process: subprocess.Popen | None = None
         self._conn: Connection | None = None
-        self._reader = threading.Thread(target=self._read, name="musicrel-engine-reader", daemon=True)
+        self._reader: threading.Thread | None = None
+        self._deaths = 0  # engine deaths since one was last ready
 
     def start(self) -> None:
+        with self._lock:
+            self._spawn()
+
+    def _spawn(self) -> None:
+        """Start an engine and the thread that reads it (called holding _lock: stop() sees the latest)."""
         ours, theirs = socket.socketpair()
         root = str(Path(__file__).resolve().parents[1])  # so `server` imports however we were started
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
@@ -87,6 +94,9 @@ class EngineProcess:
             )
         self._conn = Connection(ours.detach())  # EOF on it now means the engine is gone
         self._conn.send(self.settings)
+        self._reader = threading.Thread(
+            target=self._read, args=(self._conn, self._process), name="musicrel-engine-reader", daemon=True
+        )
         self._reader.start()
 
     def _alive(self) -> bool:
@@ -97,8 +107,8 @@ class EngineProcess:
     def submit(self, primer: Any, params: Any, deadline: float) -> Job:
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self._stopping or self.failed:
-                raise WorkerStoppedError(self.failed or "the generation worker is shutting down")
+            if self._stopping or self.failed or not self.ready.is_set():
+                raise WorkerStoppedError(self.failed or "the generation engine is not running")
             if self._queued >= self.max_queue:
                 raise QueueFullError(f"{self._queued} requests are already waiting")
             job = RemoteJob(
@@ -136,7 +146,7 @@ class EngineProcess:
             self._stopping = True
             if self._alive():
                 self._send_locked(("stop", timeout))
-        if self._reader.is_alive():
+        if self._reader is not None:
             self._reader.join(None if timeout is None else timeout + 10.0)
         if self._process is not None:
             try:
@@ -152,10 +162,10 @@ class EngineProcess:
 
     # ---- reader thread ---------------------------------------------------------------------------
 
-    def _read(self) -> None:
+    def _read(self, conn: Connection, process: subprocess.Popen) -> None:
         while True:
             try:
-                message = self._conn.recv()
+                message = conn.recv()
             except (EOFError, OSError):
                 break
             kind = message[0]
@@ -186,17 +196,27 @@ class EngineProcess:
                         setattr(job, name, value)
                 job._deliver(payload if kind == "done" else None, payload if kind == "error" else None)
             elif kind == "ready":
+                self._deaths = 0
                 self.ready.set()
             elif kind == "failed":
                 self.failed = message[1]
             elif kind == "stopped":
                 break
-        if not self._stopping and self.failed is None:
-            self.failed = "the generation engine process exited"
-            log.error("%s (exit code %s)", self.failed, self._process.wait())
-        if not self._stopping:
-            self.ready.clear()  # for good: /readyz and /healthz say so, and an orchestrator restarts us
-        self._fail_all(WorkerStoppedError(self.failed or "the service is shutting down"))
+        if self._stopping:
+            return  # stop() fails what is left
+        with self._lock:  # from here submit refuses, so no job slips in after the ones failed below
+            self.ready.clear()
+        code = process.wait()
+        if self.failed is None:
+            self._deaths += 1
+            if self._deaths > MAX_RESTARTS:
+                self.failed = f"the generation engine exited {self._deaths} times in a row (last code {code})"
+        why = self.failed or f"the generation engine exited (code {code}); it is restarting"
+        log.error(why)
+        self._fail_all(WorkerStoppedError(why))
+        with self._lock:  # a crash (e.g. the OOM killer), not a setup that cannot work: start again
+            if self.failed is None and not self._stopping:
+                self._spawn()
 
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from musicrel.errors import GenerationError, InvalidMidiError
-from server.engine import _picklable
+from server.engine import MAX_RESTARTS, _picklable
 from tests.server.test_api import (
     FAST,
     _concurrently,
@@ -108,21 +108,37 @@ def test_a_client_that_leaves_stops_its_generation_in_the_engine(tiny_checkpoint
         assert post(client, **FAST).status_code == 200
 
 
-def test_a_dead_engine_fails_its_requests_and_readiness(tiny_checkpoint):
+def test_a_dead_engine_fails_its_requests_and_is_replaced(tiny_checkpoint):
     with serve(tiny_checkpoint, engine="process", max_seconds=600) as (client, service):
         result: dict = {}
         running = threading.Thread(target=lambda: result.update(r=post(client, seconds="600")))
         running.start()
         wait_for(lambda: started(service), 30)
-        service.batcher._process.kill()
+        first = service.batcher._process
+        first.kill()  # as the OOM killer would
         running.join(30)
         assert result["r"].status_code == 503 and "engine" in error_of(result["r"])["message"]
-        response = client.get("/readyz")
-        assert response.status_code == 503 and "engine" in error_of(response)["message"]
-        alive = client.get("/healthz")  # for good: liveness fails too, so an orchestrator restarts the server
-        assert alive.status_code == 503 and error_of(alive)["code"] == "failed"
+        assert client.get("/healthz").status_code == 200  # alive: a new engine is starting
+        wait_for(lambda: client.get("/readyz").status_code == 200, 60)
+        assert service.batcher._process is not first and first.returncode == -9
+        assert post(client, **FAST).status_code == 200
+
+
+def test_an_engine_that_keeps_dying_fails_liveness(tiny_checkpoint):
+    with serve(tiny_checkpoint, engine="process") as (client, service):
+        killed: list = []
+        for _ in range(MAX_RESTARTS + 1):  # each replacement dies before it is ready
+            wait_for(lambda: service.batcher._process not in killed, 30)
+            process = service.batcher._process
+            process.kill()
+            killed.append(process)
+        wait_for(lambda: service.batcher.failed is not None, 30)
+        assert service.batcher._process in killed  # no engine after the last death
+        for route in ("/healthz", "/readyz"):
+            response = client.get(route)
+            assert response.status_code == 503 and "times in a row" in error_of(response)["message"]
         refused = post(client, **FAST)
-        assert refused.status_code == 503 and error_of(refused)["code"] == "not_ready"
+        assert refused.status_code == 503
 
 
 def test_an_engine_that_cannot_load_says_why(tiny_checkpoint):

@@ -7,6 +7,9 @@ so a short request never waits for a long one and a new one never waits for a ba
 worker is idle, the first job waits up to `batch_window_s` for companions, so that a burst starts together
 (one prefill). Results go back to the loop with `call_soon_threadsafe`. A job whose client left or whose
 deadline passed is skipped if still queued, and stopped at its next step if already decoding.
+
+By default this worker runs in the engine process (server/engine.py), where each Job reports through its
+`sink` instead of a future; with MUSICREL_ENGINE=thread it runs in the server process itself.
 """
 
 from __future__ import annotations

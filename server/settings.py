@@ -23,8 +23,9 @@ class Settings(BaseSettings):
     # the time made decoding steps 10-25 % slower in the same process. "thread": all in this process.
     engine: Literal["process", "thread"] = Field("process", description="where the decoding loop runs")
     # Generation runs on a worker thread, where several OpenMP threads measured up to 2x SLOWER than one on a
-    # 2-core machine at every batch size (`musicrel bench serve --torch-threads N` measures yours); raise it
-    # on a machine with many free cores. None keeps torch's default (one per core).
+    # 2-core machine (in the engine process too: 752 vs 1,004 tokens/s at concurrency 8, the same serially),
+    # as they compete with request handling for the cores (`musicrel bench serve --torch-threads N` measures
+    # yours); raise it on a machine with many free cores. None keeps torch's default (one per core).
     torch_threads: int | None = Field(1, ge=1, le=256, description="torch.set_num_threads for generation")
 
     # Bodies beyond this are refused with 413 before any multipart parsing.

@@ -18,7 +18,7 @@ from fastapi.staticfiles import StaticFiles
 
 import musicrel
 from server.errors import install_error_handlers
-from server.metrics import Metrics
+from server.metrics import Metrics, worker_exited
 from server.middleware import BodyLimitMiddleware, MetricsMiddleware
 from server.routes import router
 from server.service import Service
@@ -61,6 +61,7 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
             yield
         finally:
             await anyio.to_thread.run_sync(service.stop)
+            worker_exited()
 
     app = FastAPI(title="musicrel", version=musicrel.__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.service = service

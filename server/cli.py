@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from musicrel.errors import CheckpointError, ConfigError
@@ -67,15 +69,26 @@ def serve(args: argparse.Namespace) -> int:
         name = "MUSICREL_" + str(first["loc"][0]).upper() if first.get("loc") else "MUSICREL_*"
         raise ConfigError(f"{name}: {first['msg']}") from None
 
+    metrics_dir = None
+    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Workers share their metrics through files here (prometheus_client's multiprocess mode): set before
+        # uvicorn starts them, so each imports prometheus_client with it.
+        metrics_dir = tempfile.mkdtemp(prefix="musicrel-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+
     # uvicorn re-raises SIGTERM once it has shut down gracefully; with the default disposition that would kill
     # the process by the signal. A Python-level handler makes a drained shutdown exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    uvicorn.run(
-        "server.app:app",
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-    )
+    try:
+        uvicorn.run(
+            "server.app:app",
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0

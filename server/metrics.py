@@ -1,11 +1,15 @@
 """Prometheus metrics. Each app gets its own registry, so several apps (tests) never share the global one.
 
-With `--workers N` every worker process reports its own numbers (or run one worker per container).
+With `musicrel serve --workers N` (N > 1) every worker writes its values to PROMETHEUS_MULTIPROC_DIR
+(prometheus_client's multiprocess mode, set up by `serve`) and /metrics reports the sum over the workers,
+whichever one answers the scrape. The engine process sends its updates to its worker, so they count there.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
 # Seconds: from a few ms (parse, queue) to minutes (long generations on CPU).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -29,9 +33,18 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.in_flight = Gauge("musicrel_in_flight", "continuation requests being handled", registry=r)
+        # Summed over the live workers in multiprocess mode (each has its own requests and queue).
+        self.in_flight = Gauge(
+            "musicrel_in_flight",
+            "continuation requests being handled",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.queue_depth = Gauge(
-            "musicrel_queue_depth", "requests waiting for the generation worker", registry=r
+            "musicrel_queue_depth",
+            "requests waiting for the generation worker",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.parse_seconds = Histogram(
             "musicrel_parse_seconds",
@@ -70,3 +83,22 @@ class Metrics:
             "musicrel_rejected", "requests refused before generation", ["reason"], registry=r
         )
         self.stopped = Counter("musicrel_stopped_jobs", "generations stopped early", ["reason"], registry=r)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def exposition_registry(metrics: Metrics) -> CollectorRegistry:
+    """What /metrics reports: this process's registry, or every worker's values in multiprocess mode."""
+    if multiprocess_dir() is None:
+        return metrics.registry
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return registry
+
+
+def worker_exited() -> None:
+    """Drop this worker's live gauges from the sums (multiprocess mode)."""
+    if multiprocess_dir() is not None:
+        multiprocess.mark_process_dead(os.getpid())

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server.batcher import Job, QueueFullError, WorkerStoppedError
 from server.deps import ParamsDep, ServiceDep, SettingsDep, WantsJsonDep
 from server.errors import ApiError, error_response
+from server.metrics import exposition_registry
 from server.middleware import DRAINING_AT_ARRIVAL
 from server.schemas import (
     BatchInfo,
@@ -290,7 +291,7 @@ async def readyz(service: ServiceDep) -> Any:
 async def metrics(service: ServiceDep) -> Response:
     if service.batcher is not None:
         service.metrics.queue_depth.set(service.batcher.queue_depth)
-    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(exposition_registry(service.metrics)), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/", include_in_schema=False)

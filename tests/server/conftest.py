@@ -72,10 +72,13 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def start_server(checkpoint: Path, log_dir: Path, cli: bool = False, **env: str) -> Iterator[ServerProcess]:
+def start_server(
+    checkpoint: Path, log_dir: Path, cli: bool = False, workers: int = 1, **env: str
+) -> Iterator[ServerProcess]:
     """Start uvicorn on a free loopback port with MUSICREL_CHECKPOINT=checkpoint (plus `env`, e.g.
     MUSICREL_BATCH_WINDOW_MS="500"), wait until /readyz answers 200, yield, and stop it at the end.
-    cli=True runs `musicrel serve` (what `make run` and the container do) instead of bare uvicorn."""
+    cli=True runs `musicrel serve` (what `make run` and the container do) instead of bare uvicorn, with
+    `--workers workers`."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     full_env = {**os.environ, "MUSICREL_CHECKPOINT": str(checkpoint), "PYTHONUNBUFFERED": "1", **env}
@@ -83,6 +86,7 @@ def start_server(checkpoint: Path, log_dir: Path, cli: bool = False, **env: str)
     with open(log_path, "wb") as log:
         if cli:
             command = [sys.executable, "-m", "musicrel.cli", "serve", "--checkpoint", str(checkpoint)]
+            command += ["--workers", str(workers)]
         else:
             command = [sys.executable, "-m", "uvicorn", "server.app:app"]
         proc = subprocess.Popen(

@@ -82,3 +82,46 @@ def test_sigterm_mid_request_drains_then_exits_0(tiny_checkpoint, tmp_path):
         assert pretty_midi.PrettyMIDI(io.BytesIO(response.content)).instruments
         assert server.proc.wait(30) == 0, server.log()[-3000:]
         assert "draining" in server.log()
+
+
+def _sample(metrics_text: str, name: str) -> float:
+    for line in metrics_text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} missing from /metrics")
+
+
+def test_metrics_add_up_over_workers(tiny_checkpoint, tmp_path):
+    """`musicrel serve --workers 2`: whichever worker answers a scrape reports every worker's numbers."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    with start_server(
+        tiny_checkpoint, tmp_path, cli=True, workers=2, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir)
+    ) as server:
+        deadline = time.monotonic() + 60
+        ready = 0
+        while ready < 10:  # both workers answer ready (each new connection may reach either)
+            assert time.monotonic() < deadline, "the workers did not both become ready"
+            ready = ready + 1 if httpx.get(f"{server.url}/readyz").status_code == 200 else 0
+            time.sleep(0.05)
+        tokens: list[int] = []
+
+        def client() -> None:
+            for i in range(3):  # a new connection per request, so the workers share them
+                r = httpx.post(f"{server.url}/v1/continuations", files={"file": ("m.mid", MOTIF)},
+                               data={"seconds": "0.5", "seed": str(i)}, timeout=60)  # fmt: skip
+                assert r.status_code == 200, r.text
+                tokens.append(int(r.headers["x-musicrel-tokens"]))
+
+        clients = [threading.Thread(target=client) for _ in range(8)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(120)
+        assert len(tokens) == 24
+        # Both workers served some: each keeps a counter file named after its pid.
+        assert len({p.name for p in metrics_dir.glob("counter_*.db")}) >= 2
+        for _ in range(6):
+            text = httpx.get(f"{server.url}/metrics").text
+            assert _sample(text, "musicrel_tokens_generated_total") == sum(tokens)
+            assert _sample(text, "musicrel_batched_jobs_total") == 24

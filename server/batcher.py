@@ -48,6 +48,7 @@ class Job:
     loop: asyncio.AbstractEventLoop | None = None
     # ...or, in the engine process, reported instead: sink("started" | "done" | "error", job, payload)
     sink: Callable[[str, Job, Any], None] | None = None
+    id: int = 0  # the engine's name for the job on both sides of its pipe (unused in one process)
     enqueued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # admitted into the running batch
     finished_at: float | None = None

@@ -47,7 +47,6 @@ _JOB_FIELDS = ("started_at", "finished_at", "batch_jobs", "batch_rows", "generat
 class RemoteJob(Job):
     """The server's side of a job the engine runs: cancelling it tells the engine."""
 
-    id: int = 0
     engine: EngineProcess | None = None
 
     def cancel(self, reason: str) -> None:
@@ -277,14 +276,15 @@ def engine_main(conn: Any, settings: Settings) -> None:
         log.exception("loading the checkpoint failed")
         send(("failed", f"loading the checkpoint failed: {exc}"))
         return
-    ids: dict[Job, int] = {}
+    jobs: dict[int, Job] = {}  # not answered yet, by id
 
     def sink(event: str, job: Job, payload: Any) -> None:
         if event == "started":
-            send(("started", ids[job], payload))
+            send(("started", job.id, payload))
             return
+        jobs.pop(job.id, None)
         fields = {name: getattr(job, name) for name in _JOB_FIELDS}
-        send((event, ids.pop(job), payload if event == "done" else _picklable(payload), fields))
+        send((event, job.id, payload if event == "done" else _picklable(payload), fields))
 
     batcher = Batcher(
         model,
@@ -303,7 +303,6 @@ def engine_main(conn: Any, settings: Settings) -> None:
             send(("failed", batcher.failed))
             return
     send(("ready",))
-    jobs: dict[int, Job] = {}
     while True:
         try:
             message = conn.recv()
@@ -313,8 +312,8 @@ def engine_main(conn: Any, settings: Settings) -> None:
         kind = message[0]
         if kind == "job":
             _, job_id, primer, params, deadline = message
-            job = Job(primer, params, rows=params.num_samples, deadline=deadline, sink=sink)
-            ids[job], jobs[job_id] = job_id, job
+            job = Job(primer, params, rows=params.num_samples, deadline=deadline, sink=sink, id=job_id)
+            jobs[job_id] = job
             try:
                 batcher.enqueue(job)
             except Exception as exc:
@@ -328,8 +327,6 @@ def engine_main(conn: Any, settings: Settings) -> None:
             with contextlib.suppress(OSError):
                 send(("stopped",))
             return
-        for job_id in [i for i, job in jobs.items() if job not in ids]:  # answered: forget
-            del jobs[job_id]
 
 
 if __name__ == "__main__":

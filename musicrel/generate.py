@@ -346,21 +346,45 @@ def _codec_for_tracks(codec, tracks):
     return EventCodec(CodecConfig.from_dict({**codec.config.to_dict(), "tracks": tracks}))
 
 
-def _window_notes(notes, start: float) -> list:
-    """Notes sounding at or after `start`, clipped to begin there, shifted so `start` is time 0."""
-    out = []
-    for n in notes:
-        if n.end > start:
-            out.append(pretty_midi.Note(n.velocity, n.pitch, max(n.start, start) - start, n.end - start))
-    return out
+def _window_tokens(codec, notes, start: float, cut: float) -> np.ndarray:
+    """Events of the notes sounding in [start, cut), with time 0 at `start`. A note still sounding at `cut`
+    stays open (no note-off: where it ends is for the continuation to say) and the tokens end exactly at
+    `cut` (trailing time shifts), so what follows starts where the source went on."""
+    horizon = cut + 3600.0  # open notes end far beyond the cut; their note-offs are cut away below
+    window = [
+        pretty_midi.Note(n.velocity, n.pitch, max(n.start, start) - start,
+                         (n.end if n.end <= cut else horizon) - start)
+        for n in notes
+        if n.end > start and n.start < cut
+    ]  # fmt: skip
+    tokens = np.asarray(codec.encode_notes(window), dtype=np.int64)
+    steps = shift_steps(codec)[tokens]
+    cut_step = int(np.floor((cut - start) / (codec.config.step_ms / 1000.0) + 0.5))
+    clock = np.cumsum(steps)  # time after each token
+    n = int(np.searchsorted(clock, cut_step, side="right"))  # tokens up to the cut (events at it included)
+    tokens, rest = tokens[:n], cut_step - (int(clock[n - 1]) if n else 0)
+    m = codec.config.max_shift_steps
+    pad = [codec.time_shift_offset + m - 1] * (rest // m) + (
+        [codec.time_shift_offset + rest % m - 1] if rest % m else []
+    )
+    return np.concatenate([tokens, np.asarray(pad, dtype=np.int64)])
 
 
-def prepare_primer(codec, midi, primer_seconds: float = 30.0, tracks="merge", max_tokens: int | None = None):
-    """The last `primer_seconds` of the motif as primer tokens (InvalidMidiError for unusable MIDI).
+def primer_at_cut(
+    codec,
+    notes,
+    cut: float,
+    primer_seconds: float = 30.0,
+    max_tokens: int | None = None,
+    tempo: float = 120.0,
+    program: int = 0,
+) -> Primer:
+    """The `primer_seconds` before `cut` of `notes` (pretty_midi notes in source time) as a primer.
 
-    Notes sounding at the window start are kept from the start on. When the window encodes to more than
-    `max_tokens` tokens its start moves later (re-encoded, so the primer still begins at an event boundary).
-    """
+    Notes sounding at the window start are kept from the start on; notes still sounding at `cut` stay open
+    and the continuation starts at `cut` (evaluation cuts pieces mid-phrase this way). When the window encodes
+    to more than `max_tokens` tokens its start moves later (re-encoded, so the primer still begins at an event
+    boundary)."""
     if (
         isinstance(primer_seconds, bool)
         or not isinstance(primer_seconds, int | float)
@@ -369,13 +393,12 @@ def prepare_primer(codec, midi, primer_seconds: float = 30.0, tracks="merge", ma
         raise GenerationError(f"primer_seconds must be > 0, got {primer_seconds!r}", code="invalid_params")
     if max_tokens is not None and max_tokens < 1:
         raise GenerationError(f"max_tokens must be >= 1, got {max_tokens!r}", code="invalid_params")
-    codec = _codec_for_tracks(codec, tracks)
-    pm = codec.read(midi)
-    notes = codec.to_notes(pm)
-    end_time = max(n.end for n in notes)
+    notes = [n for n in notes if n.start < cut]
+    if not notes:
+        raise GenerationError("no notes before the cut", code="no_notes")
     first_start = min(n.start for n in notes)
-    start = max(first_start, end_time - float(primer_seconds))
-    tokens = np.asarray(codec.encode_notes(_window_notes(notes, start)), dtype=np.int64)
+    start = max(first_start, cut - float(primer_seconds))
+    tokens = _window_tokens(codec, notes, start, cut)
     step = codec.config.step_ms / 1000.0
     for _ in range(64):
         if max_tokens is None or len(tokens) <= max_tokens:
@@ -383,27 +406,39 @@ def prepare_primer(codec, midi, primer_seconds: float = 30.0, tracks="merge", ma
         # Time at which the last max_tokens tokens begin: move the window start there (at least one step).
         elapsed = np.cumsum(np.asarray(codec.time_advance)[tokens])
         start += max(float(elapsed[len(tokens) - max_tokens - 1]), step)
-        tokens = np.asarray(codec.encode_notes(_window_notes(notes, start)), dtype=np.int64)
+        tokens = _window_tokens(codec, notes, start, cut)
     if max_tokens is not None and len(tokens) > max_tokens:  # e.g. one huge chord: keep the tail as is
         tokens = tokens[-max_tokens:]
     elif start <= first_start and (max_tokens is None or len(tokens) < max_tokens):
         # The window holds the whole motif: mark a piece start, as training streams do ([bos] piece [eos]).
         tokens = np.concatenate([[codec.bos_id], tokens])
-
-    _, tempi = pm.get_tempo_changes()
-    tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
-    program = _first_program(pm, tracks)
+    clipped = [pretty_midi.Note(n.velocity, n.pitch, n.start, min(n.end, cut)) for n in notes]
     return Primer(
         tokens=tokens,
         start_time=float(start),
-        end_time=float(end_time),
-        tempo=tempo,
-        program=program,
+        end_time=float(cut),
+        tempo=float(tempo),
+        program=int(program),
         notes=[
-            pretty_midi.Note(n.velocity, n.pitch, n.start + start, n.end + start)
-            for n in _window_notes(notes, start)
+            pretty_midi.Note(n.velocity, n.pitch, max(n.start, start), n.end)
+            for n in clipped
+            if n.end > start
         ],
-        motif_notes=list(notes),
+        motif_notes=clipped,
+    )
+
+
+def prepare_primer(codec, midi, primer_seconds: float = 30.0, tracks="merge", max_tokens: int | None = None):
+    """The last `primer_seconds` of the motif (path, bytes or PrettyMIDI) as primer tokens, ending at its last
+    note-off (InvalidMidiError for unusable MIDI); see `primer_at_cut`."""
+    codec = _codec_for_tracks(codec, tracks)
+    pm = codec.read(midi)
+    notes = codec.to_notes(pm)
+    _, tempi = pm.get_tempo_changes()
+    tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
+    end_time = max(n.end for n in notes)
+    return primer_at_cut(
+        codec, notes, end_time, primer_seconds, max_tokens, tempo=tempo, program=_first_program(pm, tracks)
     )
 
 

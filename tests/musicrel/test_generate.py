@@ -24,6 +24,7 @@ from musicrel.generate import (
     generate_batch,
     open_pitches,
     prepare_primer,
+    primer_at_cut,
     render,
     row_seed,
     sample,
@@ -484,6 +485,25 @@ def test_primer_window_clips_notes_sounding_at_the_cut():
         (62, 0.0, 2.0),
         (64, 1.0, 1.5),
     ]
+
+
+def test_primer_at_cut_leaves_sounding_notes_open_and_ends_at_the_cut():
+    notes = [
+        pretty_midi.Note(80, 60, 0.0, 1.0),
+        pretty_midi.Note(80, 62, 1.5, 4.0),  # sounding at the cut (3.0): stays open
+        pretty_midi.Note(80, 64, 2.0, 2.5),
+        pretty_midi.Note(80, 65, 3.5, 4.0),  # after the cut: not in the primer
+    ]
+    primer = primer_at_cut(CODEC, notes, cut=3.0, primer_seconds=30.0)
+    assert primer.end_time == 3.0 and primer.tokens[0] == CODEC.bos_id
+    assert np.flatnonzero(open_pitches(CODEC, primer.tokens)).tolist() == [62]
+    assert shift_steps(CODEC)[primer.tokens].sum() * STEP == pytest.approx(3.0)  # trailing shifts reach it
+    assert CODEC.note_on_offset + 65 not in primer.tokens.tolist()
+    check_grammar(primer.tokens[1:])
+    # A cut inside the last gap: the tokens still end at the cut, after the last note-off.
+    primer = primer_at_cut(CODEC, notes[:1], cut=2.75, primer_seconds=30.0)
+    assert shift_steps(CODEC)[primer.tokens].sum() * STEP == pytest.approx(2.75)
+    assert not open_pitches(CODEC, primer.tokens).any()
 
 
 def test_long_primer_is_cropped_at_an_event_boundary():

@@ -6,8 +6,8 @@ continues the motif and is scored against the reference with simple, robust stat
 - pitch-class histogram overlap (sum of bin-wise minima of two normalised 12-bin histograms; 1 = same),
 - inter-onset-interval histogram overlap (same, over log-spaced IOI bins; 1 = same rhythmic profile),
 - pitch range difference in semitones, and note density (notes per second) as a ratio to the reference,
-- the share of outputs whose token stream breaks the grammar (orphan note-off, note-on of a sounding pitch,
-  special tokens).
+- the share of outputs whose token stream breaks the grammar (a note-off of a pitch not sounding, counting
+  the notes the primer leaves open as sounding; special tokens).
 
 Baselines scored in the same run: the motif repeated, an untrained model (same config, fixed-seed random
 init) and the trained model sampled without the grammar mask (what the mask prevents).
@@ -62,10 +62,13 @@ def note_density(notes, seconds: float) -> float:
     return len(notes) / seconds if seconds > 0 else 0.0
 
 
-def grammar_errors(codec, tokens) -> dict[str, int]:
-    """Counts of grammar violations in a generated token stream that starts with no note sounding."""
-    sounding = np.zeros(128, dtype=bool)
-    errors = {"orphan_note_off": 0, "note_on_while_sounding": 0, "special_token": 0, "out_of_vocab": 0}
+def grammar_errors(codec, tokens, sounding: np.ndarray | None = None) -> dict[str, int]:
+    """Counts of grammar violations in a generated token stream: note-offs of pitches not sounding, special
+    tokens, ids outside the vocabulary. `sounding` (128,) bool: the notes open when the stream starts (those
+    the primer leaves sounding at its cut; default none). A note-on of a sounding pitch is a legal re-strike
+    (the codec closes and restarts the note), not an error."""
+    sounding = np.zeros(128, dtype=bool) if sounding is None else np.array(sounding, dtype=bool)
+    errors = {"orphan_note_off": 0, "special_token": 0, "out_of_vocab": 0}
     specials = {codec.pad_id, codec.bos_id, codec.eos_id}
     for t in np.asarray(tokens, dtype=np.int64).tolist():
         if not 0 <= t < codec.vocab_size:
@@ -73,9 +76,7 @@ def grammar_errors(codec, tokens) -> dict[str, int]:
         elif t in specials:
             errors["special_token"] += 1
         elif codec.note_on_offset <= t < codec.note_on_offset + 128:
-            p = t - codec.note_on_offset
-            errors["note_on_while_sounding"] += int(sounding[p])
-            sounding[p] = True
+            sounding[t - codec.note_on_offset] = True
         elif codec.note_off_offset <= t < codec.note_off_offset + 128:
             p = t - codec.note_off_offset
             errors["orphan_note_off"] += int(not sounding[p])
@@ -202,7 +203,8 @@ def evaluate_continuations(
         SamplingParams,
         default_max_primer_tokens,
         generate_batch,
-        prepare_primer,
+        open_pitches,
+        primer_at_cut,
         render,
     )
     from musicrel.model import MusicTransformer
@@ -224,15 +226,12 @@ def evaluate_continuations(
             code = getattr(exc, "code", "unreadable")
             skipped[code] = skipped.get(code, 0) + 1
             continue
-        motif, reference, _ = split_piece(notes, motif_seconds, seconds)
+        motif, reference, cut = split_piece(notes, motif_seconds, seconds)
         if not reference:
             skipped["too_short"] = skipped.get("too_short", 0) + 1
             continue
-        pm = pretty_midi.PrettyMIDI()
-        inst = pretty_midi.Instrument(program=0)
-        inst.notes = motif
-        pm.instruments.append(inst)
-        primer = prepare_primer(codec, pm, motif_seconds, max_tokens=default_max_primer_tokens(model))
+        # Notes sounding at the cut stay open and the continuation starts at the cut, as the reference does.
+        primer = primer_at_cut(codec, notes, cut, motif_seconds, max_tokens=default_max_primer_tokens(model))
         pieces.append({"path": str(path), "motif": motif, "reference": reference, "primer": primer})
     if not pieces:
         raise GenerationError(f"no usable pieces in {input_dir} (skipped: {skipped})", code="no_input")
@@ -252,7 +251,7 @@ def evaluate_continuations(
             timings[name] += time.perf_counter() - t
             for p, res in zip(chunk, results, strict=True):
                 notes = res.midis[0].instruments[0].notes
-                errs = grammar_errors(codec, res.tokens[0])
+                errs = grammar_errors(codec, res.tokens[0], open_pitches(codec, p["primer"].tokens))
                 scores[name].append(
                     {**compare(notes, p["reference"], seconds), "grammar_error": any(errs.values())}
                 )
@@ -263,7 +262,7 @@ def evaluate_continuations(
         for p, tokens in zip(chunk, streams, strict=True):
             primer: Primer = p["primer"]
             notes = render(codec, primer, tokens).instruments[0].notes
-            errs = grammar_errors(codec, tokens)
+            errs = grammar_errors(codec, tokens, open_pitches(codec, primer.tokens))
             scores["model, no grammar mask"].append(
                 {**compare(notes, p["reference"], seconds), "grammar_error": any(errs.values())}
             )

@@ -166,12 +166,12 @@ def held_out_files(folder: Path, split: str = "test") -> list[Path]:
     """The `split` files of a prepared data folder (its manifest.json), else every MIDI file under folder."""
     import json
 
-    from musicrel.commands.generate import find_motifs
     from musicrel.errors import GenerationError
+    from musicrel.files import find_midi_files
 
     manifest = folder / "manifest.json"
     if not manifest.is_file():
-        return find_motifs(folder)
+        return find_midi_files(folder)
     splits = json.loads(manifest.read_text()).get("splits", {})
     if split not in splits:
         raise GenerationError(f"{manifest} has no split {split!r} (has {sorted(splits)})", code="no_input")

@@ -13,18 +13,9 @@ import time
 from pathlib import Path
 
 from musicrel.commands.codec import parse_tracks
+from musicrel.files import find_midi_files
 
-MIDI_SUFFIXES = (".mid", ".midi")
 SUMMARY_FILE = "summary.json"
-
-
-def find_motifs(path: Path) -> list[Path]:
-    """The file itself, or every .mid/.midi under the folder (recursive, sorted)."""
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise FileNotFoundError(2, "No such file or directory", str(path))
-    return sorted(p for p in path.rglob("*") if p.suffix.lower() in MIDI_SUFFIXES and p.is_file())
 
 
 def output_paths(motif: Path, root: Path, out: Path, num_samples: int) -> list[Path]:
@@ -149,7 +140,7 @@ def _generate(args) -> int:
         include_primer=args.include_primer,
     )
     root, out = Path(args.input), Path(args.out)
-    motifs = find_motifs(root)
+    motifs = find_midi_files(root)
     if not motifs:
         print(f"musicrel generate: no .mid/.midi files in {root}", file=sys.stderr)
         return 2

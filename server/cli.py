@@ -28,7 +28,7 @@ def register(subparsers) -> None:
         "--checkpoint",
         type=Path,
         default=Path(os.environ.get("MUSICREL_CHECKPOINT", "checkpoints/default")),
-        help="checkpoint folder (config.json + model.safetensors); default $MUSICREL_CHECKPOINT",
+        help="checkpoint folder (config.json + model.safetensors or shards); default $MUSICREL_CHECKPOINT",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000)
@@ -40,11 +40,14 @@ def register(subparsers) -> None:
 
 
 def check_checkpoint(folder: Path) -> None:
+    """Fail before uvicorn starts when the folder lacks its config or weights (one file or shards)."""
+    from musicrel.checkpoint import CONFIG_FILE, weights_files
+
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist", code="checkpoint_missing")
-    for name in ("config.json", "model.safetensors"):
-        if not (folder / name).is_file():
-            raise CheckpointError(f"checkpoint folder {folder} has no {name}", code="checkpoint_missing")
+    if not (folder / CONFIG_FILE).is_file():
+        raise CheckpointError(f"checkpoint folder {folder} has no {CONFIG_FILE}", code="checkpoint_missing")
+    weights_files(folder)
 
 
 def serve(args: argparse.Namespace) -> int:

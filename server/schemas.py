@@ -112,7 +112,9 @@ class ErrorResponse(BaseModel):
 
 class ModelInfo(BaseModel):
     checkpoint: str
-    sha256: str = Field(description="sha256 of model.safetensors")
+    sha256: str = Field(
+        description="sha256 of model.safetensors (of a sharded checkpoint: of its shards in index order)"
+    )
     parameters: int
     vocab_size: int
     model: dict[str, Any]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import signal
 import threading
@@ -24,14 +23,6 @@ from server.metrics import Metrics
 from server.settings import Settings
 
 log = logging.getLogger("musicrel.server")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class Service:
@@ -59,7 +50,7 @@ class Service:
         its own on the configured device."""
         import torch
 
-        from musicrel.checkpoint import load_codec, load_model
+        from musicrel.checkpoint import load_codec, load_model, weights_sha256
 
         # Loading needs no parallelism, and an OpenMP team in this thread would count against the CPUs: with
         # more OpenMP threads than CPUs libgomp lets idle workers spin only 100 times before sleeping, which
@@ -73,7 +64,7 @@ class Service:
         card = folder / "MODEL_CARD.md"
         self.info = {
             "checkpoint": str(folder),
-            "sha256": sha256_file(folder / "model.safetensors"),
+            "sha256": weights_sha256(folder),
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "vocab_size": self.codec.vocab_size,
             "model": config.to_dict(),

@@ -64,9 +64,18 @@ def _train(args) -> int:
 
 
 def _export(args) -> int:
+    from musicrel.errors import ConfigError
     from training.export import export_checkpoint
 
-    folder = export_checkpoint(args.checkpoint, args.out, card=args.card)
+    if not args.max_shard_mib > 0:
+        raise ConfigError(f"--max-shard-mib must be > 0, got {args.max_shard_mib}")
+    folder = export_checkpoint(
+        args.checkpoint,
+        args.out,
+        card=args.card,
+        max_shard_bytes=int(args.max_shard_mib * 2**20),
+        dtype=args.dtype,
+    )
     print(f"exported {args.checkpoint} -> {folder}")
     return 0
 
@@ -87,6 +96,8 @@ def _evaluate(args) -> int:
 
 
 def _register_rest(subparsers) -> None:
+    from musicrel.checkpoint import MAX_SHARD_BYTES, WEIGHT_DTYPES  # no torch: cheap at start-up
+
     p = subparsers.add_parser("prepare", help="encode MIDI files into a training data folder")
     p.add_argument("sources", nargs="+", metavar="SRC", help="MIDI files or folders (searched recursively)")
     p.add_argument("--out", required=True, help="data folder (re-runs reuse its cache)")
@@ -113,6 +124,18 @@ def _register_rest(subparsers) -> None:
     p.add_argument("checkpoint", help="a .ckpt written by `musicrel train`")
     p.add_argument("--out", required=True, help="model folder to write (e.g. checkpoints/NAME)")
     p.add_argument("--card", default=None, help="Markdown file to ship as MODEL_CARD.md")
+    p.add_argument(
+        "--max-shard-mib",
+        type=float,
+        default=MAX_SHARD_BYTES / 2**20,
+        help="weights larger than this go to shards of at most this size (default: %(default)g MiB)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=WEIGHT_DTYPES,
+        default=WEIGHT_DTYPES[0],
+        help="storage dtype of the weights (bfloat16 halves them; loading upcasts to float32)",
+    )
     p.set_defaults(func=_export)
 
     p = subparsers.add_parser("evaluate", help="NLL / perplexity / accuracy of a model on a prepared split")

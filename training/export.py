@@ -76,9 +76,14 @@ def default_card(path, ckpt, model) -> str:
     )
 
 
-def export_checkpoint(path, out, card: str | Path | None = None) -> Path:
-    from musicrel.checkpoint import save_model
+def export_checkpoint(
+    path, out, card: str | Path | None = None, max_shard_bytes: int | None = None, dtype: str = "float32"
+) -> Path:
+    """Write the model folder; weights over `max_shard_bytes` (default: checkpoint.MAX_SHARD_BYTES) are
+    sharded, `dtype` is their storage dtype (see musicrel.checkpoint.save_model)."""
+    from musicrel.checkpoint import MAX_SHARD_BYTES, save_model
 
     model, codec, ckpt = model_from_lightning_checkpoint(path)
     text = Path(card).read_text() if card is not None else default_card(path, ckpt, model)
-    return save_model(model, out, codec=codec, card=text)
+    limit = MAX_SHARD_BYTES if max_shard_bytes is None else max_shard_bytes
+    return save_model(model, out, codec=codec, card=text, max_shard_bytes=limit, dtype=dtype)

@@ -743,23 +743,34 @@ def format_table(report: dict) -> str:
         lines.append(f"left out: {name}: {reason}")
     for warning in report["warnings"]:
         lines.append(f"warning: {warning}")
-    columns = [*report["systems"], "truth"]
-    counts = [str(s["pieces"]) for s in report["systems"].values()] + [str(report["reference"]["pieces"])]
-    width = max(18, *(len(c) + 1 for c in columns))
     arrows = {"higher": " ^", "lower": " v", "one": " ->1", "reference": " ~truth", "": ""}
-    label_width = max(len(m["label"]) + len(arrows[m["better"]]) for m in report["metrics"].values())
-    lines.append(" ".join([f"{'':<{label_width}}"] + [f"{c:>{width}}" for c in columns]))
-    lines.append(" ".join([f"{'pieces':<{label_width}}"] + [f"{c:>{width}}" for c in counts]))
-    lines.append("-" * len(lines[-1]))
-    for name, meta in report["metrics"].items():
-        cells = [
-            _cell(s["metrics"][name], name) if name in s["metrics"] else "-"
-            for s in report["systems"].values()
+    rows = [["", *report["systems"], "truth"]]
+    rows.append(
+        [
+            "pieces",
+            *(str(s["pieces"]) for s in report["systems"].values()),
+            str(report["reference"]["pieces"]),
         ]
+    )
+    for name, meta in report["metrics"].items():
         truth = report["reference"]["metrics"].get(name)
-        cells.append(_cell(truth, name) if truth else "-")
-        label = meta["label"] + arrows[meta["better"]]
-        lines.append(" ".join([f"{label:<{label_width}}"] + [f"{c:>{width}}" for c in cells]))
+        rows.append(
+            [meta["label"] + arrows[meta["better"]]]
+            + [
+                _cell(s["metrics"][name], name) if name in s["metrics"] else "-"
+                for s in report["systems"].values()
+            ]
+            + [_cell(truth, name) if truth else "-"]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = [
+        " ".join(
+            [row[0].ljust(widths[0])] + [c.rjust(w + 1) for c, w in zip(row[1:], widths[1:], strict=True)]
+        )
+        for row in rows
+    ]
+    table.insert(2, "-" * len(table[1]))
+    lines += table
     timing = ", ".join(f"{n} {s['seconds']:.0f} s" for n, s in report["systems"].items())
     lines.append(f"time: {timing}")
     return "\n".join(lines)

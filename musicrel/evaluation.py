@@ -316,9 +316,8 @@ class Piece:
     path: str
     motif: list  # notes before the cut, clipped at it (source time)
     reference: list  # the truth: notes of [cut, cut + seconds), from time 0
-    after: (
-        list | None
-    )  # notes of [cut + seconds, cut + 2 seconds) from time 0; None when the piece ends sooner
+    # notes of [cut + seconds, cut + 2 seconds) from time 0 (real music); None when the piece ends sooner
+    after: list | None
     primer: object  # musicrel.generate.Primer ending at the cut
     key: tuple[int, str] | None  # the motif's key
 
@@ -623,8 +622,9 @@ def evaluate_continuations(
 
     models = {"model": model}
     if "untrained" in names:
-        torch.manual_seed(seed)
-        models["untrained"] = MusicTransformer(model.cfg).eval()
+        with torch.random.fork_rng(devices=[]):  # seeded weights without touching the caller's generator
+            torch.manual_seed(seed)
+            models["untrained"] = MusicTransformer(model.cfg).eval()
 
     # runs[system][piece]: the scores of each seed; real music and the repeated motif need one run.
     runs: dict[str, list[list[dict]]] = {s: [[] for _ in pieces] for s in names}

@@ -21,7 +21,7 @@ from musicrel.errors import MusicrelError
 # so that `musicrel --help` stays fast.
 COMMAND_MODULES = (
     "musicrel.commands.codec",  # encode, decode
-    "training.cli",  # corpus, prepare, train, export, evaluate
+    "training.cli",  # corpus, prepare, train, export, pack-gpu, evaluate
     "musicrel.commands.generate",  # generate, evaluate-continuations
     "server.cli",  # serve
     "musicrel.bench",  # bench codec | attention | generate

@@ -1,4 +1,4 @@
-"""`musicrel corpus | prepare | train | export | evaluate`: the training side of the CLI.
+"""`musicrel corpus | prepare | train | export | pack-gpu | evaluate`: the training side of the CLI.
 
 Handlers import numpy/torch/lightning lazily so that `musicrel --help` stays fast.
 """
@@ -80,6 +80,23 @@ def _export(args) -> int:
     return 0
 
 
+def _pack_gpu(args) -> int:
+    from musicrel.errors import ConfigError
+    from training.pack import pack_gpu
+
+    if not args.max_mib > 0:
+        raise ConfigError(f"--max-mib must be > 0, got {args.max_mib}")
+    info = pack_gpu(args.data, args.out, wheels=not args.no_wheels, limit_bytes=int(args.max_mib * 2**20))
+    data = sum(n for f, n in info["files"].items() if f.startswith("data/"))
+    wheels = sum(n for f, n in info["files"].items() if f.startswith("wheels/"))
+    print(
+        f"{args.out}: {info['total_bytes'] / 2**20:.1f} MiB of {args.max_mib:g} "
+        f"(data {data / 2**20:.1f} MiB, {len(info['wheels'])} wheels {wheels / 2**20:.1f} MiB)"
+    )
+    print(f"on the GPU machine, from the repository root: bash {args.out}/run.sh 8m   ({args.out}/README.md)")
+    return 0
+
+
 def _evaluate(args) -> int:
     from training.evaluate import evaluate, format_table
 
@@ -97,6 +114,7 @@ def _evaluate(args) -> int:
 
 def _register_rest(subparsers) -> None:
     from musicrel.checkpoint import MAX_SHARD_BYTES, WEIGHT_DTYPES  # no torch: cheap at start-up
+    from training.pack import PACK_LIMIT_BYTES
 
     p = subparsers.add_parser("prepare", help="encode MIDI files into a training data folder")
     p.add_argument("sources", nargs="+", metavar="SRC", help="MIDI files or folders (searched recursively)")
@@ -137,6 +155,19 @@ def _register_rest(subparsers) -> None:
         help="storage dtype of the weights (bfloat16 halves them; loading upcasts to float32)",
     )
     p.set_defaults(func=_export)
+
+    p = subparsers.add_parser(
+        "pack-gpu",
+        help="pack a prepared data folder + the wheels a bare GPU machine lacks, with run.sh",
+        description="Writes OUT/data (the split arrays, not the cache), OUT/wheels (pip download of what "
+        "the GPU machine lacks, at the versions installed here, and musicrel's own wheel), OUT/run.sh and "
+        "OUT/README.md; refuses when the whole would exceed --max-mib.",
+    )
+    p.add_argument("--data", default="data/default", help="prepared data folder (default: %(default)s)")
+    p.add_argument("--out", default="gpu_pack", help="pack folder (default: %(default)s, git-ignored)")
+    p.add_argument("--no-wheels", action="store_true", help="data and scripts only (no network)")
+    p.add_argument("--max-mib", type=float, default=PACK_LIMIT_BYTES / 2**20, help="size limit (%(default)g)")
+    p.set_defaults(func=_pack_gpu)
 
     p = subparsers.add_parser("evaluate", help="NLL / perplexity / accuracy of a model on a prepared split")
     p.add_argument("--checkpoint", required=True, help="model folder (config.json + model.safetensors)")

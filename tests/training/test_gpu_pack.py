@@ -1,0 +1,207 @@
+"""`musicrel pack-gpu` and the GPU training command: the pack holds the splits and stays under its limit, the
+package list is what the GPU machine lacks, and the pack's run.sh -- the very command a GPU run uses --
+trains, exports a sharded checkpoint and hands it to load_model, here on a CPU with a tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from musicrel.cli import main
+from musicrel.errors import MusicrelError
+from training.pack import DATA_FILES, PACK_FILE, closure, missing_on_gpu, normalize, pack_gpu
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _never(dest):
+    raise AssertionError("no download expected")
+
+
+def test_pack_holds_the_splits_and_the_scripts(tiny_data, tmp_path, capsys):
+    out = tmp_path / "pack"
+    assert main(["pack-gpu", "--data", str(tiny_data), "--out", str(out), "--no-wheels"]) == 0
+    assert "MiB of 64" in capsys.readouterr().out
+    assert (tiny_data / "cache").is_dir() and not (out / "data" / "cache").exists()
+    assert sorted(p.name for p in (out / "data").iterdir()) == sorted(DATA_FILES)
+    for name in DATA_FILES:
+        assert (out / "data" / name).read_bytes() == (tiny_data / name).read_bytes()
+    assert os.access(out / "run.sh", os.X_OK) and list((out / "wheels").iterdir()) == []
+    info = json.loads((out / PACK_FILE).read_text())
+    on_disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    assert on_disk <= info["total_bytes"] <= on_disk + 4096  # pack.json is counted at an upper bound
+    readme = (out / "README.md").read_text()
+    assert f"bash {out.as_posix()}/run.sh 8m" in readme and "--target /tmp/site" in readme
+    # packing again replaces what is there, wheels included
+    (out / "wheels" / "stale-1.0-py3-none-any.whl").write_bytes(b"x")
+    pack_gpu(tiny_data, out, wheels=False, downloader=_never)
+    assert list((out / "wheels").iterdir()) == []
+
+
+def test_pack_refuses_what_would_not_travel(tiny_data, tmp_path, capsys):
+    def big_wheel(dest: Path) -> None:
+        (dest / "big-1.0-py3-none-any.whl").write_bytes(b"\0" * (3 * 2**20))
+
+    out = tmp_path / "pack"
+    with pytest.raises(MusicrelError, match=r"over the 2\.0 MiB limit; largest: wheels/big-1\.0") as exc:
+        pack_gpu(tiny_data, out, limit_bytes=2 * 2**20, downloader=big_wheel)
+    assert exc.value.code == "pack_too_large" and not out.exists()
+    # data alone over the limit: refused before anything is downloaded
+    args = ["pack-gpu", "--data", str(tiny_data), "--out", str(out), "--max-mib", "0.001"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("training.pack.download_wheels", _never)
+        assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "[pack_too_large]" in err[0] and "data/" in err[0]
+
+    with pytest.raises(MusicrelError, match="not a prepared data folder") as exc:
+        pack_gpu(tmp_path, out, wheels=False)
+    assert exc.value.code == "not_prepared"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(MusicrelError, match="not a pack"):
+        pack_gpu(tiny_data, tmp_path / "mine", wheels=False)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_the_pack_folder_is_git_ignored():
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("gpu_pack/run.sh", "gpu_pack/wheels/x.whl", "gpu_out/gpu-8m/config.json"):
+        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0, path
+
+
+def test_package_list_logic():
+    graph = {
+        "musicrel": ["torch>=2", "lightning", "fastapi", "midi[extra1]", "music21; extra == 'corpus'"],
+        "torch": ["typing-extensions", "filelock"],
+        "lightning": ["torch", "pyyaml", "tqdm"],
+        "midi": ["six", "old-backport; python_version < '3.11'", "plugin; extra == 'extra1'"],
+        "plugin": ["typing_extensions", "protobuf; sys_platform == 'linux'"],
+        "fastapi": ["starlette"],
+        **{n: [] for n in ("typing-extensions", "filelock", "pyyaml", "tqdm", "six", "protobuf")},
+    }
+    # the server's packages are left out; markers are those of the GPU machine (python 3.12, linux);
+    # what torch and lightning bring (typing-extensions, pyyaml, tqdm) is there already
+    requires = lambda name: graph.get(normalize(name))  # noqa: E731 (as metadata, by normalized name)
+    assert missing_on_gpu(requires) == ["midi", "plugin", "protobuf", "six"]
+    del graph["six"]
+    with pytest.raises(MusicrelError, match="six") as exc:
+        missing_on_gpu(requires)
+    assert exc.value.code == "not_installed"
+
+    need = set(missing_on_gpu())  # this environment's real metadata
+    assert {"pretty-midi", "mido", "jsonargparse", "docstring-parser", "typeshed-client"} <= need
+    assert "tensorboardx" in need and "protobuf" in need
+    assert need.isdisjoint({"torch", "lightning", "numpy", "safetensors", "tqdm", "pyyaml"})
+    assert need.isdisjoint({"fastapi", "uvicorn", "pydantic-settings", "prometheus-client"})
+
+
+def test_gpu_configs_state_their_parameter_counts():
+    """The counts written in configs/gpu-*.yaml are those of the real model at each context."""
+    import yaml
+
+    from musicrel.codec import EventCodec
+    from musicrel.config import ModelConfig
+    from musicrel.model import MusicTransformer
+
+    base = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())
+    assert base["trainer"]["precision"] == "bf16-mixed" and base["model"]["compile"] is True
+    assert base["trainer"]["max_time"] == "00:00:09:00"
+    for size in ("2m", "8m", "20m"):
+        path = REPO / "configs" / f"gpu-{size}.yaml"
+        text = path.read_text()
+        stated = re.findall(r"([\d,]+) at (?:max_seq_len )?(\d+)", text)
+        assert [int(ctx) for _, ctx in stated] == [512, 1024, 2048], path
+        model = {**base["model"], **yaml.safe_load(text)["model"]}
+        fields = {k: v for k, v in model.items() if k in ModelConfig.__dataclass_fields__}
+        for count, ctx in stated:
+            cfg = ModelConfig(vocab_size=EventCodec().vocab_size, **{**fields, "max_seq_len": int(ctx)})
+            with torch.device("meta"):
+                n = MusicTransformer(cfg).num_parameters()
+            assert n == int(count.replace(",", "")), (path.name, ctx, n)
+
+
+def _block_server_packages(folder: Path) -> set[str]:
+    """A sitecustomize that makes the modules of the server-only packages unimportable, as on the GPU
+    machine: the training path must not need them."""
+    from importlib import metadata
+
+    from training.pack import GPU_HAS, SERVER_ONLY, training_requirements
+
+    there = closure(GPU_HAS, strict=False) | closure(training_requirements(), stop=GPU_HAS)
+    gone = closure(SERVER_ONLY, strict=False) - there
+    blocked = {
+        module
+        for module, dists in metadata.packages_distributions().items()
+        if {normalize(d) for d in dists} <= gone
+    }
+    assert {"fastapi", "uvicorn", "prometheus_client"} <= blocked
+    folder.mkdir()
+    # None in sys.modules: `import x` fails and importlib.util.find_spec(x) answers None, as when absent
+    code = f"import sys\nsys.modules.update(dict.fromkeys({sorted(blocked)!r}))\n"
+    (folder / "sitecustomize.py").write_text(code)
+    return blocked
+
+
+# What a CPU needs instead of the GPU settings, and a model small enough for seconds.
+CPU_TINY = [
+    "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--model.compile", "false",
+    "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
+    "--model.n_layers", "2", "--model.d_model", "32", "--model.n_heads", "2", "--model.d_ff", "64",
+    "--model.warmup_steps", "1", "--model.decay_steps", "2",
+    "--data.batch_size", "2", "--data.examples_per_epoch", "8", "--data.num_workers", "1",
+]  # fmt: skip
+
+
+def test_run_sh_trains_exports_and_loads_on_a_cpu(tiny_data, tmp_path):
+    from musicrel.checkpoint import load_codec, load_model
+    from musicrel.generate import generate
+
+    pack = tmp_path / "pack"
+    pack_gpu(tiny_data, pack, wheels=False)
+    _block_server_packages(tmp_path / "block")
+    shard_mib = 0.03
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(tmp_path / "block"),
+        "OUT": str(tmp_path / "out"),
+        "RUNS": str(tmp_path / "runs"),
+        "SITE": str(tmp_path / "site"),
+        "MAX_SHARD_MIB": str(shard_mib),
+    }
+    proc = subprocess.run(
+        ["bash", str(pack / "run.sh"), "8m", "32", "--", *CPU_TINY],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+    folder = tmp_path / "out" / "gpu-8m-32"  # run name: size and context
+    names = sorted(p.name for p in folder.iterdir())
+    shards = [n for n in names if n.startswith("model-")]
+    assert len(shards) >= 2 and "model.safetensors" not in names
+    assert {"model.safetensors.index.json", "config.json", "MODEL_CARD.md", "metrics.csv"} <= set(names)
+    assert len(names) <= 8  # what one device command brings back
+    assert all((folder / n).stat().st_size <= shard_mib * 2**20 for n in shards)
+    assert "best-step=2" in (folder / "MODEL_CARD.md").read_text()  # validated at step 2: the best exported
+    with open(folder / "metrics.csv") as f:
+        assert "val_nll" in f.readline()
+
+    model, codec = load_model(folder), load_codec(folder)
+    assert (model.cfg.n_layers, model.cfg.d_model, model.cfg.max_seq_len) == (2, 32, 32)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    prompt = torch.tensor([[codec.bos_id]])
+    tokens = [int(t) for t in generate(model, prompt, 8, generators=[torch.Generator().manual_seed(0)])]
+    assert len(tokens) == 8 and all(0 <= t < codec.vocab_size for t in tokens)

@@ -1,0 +1,371 @@
+"""`musicrel pack-gpu`: what a training run on a bare GPU machine needs, in one folder of at most 64 MiB.
+
+Layout of OUT (git-ignored, carried to the GPU machine with the working tree):
+    data/        manifest.json + train/val/test .npy and _offsets.npy of a prepared folder (not its cache/)
+    wheels/      the packages musicrel's training needs that the GPU machine lacks, at the versions installed
+                 here, plus musicrel itself (pure Python; protobuf is the one binary, an abi3 wheel)
+    run.sh       install the wheels, `musicrel train` with configs/gpu.yaml + a size, `musicrel export`
+    README.md    the commands, and what is in the pack
+    pack.json    the same as data: files, sizes, versions, the git commit packed
+
+The GPU machine has no network; what it lacks is worked out from the installed packages' metadata: the
+closure of musicrel's requirements (without the server's) minus the closure of what the machine has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from musicrel.errors import ConfigError, MusicrelError
+
+# What one device command may carry along (the working tree's limit is the same).
+PACK_LIMIT_BYTES = 64 * 2**20
+# The GPU machine's Python (KINDS.md: the 'cuda' image); pip installed each one's own requirements with it.
+GPU_HAS = ("torch", "lightning", "safetensors", "numpy", "triton")
+GPU_PYTHON = "3.12"
+GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+# musicrel's requirements that only `musicrel serve` imports.
+SERVER_ONLY = ("fastapi", "uvicorn", "python-multipart", "pydantic-settings", "prometheus-client")
+SPLITS = ("train", "val", "test")
+DATA_FILES = ("manifest.json", *(f"{s}{suffix}.npy" for s in SPLITS for suffix in ("", "_offsets")))
+# Markers are evaluated for the GPU machine, not for this one.
+TARGET_ENV = {
+    "python_version": GPU_PYTHON,
+    "python_full_version": f"{GPU_PYTHON}.3",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+}
+PACK_FILE = "pack.json"
+SIZES = ("2m", "8m", "20m")  # configs/gpu-<size>.yaml
+
+
+class PackError(MusicrelError):
+    code = "pack_failed"
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _installed_requires(name: str) -> list[str] | None:
+    """Requirement strings of an installed distribution; None when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def closure(
+    roots: Iterable[str],
+    requires: Callable[[str], list[str] | None] = _installed_requires,
+    stop: Iterable[str] = (),
+    strict: bool = True,
+) -> set[str]:
+    """Normalized names of `roots` (requirement strings, extras honoured) and of everything they require on
+    the GPU machine, not descending below `stop`. strict: a requirement not installed here is an error."""
+    from packaging.requirements import Requirement
+
+    def wanted(req: Requirement, extra: str) -> bool:
+        return req.marker is None or req.marker.evaluate({**TARGET_ENV, "extra": extra})
+
+    stop = {normalize(s) for s in stop}
+    todo = [req for req in map(Requirement, roots) if wanted(req, "")]
+    seen: set[str] = set()
+    expanded: set[tuple[str, str]] = set()  # (name, extra) whose requirements are in todo already
+    while todo:
+        req = todo.pop()
+        name = normalize(req.name)
+        seen.add(name)
+        if name in stop:
+            continue
+        for extra in ("", *sorted(req.extras)):
+            if (name, extra) in expanded:
+                continue
+            expanded.add((name, extra))
+            reqs = requires(req.name)
+            if reqs is None:
+                if strict:
+                    raise PackError(
+                        f"{req.name} (needed by musicrel's training) is not installed here, so the version "
+                        f"of its wheel is unknown: pip install '{req}'",
+                        code="not_installed",
+                    )
+                break
+            todo += [sub for sub in map(Requirement, reqs) if wanted(sub, extra)]
+    return seen
+
+
+def training_requirements(requires: Callable[[str], list[str] | None] = _installed_requires) -> list[str]:
+    """musicrel's own requirements (pyproject's dependencies, read from the installed metadata), without
+    optional extras and without those only the server imports."""
+    from packaging.requirements import Requirement
+
+    reqs = requires("musicrel")
+    if reqs is None:
+        raise PackError(
+            "musicrel is not installed in this environment (pip install -e .)", code="not_installed"
+        )
+    server = {normalize(n) for n in SERVER_ONLY}
+    out = []
+    for r in reqs:
+        req = Requirement(r)
+        if req.marker is not None and "extra" in str(req.marker):
+            continue
+        if normalize(req.name) not in server:
+            out.append(r)
+    return out
+
+
+def missing_on_gpu(requires: Callable[[str], list[str] | None] = _installed_requires) -> list[str]:
+    """Sorted normalized names of the distributions musicrel's training needs that the GPU machine lacks."""
+    need = closure(training_requirements(requires), requires, stop=GPU_HAS)
+    has = closure(GPU_HAS, requires, strict=False)
+    return sorted(need - has)
+
+
+def wheel_specs(names: Iterable[str]) -> list[str]:
+    """NAME==VERSION of each, at the version installed here (the pack is what this environment tested)."""
+    from importlib import metadata
+
+    return [f"{n}=={metadata.version(n)}" for n in names]
+
+
+def pip_download(specs: list[str], dest: Path) -> None:
+    """Wheels for the GPU machine's Python and platform (binary only: nothing is built there)."""
+    platforms = [a for p in GPU_PLATFORMS for a in ("--platform", p)]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version"]
+    cmd += [GPU_PYTHON, "--implementation", "cp", *platforms, "-q", "-d", str(dest), *specs]
+    _run(cmd, "pip download")
+
+
+def build_musicrel_wheel(dest: Path) -> None:
+    """musicrel's own wheel, built from a clean copy of the source (setuptools' build/ keeps stale files)."""
+    src = Path(__file__).resolve().parents[1]
+    if not (src / "pyproject.toml").is_file():
+        raise PackError(f"no pyproject.toml in {src}: the musicrel wheel is built from a source checkout")
+    with tempfile.TemporaryDirectory(prefix="musicrel-src-") as tmp:
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(src / name, tmp)
+        for pkg in ("musicrel", "server", "training"):
+            shutil.copytree(src / pkg, Path(tmp) / pkg, ignore=ignore)
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        _run([*cmd, "-w", str(dest), tmp], "pip wheel")
+
+
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [x for x in (proc.stderr or proc.stdout).splitlines() if x.strip()]
+        raise PackError(f"{what} failed: {lines[-1] if lines else f'exit status {proc.returncode}'}")
+
+
+def download_wheels(dest: Path) -> None:
+    """The wheels of `missing_on_gpu()` and of musicrel into `dest`."""
+    pip_download(wheel_specs(missing_on_gpu()), dest)
+    build_musicrel_wheel(dest)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def pack_gpu(
+    data_dir,
+    out,
+    wheels: bool = True,
+    limit_bytes: int = PACK_LIMIT_BYTES,
+    downloader: Callable[[Path], None] = download_wheels,
+) -> dict:
+    """Write the pack (see the module docstring) and return pack.json's content. Refuses, writing nothing,
+    when the data is not a prepared folder or the whole would exceed `limit_bytes`."""
+    from training.prepare import load_manifest
+
+    data_dir, out = Path(data_dir), Path(out)
+    manifest = load_manifest(data_dir)
+    missing = [n for n in DATA_FILES if not (data_dir / n).is_file()]
+    if missing:
+        raise ConfigError(
+            f"{data_dir} lacks {', '.join(missing)}; run `musicrel prepare`", code="not_prepared"
+        )
+    if out.exists() and any(out.iterdir()) and not (out / PACK_FILE).is_file():
+        raise PackError(f"{out} exists and is not a pack (no {PACK_FILE}): choose another --out")
+    sizes = {f"data/{n}": (data_dir / n).stat().st_size for n in DATA_FILES}
+    _check_size(out, sizes, limit_bytes)  # before any download
+    with tempfile.TemporaryDirectory(prefix="musicrel-wheels-") as tmp:
+        wheel_dir = Path(tmp)
+        if wheels:
+            downloader(wheel_dir)
+        found = sorted(wheel_dir.glob("*.whl"))
+        sizes.update({f"wheels/{w.name}": w.stat().st_size for w in found})
+        info = {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "git_commit": _git_commit(),
+            "data": {
+                "source": str(data_dir.resolve()),
+                "splits": {
+                    s: manifest["splits"][s]["stream_tokens"] for s in SPLITS if s in manifest["splits"]
+                },
+            },
+            "wheels": [w.name for w in found],
+            "gpu_python": GPU_PYTHON,
+            "limit_bytes": limit_bytes,
+        }
+        texts = {"run.sh": RUN_SH, "README.md": readme(info, out)}
+        sizes.update({n: len(t.encode()) for n, t in texts.items()})
+        sizes[PACK_FILE] = 4096  # written last, with the total; a generous bound
+        info["files"] = {n: s for n, s in sizes.items() if n != PACK_FILE}
+        info["total_bytes"] = sum(sizes.values())
+        _check_size(out, sizes, limit_bytes)
+
+        for sub in ("data", "wheels"):
+            shutil.rmtree(out / sub, ignore_errors=True)
+            (out / sub).mkdir(parents=True)
+        for n in DATA_FILES:
+            shutil.copy2(data_dir / n, out / "data" / n)
+        for w in found:
+            shutil.copy2(w, out / "wheels" / w.name)
+    for n, t in texts.items():
+        (out / n).write_text(t)
+    os.chmod(out / "run.sh", 0o755)
+    (out / PACK_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    return info
+
+
+def _check_size(out: Path, sizes: dict[str, int], limit: int) -> None:
+    total = sum(sizes.values())
+    if total > limit:
+        largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+        what = ", ".join(f"{n} {_mib(s)}" for n, s in largest)
+        raise PackError(
+            f"{out} would hold {_mib(total)}, over the {_mib(limit)} limit; largest: {what}",
+            code="pack_too_large",
+        )
+
+
+def _git_commit() -> str | None:
+    try:
+        proc = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() or None
+
+
+def readme(info: dict, out: Path) -> str:
+    pack = out.as_posix()
+    wheels = "\n".join(f"- {w}" for w in info["wheels"]) or "- none (packed with --no-wheels)"
+    splits = ", ".join(f"{s} {n:,} tokens" for s, n in info["data"]["splits"].items())
+    return f"""# musicrel GPU pack
+
+Written by `musicrel pack-gpu` on {info["created"]} (commit {info["git_commit"] or "unknown"}).
+
+On the GPU machine, from the repository root (the pack travels with the working tree):
+
+```bash
+bash {pack}/run.sh 8m              # SIZE: {", ".join(SIZES)} (configs/gpu-SIZE.yaml); context 512
+bash {pack}/run.sh 20m 1024        # another context: --model.max_seq_len 1024
+bash {pack}/run.sh 8m 1024 -- --data.batch_size 32   # after --: more `musicrel train` overrides
+```
+
+It does, in order:
+
+1. installs the wheels the machine lacks (those it has are kept):
+   `python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site WHEELS`,
+   then `export PYTHONPATH=/tmp/site`;
+2. `python3 -m musicrel.cli train --config configs/gpu.yaml --config configs/gpu-SIZE.yaml
+   --data.data_dir {pack}/data --trainer.default_root_dir /tmp/musicrel-runs --run_name gpu-SIZE[-LEN]
+   --model.max_seq_len LEN` (bf16 mixed precision, the model compiled, stopped after 9 minutes);
+3. `python3 -m musicrel.cli export <best-*.ckpt, else last.ckpt> --out $OUT/gpu-SIZE[-LEN]
+   --dtype bfloat16 --max-shard-mib 16`, and copies the run's metrics.csv beside it.
+
+$OUT/gpu-SIZE[-LEN]/ then holds at most 8 files of at most 16 MiB each (bfloat16 weights in shards, the
+index, config.json, MODEL_CARD.md, metrics.csv): what a device command brings back. Here,
+`load_model(folder)` reads it on a CPU (float32). Environment: PYTHON (python3), SITE (/tmp/site),
+RUNS (/tmp/musicrel-runs), OUT (gpu_out where unset), MAX_SHARD_MIB (16), WEIGHTS_DTYPE (bfloat16).
+
+Data: {splits}.
+
+Wheels (python {info["gpu_python"]}, manylinux x86_64):
+{wheels}
+"""
+
+
+# The script is fixed text: every setting it passes lives in configs/gpu*.yaml or in the variables below.
+RUN_SH = r"""#!/usr/bin/env bash
+# Written by `musicrel pack-gpu`. Train and export one model on a GPU machine, from the repository root:
+#   bash PACK/run.sh SIZE [SEQ_LEN] [-- MORE TRAIN OVERRIDES]     (README.md beside this file says more)
+set -euo pipefail
+PACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+usage="usage: run.sh SIZE [SEQ_LEN] [-- overrides]; SIZE: 2m, 8m or 20m (configs/gpu-SIZE.yaml)"
+SIZE=${1:?$usage}
+shift
+SEQ_LEN=""
+if [[ $# -gt 0 && $1 != -- ]]; then SEQ_LEN=$1; shift; fi
+if [[ $# -gt 0 && $1 == -- ]]; then shift; fi
+if [[ ! -f configs/gpu.yaml || ! -f configs/gpu-$SIZE.yaml ]]; then
+  echo "run.sh: run from the repository root; $usage" >&2
+  exit 2
+fi
+PYTHON=${PYTHON:-python3}
+SITE=${SITE:-/tmp/site}
+RUNS=${RUNS:-/tmp/musicrel-runs}
+DEST=${OUT:-gpu_out}
+export PYTHONUNBUFFERED=1
+
+# 1. Wheels of what this machine lacks. One it already has stays: its other packages were built against it.
+mapfile -t wheels < <("$PYTHON" - "$PACK/wheels" <<'EOF'
+import importlib.metadata as md, pathlib, sys
+for w in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    try:
+        md.version(w.name.split("-")[0])
+    except md.PackageNotFoundError:
+        print(w)
+EOF
+)
+if [[ ${#wheels[@]} -gt 0 ]]; then
+  echo "installing into $SITE: ${wheels[*]##*/}"
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "${wheels[@]}"
+fi
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+
+# 2. Train (the repository's own code comes first on sys.path: python -m from its root).
+RUN=gpu-$SIZE
+ctx=()
+if [[ -n $SEQ_LEN ]]; then RUN=$RUN-$SEQ_LEN; ctx=(--model.max_seq_len "$SEQ_LEN"); fi
+start=$(date +%s)
+"$PYTHON" -m musicrel.cli train --config configs/gpu.yaml --config "configs/gpu-$SIZE.yaml" \
+  --data.data_dir "$PACK/data" --trainer.default_root_dir "$RUNS" --run_name "$RUN" "${ctx[@]}" "$@"
+echo "trained in $(( $(date +%s) - start )) s"
+
+# 3. Export the best checkpoint (by val_nll), else the last, as a folder that comes back whole:
+#    bfloat16 weights in shards of at most 16 MiB (a device command returns 8 files of <= 16 MiB).
+version=$(ls -d "$RUNS/$RUN"/version_* | sort -V | tail -n 1)
+shopt -s nullglob
+best=("$version"/checkpoints/best-*.ckpt)
+ckpt=${best[0]:-$version/checkpoints/last.ckpt}
+"$PYTHON" -m musicrel.cli export "$ckpt" --out "$DEST/$RUN" \
+  --dtype "${WEIGHTS_DTYPE:-bfloat16}" --max-shard-mib "${MAX_SHARD_MIB:-16}"
+cp "$version/metrics.csv" "$DEST/$RUN/metrics.csv"
+ls -l "$DEST/$RUN"
+"""

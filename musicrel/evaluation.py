@@ -20,8 +20,10 @@ random weights); an n-gram model fitted on the training split (`musicrel.ngram`)
 music, the `seconds` that follow the reference, scored against it (the ceiling; pieces long enough only).
 
 Per piece, a system's scores are averaged over its seeds; a figure's 95 % interval is a percentile bootstrap
-over pieces with a fixed seed, so a report is reproducible. The per-piece values are kept (aligned by piece,
-None where a system has no value) so two systems can be compared on the same pieces (`paired_difference`).
+over pieces with a fixed seed, so a report is reproducible. The density ratio is averaged geometrically (the
+mean of its logarithm): an arithmetic mean of ratios reads 1.25 for one piece at 2x and one at 0.5x. The
+per-piece values are kept (aligned by piece, None where a system has no value) so two systems can be compared
+on the same pieces (`paired_difference`).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ EXAMPLES = 4  # pieces drawn as piano rolls
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
+GEOMETRIC_FLOOR = 0.01
 GRAMMAR_ERRORS = ("orphan_note_off", "special_token", "out_of_vocab")
 
 
@@ -69,6 +72,9 @@ class Metric:
     better: str  # "higher", "lower", "one" (closest to 1), "reference" (closest to the truth's value), ""
     intrinsic: bool = False  # a property of the notes alone: also reported for the reference
     tokens: bool = False  # needs a token stream (model and n-gram systems only)
+    # A ratio is averaged over pieces geometrically: twice too many and half too few notes then weigh the
+    # same, and one sparse reference (0.2 notes/s, a ratio of 20) does not outweigh a hundred pieces.
+    geometric: bool = False
 
 
 METRICS = (
@@ -77,7 +83,7 @@ METRICS = (
     Metric("duration_overlap", "duration overlap", "higher"),
     Metric("velocity_overlap", "velocity overlap", "higher"),
     Metric("range_diff", "range diff (semitones)", "lower"),
-    Metric("density_ratio", "density ratio", "one"),
+    Metric("density_ratio", "density ratio", "one", geometric=True),
     Metric("key_corr", "key correlation", "reference", intrinsic=True),
     Metric("density", "notes/s", "reference", intrinsic=True),
     Metric("polyphony_mean", "mean polyphony", "reference", intrinsic=True),
@@ -483,10 +489,15 @@ def bootstrap_interval(
     resamples: int = BOOTSTRAP_RESAMPLES,
     confidence: float = CONFIDENCE,
     seed: int = BOOTSTRAP_SEED,
+    geometric: bool = False,
 ) -> dict[str, float | int | None]:
     """Mean of the finite `values` and its percentile-bootstrap interval (resampling the values with
-    replacement, a fixed seed): {"mean", "low", "high", "n"} (None for no values)."""
+    replacement, a fixed seed): {"mean", "low", "high", "n"} (None for no values). geometric: the mean
+    is exp(mean(log)), and so are the interval's bounds; a value under GEOMETRIC_FLOOR counts as the floor (a
+    continuation with no note weighs as 1/100 of the truth's density instead of dropping out)."""
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if geometric:
+        x = np.log(np.maximum(x, GEOMETRIC_FLOOR))
     if not len(x):
         return {"mean": None, "low": None, "high": None, "n": 0}
     means = x[np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
@@ -494,11 +505,15 @@ def bootstrap_interval(
     low, high = np.percentile(means, [tail, 100 - tail])
     # The percentile interval of a skewed statistic can miss the sample mean by a rounding hair: keep it in.
     mean = float(x.mean())
-    return {"mean": mean, "low": float(min(low, mean)), "high": float(max(high, mean)), "n": int(len(x))}
+    low, high = float(min(low, mean)), float(max(high, mean))
+    if geometric:
+        mean, low, high = math.exp(mean), math.exp(low), math.exp(high)
+    return {"mean": mean, "low": low, "high": high, "n": int(len(x))}
 
 
 def _summary(per_piece: dict[str, list], names) -> dict:
-    return {name: bootstrap_interval(per_piece[name]) for name in names}
+    geometric = {m.name for m in METRICS if m.geometric}
+    return {name: bootstrap_interval(per_piece[name], geometric=name in geometric) for name in names}
 
 
 def paired_difference(report: dict, metric: str, a: str, b: str) -> dict[str, float | int | None]:

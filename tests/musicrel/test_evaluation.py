@@ -207,6 +207,16 @@ def test_bootstrap_interval_on_known_data():
     assert bootstrap_interval([None, math.nan]) == {"mean": None, "low": None, "high": None, "n": 0}
 
 
+def test_ratios_are_averaged_geometrically():
+    # twice too many notes on one piece, half too few on the other: right on average
+    ci = bootstrap_interval([2.0, 0.5], geometric=True)
+    assert ci["mean"] == pytest.approx(1.0)
+    assert ci["low"] == pytest.approx(0.5) and ci["high"] == pytest.approx(2.0)
+    assert bootstrap_interval([2.0, 0.5])["mean"] == pytest.approx(1.25)  # the arithmetic mean is biased up
+    # no note at all counts as 1/100 of the truth's density, not as a piece left out
+    assert bootstrap_interval([0.0, 1.0, None], geometric=True)["mean"] == pytest.approx(0.1)
+
+
 def test_paired_difference_sees_through_spread_between_pieces():
     base = np.linspace(0.0, 10.0, 50)  # pieces differ a lot; b is a a little better on every piece
     report = {"systems": {"a": {"per_piece": {"m": list(base + 0.1)}}, "b": {"per_piece": {"m": list(base)}}}}
@@ -293,7 +303,8 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
             values = [v for v in row["per_piece"][metric] if v is not None]
             assert len(row["per_piece"][metric]) == 3 and ci["n"] == len(values), (name, metric)
             if values:
-                assert ci["low"] <= ci["mean"] <= ci["high"] and ci["mean"] == pytest.approx(np.mean(values))
+                mean = np.exp(np.mean(np.log(values))) if metric == "density_ratio" else np.mean(values)
+                assert ci["low"] <= ci["mean"] <= ci["high"] and ci["mean"] == pytest.approx(mean)
     for name in ("model", "untrained", "ngram"):  # the grammar holds for every sampled system
         assert rows[name]["metrics"]["grammar_error"]["mean"] == 0.0, name
     assert "grammar_error" not in rows["repeat-motif"]["metrics"]

@@ -21,6 +21,14 @@ ARROWS = {
     "": "",
 }
 TRUTH_COLOR = "black"
+SWEEP_TITLES = {
+    "score": "score: mean of the 4 overlaps (higher is better)",
+    "pc_overlap": "pitch-class overlap (higher is better)",
+    "ioi_overlap": "IOI overlap (higher is better)",
+    "density_ratio": "density ratio (grey: eligible band)",
+    "range_diff": "range diff, semitones (lower is better)",
+    "key_corr": "key correlation with the motif's key",
+}
 MOTIF_COLOR = "0.6"
 
 
@@ -107,5 +115,46 @@ def plot_pianorolls(report: dict, path) -> Path:
             ax.tick_params(labelsize=8)
     for ax in axes[-1]:
         ax.set_xlabel("seconds from the cut", fontsize=8)
+    fig.savefig(path, dpi=100)
+    return Path(path)
+
+
+def plot_sweep(sweep: dict, path) -> Path:
+    """A panel per figure of a sampling sweep: mean and interval against temperature, a line per (top-p,
+    top-k); the defaults circled, the density band shaded."""
+    panels = ("score", "pc_overlap", "ioi_overlap", "density_ratio", "range_diff", "key_corr")
+    lines: dict[tuple, list[dict]] = {}
+    for row in sweep["settings"]:
+        s = row["setting"]
+        lines.setdefault((s["top_p"], s["top_k"]), []).append(row)
+    fig = Figure(figsize=(4.2 * 3, 3.2 * 2 + 0.6), layout="constrained")
+    axes = fig.subplots(2, 3, squeeze=False).ravel()
+    for ax, name in zip(axes, panels, strict=True):
+        for i, ((top_p, top_k), rows) in enumerate(sorted(lines.items(), key=lambda kv: str(kv[0]))):
+            rows = sorted(rows, key=lambda r: r["setting"]["temperature"])
+            stats = [r["score"] if name == "score" else r["metrics"][name] for r in rows]
+            x = [r["setting"]["temperature"] + 0.006 * i for r in rows]  # a hair apart: bars stay legible
+            ok = [(xi, s) for xi, s in zip(x, stats, strict=True) if s["mean"] is not None]
+            if not ok:
+                continue
+            xs, ss = zip(*ok, strict=True)
+            err = [[s["mean"] - s["low"] for s in ss], [s["high"] - s["mean"] for s in ss]]
+            tag = f"top-p {top_p:g}" + ("" if top_k is None else f", top-k {top_k}")
+            ax.errorbar(xs, [s["mean"] for s in ss], yerr=err, fmt="o-", color=f"C{i}", capsize=2, label=tag)
+            for xi, r, s in zip(x, rows, stats, strict=True):
+                if r["is_default"] and s["mean"] is not None:
+                    ax.plot(xi, s["mean"], "o", markersize=12, markerfacecolor="none", color=TRUTH_COLOR)
+        if name == "density_ratio":
+            ax.axhspan(*sweep["density_band"], color="0.9", zorder=0)
+        ax.set_title(SWEEP_TITLES[name], fontsize=9)
+        ax.set_xlabel("temperature", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(
+        f"sampling sweep: {sweep['pieces']} pieces ({sweep['split']}) x {sweep['seeds']} seeds; circled: "
+        f"the defaults; recommended {sweep['recommended']}",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=100)
     return Path(path)

@@ -30,7 +30,9 @@ from musicrel.errors import ConfigError, MusicrelError
 # What one device command may carry along (the working tree's limit is the same).
 PACK_LIMIT_BYTES = 64 * 2**20
 # The GPU machine's Python (KINDS.md: the 'cuda' image); pip installed each one's own requirements with it.
-GPU_HAS = ("torch", "lightning", "safetensors", "numpy", "triton")
+# matplotlib too (the image has it; lightning's torchmetrics imports it when present): its wheels and their
+# image and font packages would take 24 MiB of the 64 that the data needs.
+GPU_HAS = ("torch", "lightning", "safetensors", "numpy", "triton", "matplotlib")
 GPU_PYTHON = "3.12"
 GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # musicrel's requirements that only `musicrel serve` imports.
@@ -49,7 +51,7 @@ TARGET_ENV = {
     "platform_python_implementation": "CPython",
 }
 PACK_FILE = "pack.json"
-SIZES = ("2m", "8m", "20m")  # configs/gpu-<size>.yaml
+SIZES = ("default", "2m", "8m", "20m")  # configs/gpu-<size>.yaml
 
 
 class PackError(MusicrelError):
@@ -317,7 +319,7 @@ RUN_SH = r"""#!/usr/bin/env bash
 #   bash PACK/run.sh SIZE [SEQ_LEN] [-- MORE TRAIN OVERRIDES]     (README.md beside this file says more)
 set -euo pipefail
 PACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-usage="usage: run.sh SIZE [SEQ_LEN] [-- overrides]; SIZE: 2m, 8m or 20m (configs/gpu-SIZE.yaml)"
+usage="usage: run.sh SIZE [SEQ_LEN] [-- overrides]; SIZE: default, 2m, 8m or 20m (configs/gpu-SIZE.yaml)"
 SIZE=${1:?$usage}
 shift
 SEQ_LEN=""

@@ -21,7 +21,7 @@ from musicrel.errors import MusicrelError
 # so that `musicrel --help` stays fast.
 COMMAND_MODULES = (
     "musicrel.commands.codec",  # encode, decode
-    "training.cli",  # corpus, prepare, train, export, pack-gpu, evaluate
+    "training.cli",  # corpus, prepare, train, finetune, export, pack-gpu, evaluate
     "musicrel.commands.generate",  # generate, evaluate-continuations
     "musicrel.commands.sweep",  # sweep-sampling
     "server.cli",  # serve

@@ -1,4 +1,5 @@
-"""`musicrel corpus | prepare | train | export | pack-gpu | evaluate`: the training side of the CLI.
+"""`musicrel corpus | prepare | train | finetune | export | pack-gpu | evaluate`: the training side of
+the CLI.
 
 Handlers import numpy/torch/lightning lazily so that `musicrel --help` stays fast.
 """
@@ -6,6 +7,7 @@ Handlers import numpy/torch/lightning lazily so that `musicrel --help` stays fas
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 
@@ -60,6 +62,58 @@ def _train(args) -> int:
     from training.module import run_cli
 
     run_cli(args.args)
+    return 0
+
+
+def _command_line(name: str, args) -> str:
+    """The options that were given, as a command line (for a model card)."""
+    words = ["musicrel", name]
+    for key, value in vars(args).items():
+        if key in ("command", "func") or value in (None, False, "auto"):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        else:
+            words += [flag, *(map(str, value) if isinstance(value, list) else [str(value)])]
+    return shlex.join(words)
+
+
+def _finetune(args) -> int:
+    from training.finetune import FinetuneConfig, finetune
+
+    overrides = {
+        k: v
+        for k, v in (
+            ("max_steps", args.max_steps),
+            ("lr", args.lr),
+            ("patience", args.patience),
+            ("val_every", args.val_every),
+            ("batch_size", args.batch_size),
+        )
+        if v is not None
+    }
+    if args.no_augment:
+        overrides["augment"] = False
+    s = finetune(
+        args.checkpoint,
+        args.data,
+        args.out,
+        work=args.work,
+        config=FinetuneConfig(**overrides),
+        accelerator=args.accelerator,
+        devices=args.devices,
+        precision=args.precision,
+        max_time=args.max_time,
+        resume=args.resume,
+        progress=not args.quiet,
+        command=_command_line("finetune", args),
+    )
+    for split in ("val", "test"):
+        b, a = s["nll_before"][split], s["nll_after"][split]
+        files = s["data"]["files"][split]
+        print(f"{split:4s} NLL {b:.4f} -> {a:.4f} ({100 * (a / b - 1):+.1f} %), {files} files")
+    print(f"{s['steps']} steps in {s['seconds']:.0f} s; exported {s['best_checkpoint']} -> {args.out}")
     return 0
 
 
@@ -137,6 +191,32 @@ def _register_rest(subparsers) -> None:
     )
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_train)
+
+    p = subparsers.add_parser(
+        "finetune",
+        help="go on training a model folder on your own MIDI files (held-out part, early stopping)",
+        description="Prepares the files with the model's codec (80/10/10 %% train/val/test by file), trains "
+        "from the model's weights at a low learning rate with augmentation, stops early on the validation "
+        "NLL, and exports the best step with a card of the held-out NLL before and after. Defaults: "
+        "training.finetune.FinetuneConfig.",
+    )
+    p.add_argument("--checkpoint", required=True, help="the base model folder (e.g. checkpoints/default)")
+    p.add_argument("--data", required=True, nargs="+", help="MIDI files or folders, or a prepared folder")
+    p.add_argument("--out", required=True, help="model folder to write")
+    p.add_argument("--work", default=None, help="prepared data, logs, checkpoints (default: OUT.work)")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--patience", type=int, default=None, help="validations without improvement")
+    p.add_argument("--val-every", type=int, default=None, help="steps between validations")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--no-augment", action="store_true", help="no transposition / time-stretch")
+    p.add_argument("--accelerator", default="auto", help="Lightning's: cpu, gpu, auto")
+    p.add_argument("--devices", default="auto", help="Lightning's: 1, 8, auto")
+    p.add_argument("--precision", default=None, help="Lightning's (default: bf16-mixed on a GPU with it)")
+    p.add_argument("--max-time", default=None, help="stop after DD:HH:MM:SS")
+    p.add_argument("--resume", action="store_true", help="continue from WORK's last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_finetune)
 
     p = subparsers.add_parser("export", help="Lightning checkpoint -> self-contained model folder")
     p.add_argument("checkpoint", help="a .ckpt written by `musicrel train`")

@@ -244,6 +244,12 @@ class MusicDataModule(L.LightningDataModule):
         return torch.utils.data.DataLoader(ds, batch_size=hp.batch_size, num_workers=hp.num_workers)
 
 
+def default_precision() -> str:
+    """bf16 mixed precision where the GPU has it, else full float32."""
+    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return "bf16-mixed" if bf16 else "32-true"
+
+
 class MusicCLI(LightningCLI):
     """LightningCLI with the links between data and model, and CSV + TensorBoard loggers by default."""
 
@@ -258,9 +264,8 @@ class MusicCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer = config["trainer"]
-        if trainer.get("precision") is None:  # None = bf16 mixed precision where the GPU has it
-            bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-            kwargs["precision"] = "bf16-mixed" if bf16 else "32-true"
+        if trainer.get("precision") is None:
+            kwargs["precision"] = default_precision()
         if trainer.get("logger") in (None, True):  # unset: CSV + TensorBoard side by side in one run folder
             from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 

@@ -58,17 +58,17 @@ def codec_hash(codec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def split_of(sha: str) -> str:
+def split_of(sha: str, percent: tuple[int, int, int] = SPLIT_PERCENT) -> str:
     bucket = int(sha[:8], 16) % 100
-    if bucket < SPLIT_PERCENT[0]:
+    if bucket < percent[0]:
         return "train"
-    return "val" if bucket < SPLIT_PERCENT[0] + SPLIT_PERCENT[1] else "test"
+    return "val" if bucket < percent[0] + percent[1] else "test"
 
 
-def assign_splits(hashes: list[str]) -> dict[str, str]:
+def assign_splits(hashes: list[str], percent: tuple[int, int, int] = SPLIT_PERCENT) -> dict[str, str]:
     """sha -> split, by hash; with >= 3 files, val and test each get at least one file (taken from train,
     the train files whose hash is highest), so small data sets can still be validated."""
-    splits = {h: split_of(h) for h in hashes}
+    splits = {h: split_of(h, percent) for h in hashes}
     if len(hashes) >= 3:
         for need in ("val", "test"):
             if need not in splits.values():
@@ -126,13 +126,24 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
 
 
 # ---------------------------------------------------------------- main
-def prepare(sources, out_dir, codec=None, workers: int | None = None, progress: bool = True) -> dict:
-    """Encode every MIDI file under `sources` into OUT (see the module docstring); returns the manifest."""
+def prepare(
+    sources,
+    out_dir,
+    codec=None,
+    workers: int | None = None,
+    progress: bool = True,
+    split_percent: tuple[int, int, int] = SPLIT_PERCENT,
+) -> dict:
+    """Encode every MIDI file under `sources` into OUT (see the module docstring); returns the manifest.
+    `split_percent` (train, val, test) is the share of the hash space per split; it sums to 100."""
     from tqdm import tqdm
 
     from musicrel.codec import EventCodec
 
     codec = codec or EventCodec()
+    split_percent = tuple(int(p) for p in split_percent)
+    if len(split_percent) != 3 or sum(split_percent) != 100 or min(split_percent) < 0:
+        raise ConfigError(f"split_percent must be three shares summing to 100, got {split_percent}")
     if codec.vocab_size > np.iinfo(np.uint16).max:
         raise ConfigError(f"vocab_size {codec.vocab_size} does not fit the uint16 token arrays")
     out_dir = Path(out_dir)
@@ -194,7 +205,7 @@ def prepare(sources, out_dir, codec=None, workers: int | None = None, progress: 
         for sha, r in sorted(results.items(), key=lambda kv: str(first_path[kv[0]]))
         if r[0] in ("skipped", "cached_skip")
     ]
-    splits = assign_splits(usable)
+    splits = assign_splits(usable, split_percent)
     manifest = {
         "format_version": FORMAT_VERSION,
         "codec": codec.config.to_dict(),
@@ -204,7 +215,7 @@ def prepare(sources, out_dir, codec=None, workers: int | None = None, progress: 
         "bos_id": codec.bos_id,
         "eos_id": codec.eos_id,
         "sources": [str(Path(s).resolve()) for s in sources],
-        "split_percent": dict(zip(SPLITS, SPLIT_PERCENT, strict=True)),
+        "split_percent": dict(zip(SPLITS, split_percent, strict=True)),
         "counts": {
             "found": len(paths),
             "duplicates": len(duplicates),

@@ -259,6 +259,7 @@ class NoveltyIndex:
             "gap_edges": list(self.gap_edges),
             "onset_step": self.onset_step,
             "max_interval": MAX_INTERVAL,
+            "notes": self.notes,
             "names": self.names,
             "sha256": self.shas,
             "meta": self.meta,
@@ -334,6 +335,16 @@ class NoveltyIndex:
             problems.append("suffix array out of range")
         if problems:
             raise NoveltyIndexError(f"{path} is corrupt: {'; '.join(problems)}", code="novelty_index_corrupt")
+
+
+def read_header(path) -> dict | None:
+    """The JSON header of an index file without its arrays; None when there is no readable index there."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            header = json.loads(bytes(z["header"]).decode())
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    return header if isinstance(header, dict) and header.get("format") == FORMAT else None
 
 
 def load_index(data_dir) -> NoveltyIndex:

@@ -24,7 +24,8 @@ Conventions a caller can rely on:
 - The index file is a compressed `.npz` of numpy arrays only (loaded with allow_pickle=False)
   with a JSON header holding its format name, version, the bins it was built with (queries use the file's
   bins, not this module's) and the piece names. Missing, corrupt or other-version files raise
-  `NoveltyIndexError` with codes `novelty_index_missing`, `novelty_index_corrupt`, `novelty_index_version`.
+  `NoveltyIndexError` with codes `novelty_index_missing`, `novelty_index_corrupt`, `novelty_index_version`
+  (and `novelty_index_too_large` when building from more than 2^31 notes).
 """
 
 from __future__ import annotations
@@ -149,7 +150,9 @@ class NoveltyIndex:
         piece_starts[1:] = np.cumsum(lengths)
         stream = np.concatenate(streams) if streams else np.zeros(0, dtype=np.int16)
         if len(stream) >= np.iinfo(np.int32).max:
-            raise NoveltyIndexError(f"{len(stream)} notes do not fit an int32 suffix array", code="too_large")
+            raise NoveltyIndexError(
+                f"{len(stream)} notes do not fit an int32 suffix array", code="novelty_index_too_large"
+            )
         sa = suffix_array(stream)
         return cls(
             stream,

@@ -5,6 +5,8 @@ Layout of OUT:
     train.npy / val.npy / test.npy
                               uint16, one stream per split: [bos] piece [eos] [bos] piece [eos] ...
     train_offsets.npy ...     int64 [n_pieces + 1]: where each piece's bos starts (last = stream length)
+    novelty.npz               the train split's novelty index (`musicrel.novelty`): which training piece a
+                              generated note sequence copies the longest stretch of
     cache/<codec hash>/<sha256>.npy | .json
                               the encoded events (or the InvalidMidiError) of one file content, so that a
                               re-run (or a run with more sources) encodes nothing twice
@@ -241,6 +243,8 @@ def prepare(
         for f, n in zip(files, info.pop("piece_tokens"), strict=True):
             f["tokens"] = n
         manifest["splits"][split] = {**info, "files": files}
+        if split == "train":
+            manifest["novelty"] = _write_novelty(out_dir, members, first_path, sources, cache_dir, codec, key)
     manifest["seconds"] = round(time.perf_counter() - start, 2)
     _write_json(out_dir / MANIFEST, manifest)
     return manifest
@@ -276,6 +280,50 @@ def _write_split(out_dir: Path, split: str, members: list[str], cache_dir: Path,
         "stream_tokens": int(sum(lengths) + 2 * len(lengths)),
         "written": fresh,
         "piece_tokens": lengths,
+    }
+
+
+def _source_name(path: Path, sources) -> str:
+    """The path from its source folder's parent (e.g. `music21/bach/bwv1.mid`): names the corpus without
+    the building machine's absolute paths, which would be shipped with the index."""
+    for src in sources:
+        src = Path(src).resolve()
+        if src.is_dir() and path.is_relative_to(src):
+            return path.relative_to(src.parent).as_posix()
+    return path.name
+
+
+def _notes(codec, path: Path) -> list:
+    return codec.decode_notes(np.load(path))
+
+
+def _write_novelty(out_dir: Path, members, first_path, sources, cache_dir: Path, codec, key: str) -> dict:
+    """Build the train split's novelty index from the cached tokens (decoded as the model's outputs are, so
+    both sides are on the codec's grid); skipped when the index on disk was built from the same split."""
+    from musicrel.novelty import FORMAT_VERSION as NOVELTY_VERSION
+    from musicrel.novelty import INDEX_FILE, NoveltyIndex, read_header
+
+    path = out_dir / INDEX_FILE
+    header = read_header(path) or {}
+    fresh = header.get("format_version") != NOVELTY_VERSION or header.get("meta", {}).get("split_key") != key
+    start = time.perf_counter()
+    if fresh:
+        pieces = (
+            (_source_name(first_path[sha], sources), _notes(codec, cache_dir / f"{sha}.npy"), sha)
+            for sha in members
+        )
+        index = NoveltyIndex.build(pieces, meta={"split": "train", "split_key": key})
+        index.save(path)
+        notes, pieces_n = index.notes, index.pieces
+    else:
+        notes, pieces_n = header["notes"], len(header["names"])
+    return {
+        "file": INDEX_FILE,
+        "pieces": pieces_n,
+        "notes": notes,
+        "bytes": path.stat().st_size,
+        "written": fresh,
+        "seconds": round(time.perf_counter() - start, 2),
     }
 
 

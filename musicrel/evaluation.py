@@ -241,11 +241,11 @@ def grammar_errors(codec, tokens, sounding: np.ndarray | None = None) -> dict[st
             counts["out_of_vocab"] += 1
         elif t in specials:
             counts["special_token"] += 1
-        elif codec.note_on_offset <= t < codec.note_on_offset + 128:
+        elif codec.is_note_on(t):
             p = t - codec.note_on_offset
             counts["restrike"] += int(sounding[p])
             sounding[p] = True
-        elif codec.note_off_offset <= t < codec.note_off_offset + 128:
+        elif codec.is_note_off(t):
             p = t - codec.note_off_offset
             counts["orphan_note_off"] += int(not sounding[p])
             sounding[p] = False
@@ -379,7 +379,8 @@ def _sample_unmasked(model, codec, jobs, num_samples: int) -> list[list[np.ndarr
     settings but for the seed. Tokens per job and sample."""
     import torch
 
-    from musicrel.generate import TOKENS_PER_SECOND_CAP, generate, row_seed, shift_steps
+    from musicrel.codec import shift_steps
+    from musicrel.generate import TOKENS_PER_SECOND_CAP, generate, row_seed
 
     steps = shift_steps(codec)
     rows = [(j, s) for j in range(len(jobs)) for s in range(num_samples)]
@@ -461,7 +462,7 @@ def _clip(notes, seconds: float) -> list:
 
 
 def _score_tokens(codec, piece: Piece, notes, tokens, seconds: float) -> dict[str, float]:
-    from musicrel.generate import open_pitches
+    from musicrel.codec import open_pitches
 
     counts = grammar_errors(codec, tokens, open_pitches(codec, piece.primer.tokens))
     return {

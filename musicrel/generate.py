@@ -26,6 +26,7 @@ import pretty_midi
 import torch
 from torch import Tensor
 
+from musicrel.codec import CodecConfig, EventCodec, open_pitches, shift_steps
 from musicrel.errors import GenerationError
 
 MAX_SEED = 2**63 - 1
@@ -201,6 +202,7 @@ class Grammar:
         max_hold_steps: Sequence[int] | None = None,
         device=None,
     ):
+        self.codec = codec
         self.on0 = int(codec.note_on_offset)
         self.off0 = int(codec.note_off_offset)
         self.shift0 = int(codec.time_shift_offset)
@@ -274,8 +276,7 @@ class Grammar:
         cut = (steps > remaining) & (remaining > 0)
         tokens = torch.where(cut, self.shift0 + remaining.clamp(1, self.max_shift) - 1, tokens)
         self.elapsed += torch.where(cut, remaining, steps)
-        is_on = (tokens >= self.on0) & (tokens < self.on0 + 128)
-        is_off = (tokens >= self.off0) & (tokens < self.off0 + 128)
+        is_on, is_off = self.codec.is_note_on(tokens), self.codec.is_note_off(tokens)
         pitch = torch.where(is_on, tokens - self.on0, (tokens - self.off0).clamp(0, 127))[:, None]  # (B, 1)
         now = torch.where(is_on | is_off, is_on, self.open.gather(1, pitch).squeeze(1))
         self.open.scatter_(1, pitch, now[:, None])
@@ -382,25 +383,6 @@ def generate(
 # Primer, rendering
 
 
-def shift_steps(codec) -> np.ndarray:
-    """Time steps each token advances (0 for non-shifts), as integers so lengths add up exactly."""
-    step = codec.config.step_ms / 1000.0
-    return np.rint(np.asarray(codec.time_advance, dtype=np.float64) / step).astype(np.int64)
-
-
-def open_pitches(codec, tokens) -> np.ndarray:
-    """(128,) bool: pitches sounding after `tokens` (note-on more recent than the last note-off)."""
-    tokens = np.asarray(tokens, dtype=np.int64)
-    index = np.arange(len(tokens))
-    last_on = np.full(128, -1)
-    last_off = np.full(128, -1)
-    on = (tokens >= codec.note_on_offset) & (tokens < codec.note_on_offset + 128)
-    off = (tokens >= codec.note_off_offset) & (tokens < codec.note_off_offset + 128)
-    np.maximum.at(last_on, tokens[on] - codec.note_on_offset, index[on])
-    np.maximum.at(last_off, tokens[off] - codec.note_off_offset, index[off])
-    return last_on > last_off
-
-
 def note_onsets(codec, tokens) -> np.ndarray:
     """(128,) int64: for each pitch sounding after `tokens`, when it began, in steps before their end (<= 0);
     a large negative number for pitches not sounding."""
@@ -409,15 +391,13 @@ def note_onsets(codec, tokens) -> np.ndarray:
     clock = np.cumsum(shift_steps(codec)[tokens])  # time after each token
     end = int(clock[-1]) if len(tokens) else 0
     onsets = np.full(128, _SILENT, dtype=np.int64)
-    on = np.flatnonzero((tokens >= codec.note_on_offset) & (tokens < codec.note_on_offset + 128))
+    on = np.flatnonzero(codec.is_note_on(tokens))
     onsets[tokens[on] - codec.note_on_offset] = clock[on] - end  # the last strike of each pitch wins
     onsets[~open_] = _SILENT
     return onsets
 
 
 def _codec_for_tracks(codec, tracks):
-    from musicrel.codec import CodecConfig, EventCodec
-
     if tracks is None or tracks == codec.config.tracks:
         return codec
     return EventCodec(CodecConfig.from_dict({**codec.config.to_dict(), "tracks": tracks}))
@@ -1038,8 +1018,6 @@ def continue_midi(
 ) -> list[pretty_midi.PrettyMIDI]:
     """Continue `midi` (path, bytes or PrettyMIDI) num_samples times; one PrettyMIDI per sample."""
     if codec is None:
-        from musicrel.codec import EventCodec
-
         codec = EventCodec()
     params = SamplingParams(
         seconds=seconds,

@@ -324,7 +324,7 @@ class Piece:
     reference: list  # the truth: notes of [cut, cut + seconds), from time 0
     # notes of [cut + seconds, cut + 2 seconds) from time 0 (real music); None when the piece ends sooner
     after: list | None
-    primer: object  # musicrel.generate.Primer ending at the cut
+    primer: object  # musicrel.primer.Primer ending at the cut
     key: tuple[int, str] | None  # the motif's key
 
 
@@ -343,7 +343,7 @@ def held_out_files(folder: Path, split: str = "test") -> list[Path]:
 
 def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit: int | None):
     """(pieces, skipped counts by code): the first `limit` files that sound through motif + reference."""
-    from musicrel.generate import default_max_primer_tokens, primer_at_cut
+    from musicrel.primer import default_max_primer_tokens, primer_at_cut
 
     pieces, skipped = [], {}
     for path in files:
@@ -380,7 +380,8 @@ def _sample_unmasked(model, codec, jobs, num_samples: int) -> list[list[np.ndarr
     import torch
 
     from musicrel.codec import shift_steps
-    from musicrel.generate import TOKENS_PER_SECOND_CAP, generate, row_seed
+    from musicrel.generate import generate
+    from musicrel.sampling import TOKENS_PER_SECOND_CAP, row_seed
 
     steps = shift_steps(codec)
     rows = [(j, s) for j in range(len(jobs)) for s in range(num_samples)]
@@ -431,7 +432,9 @@ def _sample_unmasked(model, codec, jobs, num_samples: int) -> list[list[np.ndarr
 
 def _continuations(name: str, models: dict, ngram, codec, jobs) -> list[list[tuple[list, np.ndarray]]]:
     """System `name`'s continuations of the jobs: per job, (notes, tokens) of each sample."""
-    from musicrel.generate import generate_batch, render, row_seed
+    from musicrel.batch import generate_batch
+    from musicrel.primer import render
+    from musicrel.sampling import row_seed
 
     if name in ("model", "untrained"):
         results = generate_batch(models[name], codec, jobs)
@@ -603,8 +606,8 @@ def evaluate_continuations(
     from tqdm import tqdm
 
     from musicrel.checkpoint import load_codec, load_model
-    from musicrel.generate import SamplingParams, row_seed
     from musicrel.model import MusicTransformer
+    from musicrel.sampling import SamplingParams, row_seed
 
     if not (motif_seconds > 0 and seconds > 0):
         raise EvaluationError("motif_seconds and seconds must be > 0", code="invalid_params")

@@ -148,7 +148,8 @@ class NGramModel:
         other jobs. The rows run together through one `Grammar` (the transformer's rules)."""
         import torch
 
-        from musicrel.generate import TOKENS_PER_SECOND_CAP, Grammar, max_hold_seconds
+        from musicrel.grammar import Grammar, max_hold_seconds
+        from musicrel.sampling import TOKENS_PER_SECOND_CAP
 
         step_ms = codec.config.step_ms
         # As DecodeBatch.admit sets them: the time limit and the hold, in steps.

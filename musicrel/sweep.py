@@ -28,7 +28,7 @@ TOP_PS = (0.9, 0.95, 1.0)
 
 
 def _defaults() -> dict:
-    from musicrel.generate import SamplingParams
+    from musicrel.sampling import SamplingParams
 
     d = {f.name: f.default for f in fields(SamplingParams)}
     return {"temperature": d["temperature"], "top_p": d["top_p"], "top_k": d["top_k"]}

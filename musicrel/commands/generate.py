@@ -35,8 +35,9 @@ def _write_midi(pm, path: Path) -> None:
 def run_jobs(model, codec, items, params, primer_seconds: float, tracks) -> list[dict]:
     """Continue the motifs of `items` ((motif path, output paths) pairs) in ONE batch; write the outputs and
     return one record per motif. Unreadable motifs get an error record and do not stop the others."""
+    from musicrel.batch import generate_batch
     from musicrel.errors import MusicrelError
-    from musicrel.generate import default_max_primer_tokens, generate_batch, prepare_primer
+    from musicrel.primer import default_max_primer_tokens, prepare_primer
 
     records, jobs, ready = [], [], []
     for motif, outputs in items:
@@ -127,7 +128,7 @@ def _generate(args) -> int:
     from tqdm import tqdm
 
     from musicrel.checkpoint import load_codec, load_model
-    from musicrel.generate import SamplingParams
+    from musicrel.sampling import SamplingParams
 
     params = SamplingParams(
         seconds=args.seconds,

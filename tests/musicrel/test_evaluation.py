@@ -45,8 +45,8 @@ from musicrel.evaluation import (
     velocity_histogram,
     write_report,
 )
-from musicrel.generate import SamplingParams
 from musicrel.model import MusicTransformer
+from musicrel.sampling import SamplingParams
 
 CODEC = EventCodec()
 

@@ -204,7 +204,8 @@ def _generate(args) -> int:
 
 def _evaluate(args) -> int:
     _torch_setup(args)
-    from musicrel.evaluation import evaluate_continuations, format_table, write_report
+    from musicrel.evaluation import evaluate_continuations
+    from musicrel.report import format_table, write_report
 
     # Options left out are not passed: their defaults live in evaluate_continuations and SamplingParams.
     given = {

@@ -10,7 +10,7 @@ import pretty_midi
 import pytest
 
 from musicrel.codec import EventCodec, open_pitches, shift_steps
-from musicrel.evaluation import grammar_errors
+from musicrel.metrics import grammar_errors
 from musicrel.ngram import NGramDataError, NGramModel
 from musicrel.primer import primer_at_cut, render
 

@@ -4,6 +4,9 @@ The weights are one `model.safetensors`, or, when they exceed `max_shard_bytes`,
 `model-00001-of-0000N.safetensors` listed by `model.safetensors.index.json` (Hugging Face's layout), so that
 no file is larger than what a transfer allows. A folder is self-contained: copy it anywhere and `load_model`
 + `load_codec` rebuild exactly what was saved.
+
+torch, safetensors and the model are imported inside the functions that load or save: `musicrel --help` and
+`musicrel serve` read this module's constants and checks at start-up, before anything needs torch.
 """
 
 from __future__ import annotations

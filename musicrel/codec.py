@@ -26,6 +26,9 @@ Choices a caller can rely on:
 - Errors: InvalidMidiError codes not_midi, truncated, bad_data_byte, bad_event (a meta/status byte the parsers
   crash on), no_notes, no_such_track, smpte_division, zero_division, too_large, too_many_tracks,
   too_many_events, too_long; paths that cannot be opened raise OSError.
+
+Over 450 lines on purpose: the vocabulary's layout, its token kinds and both directions (encode, decode,
+augmentation) change together; the raw-MIDI pre-scan they rely on is `musicrel.midifile`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ _EXPORTS = {
     "save_model": "musicrel.checkpoint",
     "load_model": "musicrel.checkpoint",
     "load_codec": "musicrel.checkpoint",
-    "continue_midi": "musicrel.generate",
+    "continue_midi": "musicrel.batch",
 }
 
 __all__ = sorted(_EXPORTS)

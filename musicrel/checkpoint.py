@@ -4,6 +4,9 @@ The weights are one `model.safetensors`, or, when they exceed `max_shard_bytes`,
 `model-00001-of-0000N.safetensors` listed by `model.safetensors.index.json` (Hugging Face's layout), so that
 no file is larger than what a transfer allows. A folder is self-contained: copy it anywhere and `load_model`
 + `load_codec` rebuild exactly what was saved.
+
+torch, safetensors and the model are imported inside the functions that load or save: `musicrel --help` and
+`musicrel serve` read this module's constants and checks at start-up, before anything needs torch.
 """
 
 from __future__ import annotations
@@ -178,13 +181,25 @@ def weights_sha256(folder) -> str:
     return digest.hexdigest()
 
 
-def read_config(folder) -> dict[str, Any]:
-    """The parsed config.json of a checkpoint folder, checked for format; CheckpointError otherwise."""
+def _config_path(folder) -> Path:
     path = Path(folder) / CONFIG_FILE
     if not Path(folder).is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist", code="checkpoint_missing")
     if not path.is_file():
         raise CheckpointError(f"checkpoint folder {folder} has no {CONFIG_FILE}", code="checkpoint_missing")
+    return path
+
+
+def check_checkpoint(folder) -> None:
+    """Fail early (before a server starts, say) when the folder lacks its config or weights (one file or
+    shards); reads neither."""
+    _config_path(folder)
+    weights_files(folder)
+
+
+def read_config(folder) -> dict[str, Any]:
+    """The parsed config.json of a checkpoint folder, checked for format; CheckpointError otherwise."""
+    path = _config_path(folder)
     try:
         config = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

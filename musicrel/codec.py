@@ -26,6 +26,9 @@ Choices a caller can rely on:
 - Errors: InvalidMidiError codes not_midi, truncated, bad_data_byte, bad_event (a meta/status byte the parsers
   crash on), no_notes, no_such_track, smpte_division, zero_division, too_large, too_many_tracks,
   too_many_events, too_long; paths that cannot be opened raise OSError.
+
+Over 450 lines on purpose: the vocabulary's layout, its token kinds and both directions (encode, decode,
+augmentation) change together; the raw-MIDI pre-scan they rely on is `musicrel.midifile`.
 """
 
 from __future__ import annotations
@@ -166,6 +169,17 @@ class EventCodec:
 
     def __repr__(self) -> str:
         return f"EventCodec({self.config!r})"
+
+    # ---------------------------------------------------------------- token kinds
+    # Work on numpy arrays and torch tensors alike (comparisons only), so the grammar masks with them too.
+    def is_note_on(self, tokens):
+        return (tokens >= self.note_on_offset) & (tokens < self.note_on_offset + 128)
+
+    def is_note_off(self, tokens):
+        return (tokens >= self.note_off_offset) & (tokens < self.note_off_offset + 128)
+
+    def is_time_shift(self, tokens):
+        return (tokens >= self.time_shift_offset) & (tokens < self.velocity_offset)
 
     # ---------------------------------------------------------------- reading
     def _bytes(self, midi) -> bytes:
@@ -453,8 +467,7 @@ class EventCodec:
     def transpose(self, tokens, semitones: int) -> np.ndarray:
         """Shift every NOTE_ON/NOTE_OFF by `semitones`; notes pushed out of 0..127 are dropped (on & off)."""
         toks = np.asarray(tokens).astype(np.int64).ravel()
-        is_on = (toks >= self.note_on_offset) & (toks < self.note_on_offset + 128)
-        is_off = (toks >= self.note_off_offset) & (toks < self.note_off_offset + 128)
+        is_on, is_off = self.is_note_on(toks), self.is_note_off(toks)
         note = is_on | is_off
         pitch = np.where(is_on, toks - self.note_on_offset, toks - self.note_off_offset) + int(semitones)
         out = np.where(note, toks + int(semitones), toks)
@@ -467,13 +480,30 @@ class EventCodec:
         if not (isinstance(factor, (int, float)) and 0 < factor < math.inf):
             raise ConfigError(f"stretch factor must be a positive number, got {factor!r}")
         toks = np.asarray(tokens).astype(np.int64).ravel()
-        is_shift = (toks >= self.time_shift_offset) & (toks < self.velocity_offset)
+        is_shift = self.is_time_shift(toks)
         adv = np.where(is_shift, toks - self.time_shift_offset + 1, 0)
         clock = np.cumsum(adv)
         keep = ~is_shift
         times = np.floor(clock[keep] * float(factor) + 0.5).astype(np.int64)
         end = int(np.floor((clock[-1] if len(clock) else 0) * float(factor) + 0.5))
         return self._with_shifts(times, toks[keep], end_time=end)
+
+
+def shift_steps(codec: EventCodec) -> np.ndarray:
+    """(vocab,) int64: time steps each token advances (0 but for shifts); integers, so lengths add up."""
+    return np.rint(codec.time_advance / codec.step).astype(np.int64)
+
+
+def open_pitches(codec: EventCodec, tokens) -> np.ndarray:
+    """(128,) bool: pitches sounding after `tokens` (a note-on more recent than the pitch's last note-off)."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    index = np.arange(len(tokens))
+    last_on = np.full(128, -1)
+    last_off = np.full(128, -1)
+    on, off = codec.is_note_on(tokens), codec.is_note_off(tokens)
+    np.maximum.at(last_on, tokens[on] - codec.note_on_offset, index[on])
+    np.maximum.at(last_off, tokens[off] - codec.note_off_offset, index[off])
+    return last_on > last_off
 
 
 def _extend_by_pedal(end: np.ndarray, cc_time: np.ndarray, cc_down: np.ndarray) -> np.ndarray:

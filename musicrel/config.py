@@ -119,3 +119,9 @@ class ModelConfig:
         if "vocab_size" not in d:
             raise ConfigError("ModelConfig.vocab_size is required")
         return cls(**d)
+
+    @classmethod
+    def from_hparams(cls, hparams) -> ModelConfig:
+        """The config held among other settings (a LightningModule's flat hyper-parameters)."""
+        known = {f.name for f in fields(cls)}
+        return cls.from_dict({k: v for k, v in dict(hparams).items() if k in known})

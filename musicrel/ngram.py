@@ -26,8 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from musicrel.errors import MusicrelError
+from musicrel.grammar import Grammar, max_hold_seconds
+from musicrel.sampling import TOKENS_PER_SECOND_CAP
 
 # Chosen on the val split of data/default, fitted on its train split (3.05 M tokens), in nats per event token:
 # order 3 / 4 / 5 / 6 at their best k (0.1): 1.92 / 1.55 / 1.45 / 1.42; at order 5, k = 0.01 / 0.05 / 0.1 /
@@ -146,9 +149,6 @@ class NGramModel:
 
         Each job draws from its own numpy generator seeded by `seed` alone, so its tokens do not depend on the
         other jobs. The rows run together through one `Grammar` (the transformer's rules)."""
-        import torch
-
-        from musicrel.generate import TOKENS_PER_SECOND_CAP, Grammar, max_hold_seconds
 
         step_ms = codec.config.step_ms
         # As DecodeBatch.admit sets them: the time limit and the hold, in steps.

@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from musicrel.evaluation import EvaluationError, bootstrap_interval, evaluate_continuations
+from musicrel.evaluation import EvaluationError, evaluate_continuations
+from musicrel.metrics import bootstrap_interval
+from musicrel.plots import plot_sweep
+from musicrel.sampling import SamplingParams
 
 SCORE_METRICS = ("pc_overlap", "ioi_overlap", "duration_overlap", "velocity_overlap")
 TABLE_METRICS = (*SCORE_METRICS, "range_diff", "density_ratio", "key_corr", "repetition")
@@ -28,8 +31,6 @@ TOP_PS = (0.9, 0.95, 1.0)
 
 
 def _defaults() -> dict:
-    from musicrel.generate import SamplingParams
-
     d = {f.name: f.default for f in fields(SamplingParams)}
     return {"temperature": d["temperature"], "top_p": d["top_p"], "top_k": d["top_k"]}
 
@@ -166,8 +167,6 @@ def format_sweep(sweep: dict) -> str:
 
 
 def write_sweep(sweep: dict, out_dir) -> dict[str, Path]:
-    from musicrel.plots import plot_sweep
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "sweep.json", "plot": out_dir / "sweep.png"}

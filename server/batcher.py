@@ -40,8 +40,8 @@ class WorkerStoppedError(Exception):
 
 @dataclass(eq=False)
 class Job:
-    primer: Any  # musicrel.generate.Primer
-    params: Any  # musicrel.generate.SamplingParams
+    primer: Any  # musicrel.primer.Primer
+    params: Any  # musicrel.sampling.SamplingParams
     rows: int
     deadline: float  # time.monotonic() after which the job is abandoned
     future: asyncio.Future | None = None  # settled on `loop` (a request awaits it)...
@@ -107,7 +107,8 @@ def warmup_midi() -> bytes:
 
 def warm_up(codec: Any, batch: Any) -> None:
     """A tiny generation through the worker's own batch: every path runs once before /readyz says 200."""
-    from musicrel.generate import SamplingParams, prepare_primer
+    from musicrel.primer import prepare_primer
+    from musicrel.sampling import SamplingParams
 
     start = time.perf_counter()
     primer = prepare_primer(codec, warmup_midi(), primer_seconds=2.0)
@@ -199,7 +200,7 @@ class Batcher:
     def _new_batch(self) -> Any:
         decoder = self._decoder
         if decoder is None:
-            from musicrel.generate import DecodeBatch as decoder
+            from musicrel.batch import DecodeBatch as decoder
         return decoder(self.model, self.codec, self.max_batch_rows, primer_cache=self.primer_cache)
 
     def _run(self) -> None:

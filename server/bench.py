@@ -149,8 +149,10 @@ def _in_process(
     rounds: int,
 ) -> list[tuple[tuple[float, int], tuple[float, int]]]:
     """Per round, (wall s, tokens) of the same requests on a DecodeBatch: one vs `concurrency` in flight."""
+    from musicrel.batch import DecodeBatch
     from musicrel.checkpoint import load_codec, load_model
-    from musicrel.generate import DecodeBatch, SamplingParams, default_max_primer_tokens, prepare_primer
+    from musicrel.primer import default_max_primer_tokens, prepare_primer
+    from musicrel.sampling import SamplingParams
 
     model, codec = load_model(checkpoint), load_codec(checkpoint)
     primer = prepare_primer(codec, motif, max_tokens=default_max_primer_tokens(model))

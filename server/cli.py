@@ -8,7 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from musicrel.errors import CheckpointError, ConfigError
+from musicrel.checkpoint import check_checkpoint  # no torch: cheap at start-up
+from musicrel.errors import ConfigError
 
 # After the drain (MUSICREL_DRAIN_TIMEOUT_S) uvicorn gives responses still open this long, then cancels them.
 GRACEFUL_SHUTDOWN_S = 5
@@ -37,17 +38,6 @@ def register(subparsers) -> None:
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=serve)
-
-
-def check_checkpoint(folder: Path) -> None:
-    """Fail before uvicorn starts when the folder lacks its config or weights (one file or shards)."""
-    from musicrel.checkpoint import CONFIG_FILE, weights_files
-
-    if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder {folder} does not exist", code="checkpoint_missing")
-    if not (folder / CONFIG_FILE).is_file():
-        raise CheckpointError(f"checkpoint folder {folder} has no {CONFIG_FILE}", code="checkpoint_missing")
-    weights_files(folder)
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -115,7 +115,8 @@ async def create_continuation(
     wants_json: WantsJsonDep,
     file: Annotated[UploadFile, File(description="the MIDI motif (Standard MIDI File)")],
 ) -> Any:
-    from musicrel.generate import SamplingParams, default_max_primer_tokens, prepare_primer
+    from musicrel.primer import default_max_primer_tokens, prepare_primer
+    from musicrel.sampling import SamplingParams
 
     service.check_accepting(request.scope.get(DRAINING_AT_ARRIVAL, service.draining))
     settings, metrics = service.settings, service.metrics

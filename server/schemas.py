@@ -3,9 +3,16 @@ operator's tighter limits (MUSICREL_MAX_SECONDS, ...) are checked on top in deps
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from musicrel.primer import PRIMER_SECONDS
+from musicrel.sampling import SamplingParams
+
+# The defaults are the library's (SamplingParams, PRIMER_SECONDS); the bounds are the server's own.
+_D = SamplingParams
 
 MAX_SEED = 2**32 - 1
 MAX_TRACKS = 64
@@ -16,18 +23,22 @@ class ContinuationParams(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    seconds: float = Field(20.0, gt=0, le=600, description="length of the continuation, in seconds")
-    temperature: float = Field(1.0, gt=0, le=10, description="softmax temperature (lower: safer)")
-    top_k: int | None = Field(None, ge=1, le=4096, description="sample among the k likeliest tokens only")
-    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling mass (1 disables it)")
+    seconds: float = Field(_D.seconds, gt=0, le=600, description="length of the continuation, in seconds")
+    temperature: float = Field(_D.temperature, gt=0, le=10, description="softmax temperature (lower: safer)")
+    top_k: int | None = Field(_D.top_k, ge=1, le=4096, description="sample among the k likeliest tokens only")
+    top_p: float = Field(_D.top_p, gt=0, le=1, description="nucleus sampling mass (1 disables it)")
     seed: int | None = Field(
-        None, ge=0, le=MAX_SEED, description="random seed; empty draws one (reported back)"
+        _D.seed, ge=0, le=MAX_SEED, description="random seed; empty draws one (reported back)"
     )
-    num_samples: int = Field(1, ge=1, le=64, description="independent continuations of the same motif")
+    num_samples: int = Field(
+        _D.num_samples, ge=1, le=64, description="independent continuations of the same motif"
+    )
     primer_seconds: float = Field(
-        30.0, gt=0, le=3600, description="how much of the upload's end is read as the motif"
+        PRIMER_SECONDS, gt=0, le=3600, description="how much of the upload's end is read as the motif"
     )
-    include_primer: bool = Field(False, description="return the motif followed by the continuation")
+    include_primer: bool = Field(
+        _D.include_primer, description="return the motif followed by the continuation"
+    )
     tracks: str = Field(
         "merge",
         max_length=400,
@@ -53,6 +64,10 @@ class ContinuationParams(BaseModel):
         if len(indices) > MAX_TRACKS or indices[-1] > 1023:
             raise ValueError(f"at most {MAX_TRACKS} instrument indices, each below 1024")
         return ",".join(map(str, indices))
+
+    def sampling_params(self) -> SamplingParams:
+        """The form's sampling fields, whole, as the library takes them."""
+        return SamplingParams(**self.model_dump(include={f.name for f in dataclasses.fields(SamplingParams)}))
 
     def track_selection(self) -> str | list[int]:
         return "merge" if self.tracks == "merge" else [int(p) for p in self.tracks.split(",")]

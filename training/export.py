@@ -41,8 +41,7 @@ def model_from_lightning_checkpoint(path):
 
     ckpt = read_lightning_checkpoint(path)
     hp = ckpt["hyper_parameters"]
-    fields = ModelConfig.__dataclass_fields__
-    cfg = ModelConfig.from_dict({k: v for k, v in hp.items() if k in fields})
+    cfg = ModelConfig.from_hparams(hp)
     if not hp.get("codec"):
         raise CheckpointError(f"{path} carries no codec settings in its hyper-parameters")
     codec = EventCodec(CodecConfig.from_dict(hp["codec"]))

@@ -26,7 +26,9 @@ from musicrel.model import MusicTransformer
 from training.data import STRETCH_FACTORS, CropDataset, ResumableLoader, ResumableSampler, WindowDataset
 from training.prepare import load_manifest, load_split
 
-MODEL_FIELDS = tuple(f for f in ModelConfig.__dataclass_fields__)
+# LightningCLI builds the YAML's flat `model:` section from MusicLM's signature, so the ModelConfig fields are
+# spelled out there; their defaults are ModelConfig's own.
+_M = ModelConfig
 
 
 class MusicLM(L.LightningModule):
@@ -36,19 +38,19 @@ class MusicLM(L.LightningModule):
         self,
         vocab_size: int,
         codec: dict | None = None,
-        n_layers: int = 6,
-        d_model: int = 256,
-        n_heads: int = 8,
-        d_ff: int = 1024,
-        max_seq_len: int = 1024,
-        dropout: float = 0.1,
-        attention: str = "skew",
-        max_relative_distance: int | None = None,
-        absolute_kind: str = "learned",
-        t5_num_buckets: int = 32,
-        t5_max_distance: int = 128,
-        query_chunk_size: int | None = 128,
-        tie_embeddings: bool = True,
+        n_layers: int = _M.n_layers,
+        d_model: int = _M.d_model,
+        n_heads: int = _M.n_heads,
+        d_ff: int = _M.d_ff,
+        max_seq_len: int = _M.max_seq_len,
+        dropout: float = _M.dropout,
+        attention: str = _M.attention,
+        max_relative_distance: int | None = _M.max_relative_distance,
+        absolute_kind: str = _M.absolute_kind,
+        t5_num_buckets: int = _M.t5_num_buckets,
+        t5_max_distance: int = _M.t5_max_distance,
+        query_chunk_size: int | None = _M.query_chunk_size,
+        tie_embeddings: bool = _M.tie_embeddings,
         lr: float = 3e-4,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
@@ -71,7 +73,7 @@ class MusicLM(L.LightningModule):
         """
         super().__init__()
         self.save_hyperparameters()
-        self.cfg = ModelConfig(**{k: v for k, v in self.hparams.items() if k in MODEL_FIELDS})
+        self.cfg = ModelConfig.from_hparams(self.hparams)
         self.model = MusicTransformer(self.cfg)
         self.val_nll = MeanMetric()
         self.val_acc = MeanMetric()

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from musicrel.errors import ConfigError, InvalidMidiError
+from musicrel.files import find_midi_files
 
 SPLITS = ("train", "val", "test")
-MIDI_SUFFIXES = (".mid", ".midi")
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 # Percent of the hash space per split (train, val, test).
@@ -38,20 +38,8 @@ SPLIT_PERCENT = (90, 5, 5)
 
 
 def discover(sources) -> list[Path]:
-    """Every .mid/.midi file under the sources (files or folders, searched recursively), sorted, unique."""
-    found: set[Path] = set()
-    for src in sources:
-        src = Path(src)
-        if src.is_file():
-            found.add(src.resolve())
-        elif src.is_dir():
-            for root, _dirs, files in os.walk(src):
-                for name in files:
-                    if name.lower().endswith(MIDI_SUFFIXES):
-                        found.add((Path(root) / name).resolve())
-        else:
-            raise FileNotFoundError(2, "no such file or folder", str(src))
-    return sorted(found)
+    """Every MIDI file under the sources (files or folders, recursively), resolved, sorted, unique."""
+    return sorted({p.resolve() for src in sources for p in find_midi_files(src)})
 
 
 def codec_hash(codec) -> str:

@@ -6,6 +6,7 @@ Torch and Lightning are imported inside the handlers so that `musicrel --help` s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -35,8 +36,9 @@ def _write_midi(pm, path: Path) -> None:
 def run_jobs(model, codec, items, params, primer_seconds: float, tracks) -> list[dict]:
     """Continue the motifs of `items` ((motif path, output paths) pairs) in ONE batch; write the outputs and
     return one record per motif. Unreadable motifs get an error record and do not stop the others."""
+    from musicrel.batch import generate_batch
     from musicrel.errors import MusicrelError
-    from musicrel.generate import default_max_primer_tokens, generate_batch, prepare_primer
+    from musicrel.primer import default_max_primer_tokens, prepare_primer
 
     records, jobs, ready = [], [], []
     for motif, outputs in items:
@@ -127,18 +129,18 @@ def _generate(args) -> int:
     from tqdm import tqdm
 
     from musicrel.checkpoint import load_codec, load_model
-    from musicrel.generate import SamplingParams
+    from musicrel.primer import PRIMER_SECONDS
+    from musicrel.sampling import SamplingParams
 
+    # Options left out are not passed: their defaults live in SamplingParams (and PRIMER_SECONDS).
+    sampling = ("seconds", "temperature", "top_k", "top_p", "seed", "max_new_tokens")
     params = SamplingParams(
-        seconds=args.seconds,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
         num_samples=args.num_samples,
-        max_new_tokens=args.max_new_tokens,
         include_primer=args.include_primer,
+        **{k: getattr(args, k) for k in sampling if getattr(args, k) is not None},
     )
+    if args.primer_seconds is None:
+        args.primer_seconds = PRIMER_SECONDS
     root, out = Path(args.input), Path(args.out)
     motifs = find_midi_files(root)
     if not motifs:
@@ -181,14 +183,7 @@ def _generate(args) -> int:
         "checkpoint": str(args.checkpoint),
         "input": str(root),
         "settings": {
-            "seconds": params.seconds,
-            "temperature": params.temperature,
-            "top_k": params.top_k,
-            "top_p": params.top_p,
-            "seed": params.seed,
-            "num_samples": params.num_samples,
-            "max_new_tokens": params.max_new_tokens,
-            "include_primer": params.include_primer,
+            **dataclasses.asdict(params),
             "primer_seconds": args.primer_seconds,
             "tracks": args.tracks,
             "batch_size": args.batch_size,
@@ -209,7 +204,8 @@ def _generate(args) -> int:
 
 def _evaluate(args) -> int:
     _torch_setup(args)
-    from musicrel.evaluation import evaluate_continuations, format_table, write_report
+    from musicrel.evaluation import evaluate_continuations
+    from musicrel.report import format_table, write_report
 
     # Options left out are not passed: their defaults live in evaluate_continuations and SamplingParams.
     given = {
@@ -259,14 +255,15 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + model.safetensors)")
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--num-samples", type=_positive_int, default=2, help="continuations per motif")
-    p.add_argument("--seconds", type=float, default=20.0, help="length of each continuation in seconds")
+    # Sampling options default to SamplingParams' (left out: not passed), but for two samples per motif.
+    p.add_argument("--num-samples", type=_positive_int, default=2, help="continuations per motif (2)")
+    p.add_argument("--seconds", type=float, default=None, help="length of each continuation in seconds")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, saved in summary)")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap on tokens per continuation")
-    p.add_argument("--primer-seconds", type=float, default=30.0, help="seconds of the motif the model reads")
+    p.add_argument("--primer-seconds", type=float, default=None, help="seconds of the motif the model reads")
     p.add_argument("--include-primer", action="store_true", help="output = motif + continuation")
     p.add_argument(
         "--tracks", type=parse_tracks, default="merge", help="'merge' or instrument indices, e.g. 0,2"

@@ -18,18 +18,21 @@ from musicrel.cli import main
 from musicrel.codec import EventCodec
 from musicrel.config import ModelConfig
 from musicrel.evaluation import (
-    METRICS,
     SYSTEMS,
     EvaluationError,
+    evaluate_continuations,
+    held_out_files,
+    repeat_motif,
+    split_piece,
+)
+from musicrel.metrics import (
+    METRICS,
     bootstrap_interval,
     compare,
     describe,
     duration_histogram,
-    evaluate_continuations,
     find_key,
-    format_table,
     grammar_errors,
-    held_out_files,
     held_share,
     histogram_overlap,
     inter_onset_intervals,
@@ -39,14 +42,12 @@ from musicrel.evaluation import (
     pitch_class_histogram,
     pitch_range,
     polyphony,
-    repeat_motif,
     repetition,
-    split_piece,
     velocity_histogram,
-    write_report,
 )
-from musicrel.generate import SamplingParams
 from musicrel.model import MusicTransformer
+from musicrel.report import format_table, write_report
+from musicrel.sampling import SamplingParams
 
 CODEC = EventCodec()
 

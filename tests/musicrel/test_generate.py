@@ -11,30 +11,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from musicrel.codec import CodecConfig, EventCodec
+from musicrel.batch import DecodeBatch, continue_midi, generate_batch
+from musicrel.codec import CodecConfig, EventCodec, open_pitches, shift_steps
 from musicrel.config import ModelConfig
 from musicrel.errors import GenerationError
-from musicrel.generate import (
-    HOLD_FACTOR,
-    MAX_HOLD_SECONDS,
-    MIN_HOLD_SECONDS,
-    DecodeBatch,
-    Grammar,
-    Primer,
-    SamplingParams,
-    continue_midi,
-    generate,
-    generate_batch,
-    max_hold_seconds,
-    open_pitches,
-    prepare_primer,
-    primer_at_cut,
-    render,
-    row_seed,
-    sample,
-    shift_steps,
-)
+from musicrel.generate import generate, sample
+from musicrel.grammar import HOLD_FACTOR, MAX_HOLD_SECONDS, MIN_HOLD_SECONDS, Grammar, max_hold_seconds
 from musicrel.model import MusicTransformer
+from musicrel.primer import Primer, prepare_primer, primer_at_cut, render
+from musicrel.sampling import SamplingParams, row_seed
 
 CODEC = EventCodec()
 STEP = CODEC.config.step_ms / 1000.0

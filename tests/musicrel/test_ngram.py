@@ -9,10 +9,10 @@ import numpy as np
 import pretty_midi
 import pytest
 
-from musicrel.codec import EventCodec
-from musicrel.evaluation import grammar_errors
-from musicrel.generate import open_pitches, primer_at_cut, render, shift_steps
+from musicrel.codec import EventCodec, open_pitches, shift_steps
+from musicrel.metrics import grammar_errors
 from musicrel.ngram import NGramDataError, NGramModel
+from musicrel.primer import primer_at_cut, render
 
 CODEC = EventCodec()
 # A toy vocabulary of 5: tokens 0..2 are "music", 3 = eos, 4 = bos.

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from musicrel.generate import DecodeBatch
+from musicrel.batch import DecodeBatch
 from server.app import create_app
 from server.settings import Settings
 

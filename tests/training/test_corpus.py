@@ -49,8 +49,8 @@ def test_without_music21_one_line_error(monkeypatch):
 
 
 def test_tunes_whose_time_signature_music21_cannot_write_are_exported(tmp_path):
-    # han2.abc X:669 (and ~5 % of the ABC tunes) made music21's MIDI writer raise "TimeSignature ... is already
-    # found in this Stream"; the tune's notes must come out all the same, as parsed from its own text.
+    # han2.abc X:669 (and ~5 % of the ABC tunes) made music21's MIDI writer raise "TimeSignature ... is
+    # already found in this Stream"; the tune's notes must come out all the same, as parsed from its text.
     from music21 import converter
 
     from training.corpus import _export_one, abc_tune, list_works

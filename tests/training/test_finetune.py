@@ -57,7 +57,8 @@ def test_finetune_lowers_the_held_out_nll_and_records_its_base(base, pattern_mid
     assert json.loads((out / "finetune.json").read_text())["nll_after"] == s["nll_after"]
     tuned = load_model(out)  # a plain model folder: generate and serve read it unchanged
     assert tuned.cfg.d_model == 32
-    moved = sum((a - b).abs().sum() for a, b in zip(tuned.parameters(), load_model(base).parameters()))
+    pairs = zip(tuned.parameters(), load_model(base).parameters(), strict=True)
+    moved = sum((a - b).abs().sum() for a, b in pairs)
     assert moved > 0
 
 

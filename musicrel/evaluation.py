@@ -48,6 +48,7 @@ from musicrel.metrics import (
 )
 from musicrel.model import MusicTransformer
 from musicrel.ngram import NGramModel
+from musicrel.novelty import NoveltyIndex, load_index
 from musicrel.primer import default_max_primer_tokens, primer_at_cut, render
 from musicrel.sampling import SamplingParams, row_seed
 
@@ -306,6 +307,18 @@ def _fit_ngram(codec, input_dir: Path, ngram_data, asked: bool):
     }
 
 
+def _load_novelty(input_dir: Path, ngram_data) -> tuple[NoveltyIndex | None, str | None]:
+    """The train split's novelty index of the prepared folder the evaluation names (--ngram-data, else
+    --input), or None and why."""
+    folder = ngram_data if ngram_data is not None else input_dir
+    if not (Path(folder) / "manifest.json").is_file():
+        return None, "no prepared data folder (--input or --ngram-data) whose novelty index to read"
+    try:
+        return load_index(folder), None
+    except MusicrelError as exc:
+        return None, f"{folder}: {exc}"
+
+
 def evaluate_continuations(
     checkpoint,
     input_dir,
@@ -354,6 +367,15 @@ def evaluate_continuations(
     if not names:
         raise EvaluationError(f"no system left to run ({left_out})", code="unknown_system")
 
+    novelty, why = _load_novelty(input_dir, ngram_data)
+    if novelty is None:
+        left_out["copied_notes"] = why
+
+    def scored(scores: dict, notes) -> dict:
+        if novelty is not None:
+            scores["copied_notes"] = float(novelty.longest_match(notes).notes)
+        return scores
+
     files = held_out_files(input_dir, split)
     pieces, skipped = load_pieces(model, codec, files, motif_seconds, seconds, limit)
     if not pieces:
@@ -380,25 +402,33 @@ def evaluate_continuations(
             if name == "repeat-motif":
                 for i in chunk:
                     p = pieces[i]
-                    runs[name][i] = [compare(repeat_motif(p.motif, seconds), p.reference, seconds, p.key)]
+                    repeated = repeat_motif(p.motif, seconds)
+                    runs[name][i] = [scored(compare(repeated, p.reference, seconds, p.key), repeated)]
             elif name == "real-music":
                 for i in chunk:
                     p = pieces[i]
-                    runs[name][i] = [] if p.after is None else [compare(p.after, p.reference, seconds, p.key)]
+                    after = p.after
+                    runs[name][i] = (
+                        [] if after is None else [scored(compare(after, p.reference, seconds, p.key), after)]
+                    )
             else:
                 outputs = _continuations(name, models, ngram, codec, jobs)
                 for i, out in zip(chunk, outputs, strict=True):
-                    runs[name][i] = [_score_tokens(codec, pieces[i], notes, tk, seconds) for notes, tk in out]
+                    runs[name][i] = [
+                        scored(_score_tokens(codec, pieces[i], notes, tk, seconds), _clip(notes, seconds))
+                        for notes, tk in out
+                    ]
                     if name == example_system and i < EXAMPLES:
                         examples[i] = _clip(out[0][0], seconds)
             timings[name] += time.perf_counter() - t
             bar.update(len(chunk))
     bar.close()
 
-    metric_names = {m.name for m in METRICS}
+    metrics = [m for m in METRICS if m.name not in left_out]
+    metric_names = {m.name for m in metrics}
     report_systems = {}
     for name in names:
-        kept = [m.name for m in METRICS if name in GENERATED or not m.tokens]
+        kept = [m.name for m in metrics if name in GENERATED or not m.tokens]
         per_piece = [_seed_mean(r) if r else dict.fromkeys(metric_names, math.nan) for r in runs[name]]
         values = {m: [_json_value(p[m]) for p in per_piece] for m in kept}
         report_systems[name] = {
@@ -407,8 +437,8 @@ def evaluate_continuations(
             "metrics": _summary(values, kept),
             "per_piece": values,
         }
-    intrinsic = [m.name for m in METRICS if m.intrinsic]
-    truth = [describe(p.reference, seconds, p.key) for p in pieces]
+    intrinsic = [m.name for m in metrics if m.intrinsic]
+    truth = [scored(describe(p.reference, seconds, p.key), p.reference) for p in pieces]
     truth_values = {m: [_json_value(t[m]) for t in truth] for m in intrinsic}
 
     warnings = []
@@ -432,7 +462,7 @@ def evaluate_continuations(
         "left_out": left_out,
         "warnings": warnings,
         "metrics": {
-            m.name: {"label": m.label, "better": m.better, "reference": m.intrinsic} for m in METRICS
+            m.name: {"label": m.label, "better": m.better, "reference": m.intrinsic} for m in metrics
         },
         "reference": {
             "pieces": len(pieces),

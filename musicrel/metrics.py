@@ -51,6 +51,7 @@ class Metric:
     better: str  # "higher", "lower", "one" (closest to 1), "reference" (closest to the truth's value), ""
     intrinsic: bool = False  # a property of the notes alone: also reported for the reference
     tokens: bool = False  # needs a token stream (model and n-gram systems only)
+    index: bool = False  # needs the training data's novelty index (musicrel.novelty), not the notes alone
     # A ratio is averaged over pieces geometrically: twice too many and half too few notes then weigh the
     # same, and one sparse reference (0.2 notes/s, a ratio of 20) does not outweigh a hundred pieces.
     geometric: bool = False
@@ -69,6 +70,9 @@ METRICS = (
     Metric("polyphony_max", "max polyphony", "reference", intrinsic=True),
     Metric("repetition", f"repeated {REPEAT_N}-grams", "reference", intrinsic=True),
     Metric("held_share", f"notes held > {HELD_SECONDS:g} s", "reference", intrinsic=True),
+    # The longest stretch (notes) shared with a training piece, transposition-invariant (musicrel.novelty):
+    # the truth's figure is what held-out music shares with the training data by chance.
+    Metric("copied_notes", "longest copy from train (notes)", "reference", intrinsic=True, index=True),
     Metric("grammar_error", "grammar errors", "lower", tokens=True),
     Metric("restrikes", "re-strikes", "", tokens=True),
 )

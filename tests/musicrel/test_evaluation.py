@@ -73,7 +73,7 @@ def test_identical_notes_score_perfectly():
     } == dict.fromkeys(("pc_overlap", "ioi_overlap", "duration_overlap", "velocity_overlap"), 1.0)
     assert s["range_diff"] == 0.0 and s["density"] == 2.0 and s["density_ratio"] == 1.0
     assert s == {**s, **describe(SCALE, 4.0, (0, "major"))}  # the intrinsic figures ride along
-    assert set(s) == {m.name for m in METRICS if not m.tokens}
+    assert set(s) == {m.name for m in METRICS if not (m.tokens or m.index)}
 
 
 def test_disjoint_and_partial_histograms():
@@ -318,6 +318,12 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
     truth = report["reference"]["metrics"]
     assert truth["polyphony_max"]["mean"] == 1.0 and truth["held_share"]["mean"] == 0.0
     assert truth["density"]["mean"] == pytest.approx(4.0)
+    # the longest stretch shared with the train split (its novelty index), for the truth and every system
+    assert truth["copied_notes"]["n"] == 3 and truth["copied_notes"]["mean"] >= 0
+    for name, row in rows.items():
+        values = [v for v in row["per_piece"]["copied_notes"] if v is not None]
+        assert values and all(v >= 0 for v in values), name
+    assert "longest copy" in format_table(report)
     assert len(report["examples"]) == 3 and report["examples"][0]["system"] == "model"
     assert all(-3.0 <= n[1] < 0 for n in report["examples"][0]["motif"])
     assert any(m.name in report["metrics"] for m in METRICS)
@@ -347,6 +353,8 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
 def test_ngram_is_left_out_without_data_and_the_report_says_why(world):
     report = run_small(world, ngram_data=None, systems=None, limit=1)
     assert "ngram" not in report["systems"] and "prepared" in report["left_out"]["ngram"]
+    assert "novelty index" in report["left_out"]["copied_notes"]  # no prepared folder, no index
+    assert "copied_notes" not in report["metrics"] and "copied_notes" not in report["reference"]["metrics"]
     assert report["pieces"] == 1
     with pytest.raises(EvaluationError) as err:  # asked for by name: an error instead
         run_small(world, ngram_data=None, systems=["ngram"], limit=1)

@@ -33,11 +33,13 @@ def _write_midi(pm, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def run_jobs(model, codec, items, params, primer_seconds: float, tracks) -> list[dict]:
+def run_jobs(model, codec, items, params, primer_seconds: float, tracks, novelty=None) -> list[dict]:
     """Continue the motifs of `items` ((motif path, output paths) pairs) in ONE batch; write the outputs and
-    return one record per motif. Unreadable motifs get an error record and do not stop the others."""
+    return one record per motif. Unreadable motifs get an error record and do not stop the others. With a
+    novelty index, each sample's longest stretch shared with the training data is in the record."""
     from musicrel.batch import generate_batch
     from musicrel.errors import MusicrelError
+    from musicrel.novelty import novelty_report
     from musicrel.primer import default_max_primer_tokens, prepare_primer
 
     records, jobs, ready = [], [], []
@@ -68,10 +70,14 @@ def run_jobs(model, codec, items, params, primer_seconds: float, tracks) -> list
                 seconds=round(result.seconds, 3),
                 timings={k: round(v, 4) for k, v in result.timings.items()},
             )
+            if novelty is not None:  # the generated notes alone: the motif may itself be a training piece
+                record["novelty"] = [
+                    novelty_report(novelty, codec.decode_notes(tk))["longest_copy"] for tk in result.tokens
+                ]
     return records
 
 
-def _lightning_predict(model, codec, todo, params, args) -> list[dict] | None:
+def _lightning_predict(model, codec, todo, params, args, novelty) -> list[dict] | None:
     """Spread the motifs over devices with Lightning's predict loop (DDP when devices > 1)."""
     import lightning as L
     import torch
@@ -93,7 +99,7 @@ def _lightning_predict(model, codec, todo, params, args) -> list[dict] | None:
             self.model = model
 
         def predict_step(self, batch, batch_idx):
-            return run_jobs(self.model, codec, batch, params, args.primer_seconds, args.tracks)
+            return run_jobs(self.model, codec, batch, params, args.primer_seconds, args.tracks, novelty)
 
     loader = DataLoader(Motifs(todo), batch_size=args.batch_size, collate_fn=list, shuffle=False)
     trainer = L.Trainer(
@@ -124,6 +130,15 @@ def _torch_setup(args) -> None:
         torch.set_num_threads(args.threads)
 
 
+def _novelty_index(args):
+    """--novelty's index, else the one shipped beside the checkpoint, else None (not reported)."""
+    from musicrel.novelty import INDEX_FILE, load_index
+
+    if args.novelty is not None:
+        return load_index(args.novelty)
+    return load_index(args.checkpoint) if (Path(args.checkpoint) / INDEX_FILE).is_file() else None
+
+
 def _generate(args) -> int:
     _torch_setup(args)
     from tqdm import tqdm
@@ -149,6 +164,7 @@ def _generate(args) -> int:
     started = time.perf_counter()
     model = load_model(args.checkpoint)
     codec = load_codec(args.checkpoint)
+    novelty = _novelty_index(args)
     out.mkdir(parents=True, exist_ok=True)
 
     records, todo = [], []
@@ -162,7 +178,7 @@ def _generate(args) -> int:
     if args.devices is not None or args.accelerator is not None:
         args.devices = args.devices or 1
         args.accelerator = args.accelerator or "cpu"
-        done = _lightning_predict(model, codec, todo, params, args)
+        done = _lightning_predict(model, codec, todo, params, args, novelty)
         if done is None:
             return 0  # a non-zero rank: rank 0 writes the summary
     else:
@@ -170,7 +186,7 @@ def _generate(args) -> int:
         with tqdm(total=len(todo), unit="motif", disable=args.quiet, file=sys.stderr) as bar:
             for i in range(0, len(todo), args.batch_size):
                 batch = todo[i : i + args.batch_size]
-                done += run_jobs(model, codec, batch, params, args.primer_seconds, args.tracks)
+                done += run_jobs(model, codec, batch, params, args.primer_seconds, args.tracks, novelty)
                 bar.update(len(batch))
     records += done
 
@@ -189,6 +205,7 @@ def _generate(args) -> int:
             "batch_size": args.batch_size,
             "devices": args.devices,
             "accelerator": args.accelerator,
+            "novelty_index": novelty and {"pieces": len(novelty.names), "notes": novelty.notes},
         },
         "counts": counts,
         "seconds_total": round(time.perf_counter() - started, 3),
@@ -272,6 +289,12 @@ def register(subparsers) -> None:
     p.add_argument("--devices", type=_positive_int, default=None, help="spread over N devices (Lightning)")
     p.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "mps", "auto"], default=None)
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--novelty",
+        default=None,
+        help="folder holding novelty.npz (a prepared data folder) to report what each sample copied from "
+        "the training data (default: the checkpoint folder's, if it ships one)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_generate)
 

@@ -99,3 +99,27 @@ def test_bench_generate_smoke(setup, capsys):
     # The tiny model's window (128) is too short for the long prefixes: a 1024-window stand-in is measured.
     assert "decode @ prefix 1024" in out and "max_seq_len 1024 (random weights)" in out
     assert "batch 8 vs 1" in out and "real-time factor, b=1" in out
+
+
+def test_generate_reports_what_each_sample_copied_from_the_index_beside_the_checkpoint(setup):
+    from musicrel.novelty import INDEX_FILE, NoveltyIndex
+
+    tmp_path, motifs = setup
+    assert run(tmp_path, motifs / "sub", tmp_path / "first", "--seconds", "10", "--seed", "5") == 0
+    first = json.loads((tmp_path / "first" / "summary.json").read_text())
+    assert first["settings"]["novelty_index"] is None and "novelty" not in first["files"][0]
+    # A "training set" holding sample 0 itself (transposed): the same seed must find all of it copied.
+    copied = pretty_midi.PrettyMIDI(str(tmp_path / "first" / "good.sample0.mid")).instruments[0].notes
+    planted = [pretty_midi.Note(n.velocity, n.pitch + 5, n.start + 1.0, n.end + 1.0) for n in copied]
+    other = [pretty_midi.Note(80, 40 + (7 * k) % 11, 0.37 * k, 0.37 * k + 0.2) for k in range(30)]
+    NoveltyIndex.build([("other.mid", other), ("planted.mid", planted)]).save(tmp_path / "ckpt" / INDEX_FILE)
+
+    assert run(tmp_path, motifs / "sub", tmp_path / "again", "--seconds", "10", "--seed", "5") == 0
+    summary = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert summary["settings"]["novelty_index"] == {"pieces": 2, "notes": 30 + len(planted)}
+    (record,) = summary["files"]
+    assert len(record["novelty"]) == 2
+    assert len(copied) >= 3
+    assert record["novelty"][0]["source"] == "planted.mid"
+    assert record["novelty"][0]["notes"] == len(copied)
+    assert record["novelty"][0]["start_time_in_source"] == pytest.approx(planted[0].start, abs=0.011)

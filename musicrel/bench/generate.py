@@ -10,9 +10,10 @@
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from pathlib import Path
+
+from musicrel.bench.timing import medians, side_by_side
 
 DEFAULT_CHECKPOINT = Path("checkpoints/default")
 EVENTS_PER_SECOND_OF_MUSIC = 40.0
@@ -36,20 +37,6 @@ def register(bench_sub) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (the median counts)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.set_defaults(func=run)
-
-
-def _side_by_side(fns: dict, repeats: int) -> dict:
-    """Median seconds of each timed function, repetitions alternating between them so that load changes on a
-    shared machine hit every contender alike. A function may return its own timing (to leave out setup)."""
-    for fn in fns.values():
-        fn()  # warm-up: allocator, kernels
-    times: dict = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            own = fn()
-            times[name].append(own if own is not None else time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _sync(device) -> None:
@@ -130,7 +117,7 @@ def run(args) -> int:
                 _sync(device)
                 return time.perf_counter() - t0
 
-            t = _side_by_side({"full": full, "cached": cached}, args.repeats)
+            t = medians(side_by_side({"full": full, "cached": cached}, args.repeats))
             t_full, t_cached = t["full"], t["cached"] / steps
             rows.append(
                 (
@@ -158,7 +145,7 @@ def run(args) -> int:
         _sync(device)
         return time.perf_counter() - t0
 
-    t = _side_by_side({1: lambda: loop(1), 8: lambda: loop(8)}, args.repeats)
+    t = medians(side_by_side({1: lambda: loop(1), 8: lambda: loop(8)}, args.repeats))
     decode_rate = {batch: batch * (n - 1) / t[batch] for batch in (1, 8)}
     rows.append(
         (
@@ -187,7 +174,7 @@ def run(args) -> int:
         generate_batch(model, codec, [(primer, params[batch])])
         _sync(device)
 
-    t = _side_by_side({1: lambda: end_to_end(1), 8: lambda: end_to_end(8)}, args.repeats)
+    t = medians(side_by_side({1: lambda: end_to_end(1), 8: lambda: end_to_end(8)}, args.repeats))
     for batch in (1, 8):
         rate = batch * params[batch].max_new_tokens / t[batch]
         rows.append(

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 
 import musicrel
 from server.errors import install_error_handlers
@@ -63,7 +64,15 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
             await anyio.to_thread.run_sync(service.stop)
             worker_exited()
 
-    app = FastAPI(title="musicrel", version=musicrel.__version__, description=DESCRIPTION, lifespan=lifespan)
+    # /docs and /redoc with their scripts, styles and icon served from here (fastapi-offline ships them): the
+    # default pages load them from a CDN and stay blank on a machine without internet.
+    app = FastAPIOffline(
+        title="musicrel",
+        version=musicrel.__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        static_url="/docs-assets",
+    )
     app.state.service = service
     install_error_handlers(app)
     app.include_router(router)

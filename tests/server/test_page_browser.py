@@ -210,6 +210,14 @@ def test_drag_and_drop_loads_the_motif(page, motif_file):
     assert not page.eval_on_selector("#dropzone", "z => z.classList.contains('dragover')")
 
 
+def test_a_tiny_file_is_shown_in_bytes(page):
+    fake = {"name": "six.mid", "mimeType": "audio/midi", "buffer": b"MThd\x00\x00"}
+    page.set_input_files("#file", files=[fake])
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    info = page.inner_text("#motif-info")
+    assert "(6 bytes)" in info and "KB" not in info, info
+
+
 def test_docs_render_from_the_footer_link_with_no_internet(browser, live_server):
     """Every request that leaves the loopback is refused, as on a machine with no internet: the page's
     footer link still opens Swagger UI with the API in it."""

@@ -20,7 +20,7 @@ from fastapi_offline import FastAPIOffline
 import musicrel
 from server.errors import install_error_handlers
 from server.metrics import Metrics, worker_exited
-from server.middleware import BodyLimitMiddleware, MetricsMiddleware
+from server.middleware import AdmissionMiddleware, MetricsMiddleware, UploadLimitMiddleware
 from server.routes import router
 from server.service import Service
 from server.settings import Settings
@@ -78,8 +78,10 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
     app.include_router(router)
     if settings.static_dir.is_dir():
         app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
-    # Last added runs first: metrics see every answer (413s included); the body cap runs before any read.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    # Last added runs first: metrics see every answer (refusals included); admission refuses a continuation
+    # (503, 429) before its body is read; the upload bounds (413, 408, 429) apply to every read of it.
+    app.add_middleware(UploadLimitMiddleware, settings=settings)
+    app.add_middleware(AdmissionMiddleware, service=service)
     app.add_middleware(MetricsMiddleware, metrics=metrics, service=service)
     return app
 

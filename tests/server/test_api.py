@@ -289,8 +289,9 @@ def test_blank_optional_fields_mean_default(client):
         (MOTIF[:10], "truncated"),
         (b"MThd\x00\x00\x00\x06\x00\x01\xff\xff\x00\x60", "too_many_tracks"),
         (motif(0), "no_notes"),
+        (b"MThd\x00\x00\x00\x06\x00\x00\x00\x01\x01\xe0MTrk\x00\x00\x00\x02\x00\xf1", "truncated"),
     ],
-    ids=["wav", "truncated", "header-only", "hostile-track-count", "no-notes"],
+    ids=["wav", "truncated", "header-only", "hostile-track-count", "no-notes", "cut-system-message"],
 )
 def test_bad_midi_is_422_with_codec_code(client, data, code):
     response = post(client, data, **FAST)

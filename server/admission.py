@@ -21,18 +21,27 @@ from server.settings import Settings
 
 
 class DrainMeter:
-    """Seconds per job leaving the queue (to start decoding, or dropped because its client left), an
-    exponentially weighted average over the gaps between departures. Only gaps during which jobs were waiting
-    count: an idle gap says how little work there was, not how fast the worker drains a queue."""
+    """Seconds per request leaving the queue bound (its job starts decoding, or it ends before that: a 422, a
+    client gone), an exponentially weighted average of the gaps between departures. Only busy time counts: a
+    gap runs from the last departure that left requests waiting, or from the arrival that ended an idle
+    spell, so the first request of a burst is measured from its arrival, and idle time (how little work there
+    was, not how fast the queue drains) never is."""
 
     def __init__(self, alpha: float = 0.2) -> None:
         self.alpha = alpha
         self.seconds_per_job: float | None = None
-        self._since: float | None = None  # the last departure that left jobs waiting
+        self._since: float | None = None  # start of the current gap; None while nothing waits
         self._lock = threading.Lock()  # departures are reported from the worker or the engine reader thread
 
+    def arrived(self, now: float | None = None) -> None:
+        """A request joined; the clock starts if nothing was waiting."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if self._since is None:
+                self._since = now
+
     def departed(self, jobs: int, waiting: int, now: float | None = None) -> None:
-        """`jobs` left the queue at once (one decoding step admits several), `waiting` are still queued."""
+        """`jobs` left at once (one decoding step admits several), `waiting` are still in the bound."""
         if jobs <= 0:
             return
         now = time.monotonic() if now is None else now
@@ -47,7 +56,7 @@ class DrainMeter:
             self._since = now if waiting > 0 else None
 
     def wait_s(self, ahead: int) -> float | None:
-        """Expected seconds for `ahead` queued jobs to leave; None until a drain has been measured."""
+        """Expected seconds for `ahead` requests to leave; None until a drain has been measured."""
         return None if self.seconds_per_job is None else ahead * self.seconds_per_job
 
 
@@ -57,10 +66,18 @@ class Ticket:
     def __init__(self, admission: Admission) -> None:
         self._admission: Admission | None = admission
 
-    def release(self) -> None:
+    def handed_over(self) -> None:
+        """The job is queued: the place now counts in the worker's queue, whose departures are reported."""
         if self._admission is not None:
             self._admission.admitted -= 1
             self._admission = None
+
+    def release(self) -> None:
+        """The request ended before its job was queued (refused as bad input, client gone): a departure."""
+        if self._admission is not None:
+            admission = self._admission
+            self.handed_over()
+            admission.departed(1, queue_depth=None)
 
 
 class Admission:
@@ -71,6 +88,14 @@ class Admission:
         self.metrics = metrics
         self.drain = DrainMeter()
         self.admitted = 0  # admitted, not yet submitted: uploading or parsing
+        self.queue_depth = 0  # the worker's queue as last reported (departures come from its thread)
+
+    def departed(self, jobs: int, queue_depth: int | None) -> None:
+        """`jobs` left the bound; `queue_depth` is the worker's queue after it (None: unchanged). Given to the
+        worker as its on_dequeue, and called for requests that end before they are queued."""
+        if queue_depth is not None:
+            self.queue_depth = queue_depth
+        self.drain.departed(jobs, waiting=self.queue_depth + self.admitted)
 
     def retry_after_s(self, ahead: int) -> int:
         """Whole seconds for `ahead` requests to drain at the measured rate; at least 1, and at most the
@@ -83,6 +108,7 @@ class Admission:
 
     def admit(self, queue_depth: int) -> Ticket:
         """A ticket, or ApiError 429 `queue_full` when the queued and admitted requests fill the queue."""
+        self.queue_depth = queue_depth
         ahead = queue_depth + self.admitted
         if ahead >= self.settings.max_queue:
             self.metrics.rejected.labels("queue_full").inc()
@@ -93,5 +119,6 @@ class Admission:
                 f"server busy: {ahead} requests are already waiting; retry in about {retry} s",
                 headers={"Retry-After": str(retry)},
             )
+        self.drain.arrived()
         self.admitted += 1
         return Ticket(self)

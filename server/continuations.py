@@ -88,10 +88,11 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
 def submit(
     service: Service, primer: Primer, sampling: SamplingParams, deadline: float, ticket: Ticket | None
 ) -> Job:
-    """Queue the job; its admission ticket is handed over to the queue (the job now counts there)."""
+    """Queue the job; its admission ticket is handed over to the queue (the job now counts there). Refused,
+    the ticket stays with the request, whose end releases it."""
     assert service.batcher is not None
     try:
-        return service.batcher.submit(primer, sampling, deadline)
+        job = service.batcher.submit(primer, sampling, deadline)
     except QueueFullError as exc:  # only if admission was bypassed (the ticket reserves a place)
         service.metrics.rejected.labels("queue_full").inc()
         retry = service.admission.retry_after_s(service.batcher.queue_depth)
@@ -101,9 +102,9 @@ def submit(
     except WorkerStoppedError as exc:
         retry = {"Retry-After": str(service.settings.retry_after_s)}
         raise ApiError(503, "draining", str(exc), headers=retry) from exc
-    finally:
-        if ticket is not None:
-            ticket.release()
+    if ticket is not None:
+        ticket.handed_over()
+    return job
 
 
 async def wait_for_result(

@@ -90,7 +90,7 @@ class Service:
         s = self.settings
         self.parse_limiter = anyio.CapacityLimiter(s.parse_threads)
         if self.uses_engine_process:
-            self.batcher = EngineProcess(s, self.metrics, on_dequeue=self.admission.drain.departed)
+            self.batcher = EngineProcess(s, self.metrics, on_dequeue=self.admission.departed)
         else:
             self.batcher = Batcher(
                 self.model,
@@ -103,7 +103,7 @@ class Service:
                 decoder=self.decoder,
                 warmup=partial(warm_up, self.codec) if s.warmup else None,
                 torch_threads=s.torch_threads,
-                on_dequeue=self.admission.drain.departed,
+                on_dequeue=self.admission.departed,
             )
         self.batcher.start()
 

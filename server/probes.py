@@ -2,13 +2,15 @@
 
 - trickle: N connections each sending a real upload one byte per 0.5 s; how long until each is answered, and
   with what (408 cut off, 429 refused at once), or still held when the probe gives up;
-- burst: N clients at once posting the same real MIDI file; how long the 429s take to come back, and the
-  Retry-After they carry against the queue wait the accepted requests really had.
+- burst: N clients at once posting the same real MIDI file; how long the 429s take to come back, the
+  Retry-After they carry against the parse/queue/generation times the accepted requests really had, and what
+  a refused client gets when it retries after Retry-After seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import signal
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 BOUNDARY = "probeb0undary"
+STAGES = ("parse", "queue", "generation")  # the X-Musicrel-Timing-*-Ms headers of an answer
 
 
 def register(bench_sub) -> None:
@@ -33,7 +36,7 @@ def register(bench_sub) -> None:
     p.add_argument("--url", default=None, help="probe this server instead of starting one")
     p.add_argument("--checkpoint", type=Path, default=None, help="default: a random default-size model")
     p.add_argument("--midi", type=Path, default=None, help="upload (default: the largest shared real file)")
-    p.add_argument("--trickles", type=int, default=40, help="slow connections held open at once")
+    p.add_argument("--trickles", type=int, default=40, help="slow connections held open at once (0: none)")
     p.add_argument("--give-up-s", type=float, default=30.0, help="stop trickling after this long")
     p.add_argument("--burst", type=int, default=120, help="requests sent at once")
     p.add_argument("--seconds", type=float, default=2.0, help="music per burst request")
@@ -73,29 +76,40 @@ def _trickle(host: str, port: int, body: bytes, give_up_s: float) -> tuple[str, 
     return "held", time.monotonic() - start
 
 
-def _burst(url: str, midi: bytes, n: int, seconds: float) -> list[tuple[int, float, str, float | None]]:
-    """(status, seconds to the answer, Retry-After, queue ms) per request, all sent at once."""
+Answer = tuple[int, float, str, dict[str, float]]
+
+
+def _burst(url: str, midi: bytes, n: int, seconds: float) -> list[tuple[Answer, Answer | None]]:
+    """Per request, all sent at once: its answer (status, seconds to it, Retry-After, {stage: seconds} from
+    the timing headers) and, if that was a 429, the answer to one retry sent Retry-After seconds later."""
     import httpx
 
     results: list = [None] * n
     go = threading.Event()
 
     def one(i: int) -> None:
-        with httpx.Client(timeout=600) as http:
-            go.wait()
+        def send(http: httpx.Client) -> Answer:
             start = time.monotonic()
             r = http.post(
                 f"{url}/v1/continuations",
                 files={"file": ("m.mid", midi, "audio/midi")},
                 data={"seconds": str(seconds), "seed": str(i)},
             )
-            queue_ms = r.headers.get("x-musicrel-timing-queue-ms")
-            results[i] = (
-                r.status_code,
-                time.monotonic() - start,
-                r.headers.get("retry-after", ""),
-                float(queue_ms) if queue_ms else None,
-            )
+            stages = {
+                stage: float(r.headers[f"x-musicrel-timing-{stage}-ms"]) / 1000
+                for stage in STAGES
+                if f"x-musicrel-timing-{stage}-ms" in r.headers
+            }
+            return r.status_code, time.monotonic() - start, r.headers.get("retry-after", ""), stages
+
+        with httpx.Client(timeout=600) as http:
+            go.wait()
+            first = send(http)
+            retry = None
+            if first[0] == 429:
+                time.sleep(float(first[2] or 0))
+                retry = send(http)
+            results[i] = (first, retry)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
@@ -180,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
             times = [a[1] for a in answers if a[0] == status]
             print(f"  {status:<40} x{len(times):<4} after {min(times):6.2f}-{max(times):6.2f} s")
 
-        results = _burst(url, midi, args.burst, args.seconds)
+        pairs = _burst(url, midi, args.burst, args.seconds)
+        results = [first for first, _ in pairs]
         print(
             f"burst: {args.burst} requests at once, {name} ({len(midi)} bytes), "
             f"{args.seconds:g} s of music each"
@@ -192,11 +207,19 @@ def run(args: argparse.Namespace) -> int:
                 f"  {status} x{len(rows):<4} answered after median {statistics.median(times):6.2f} s, "
                 f"max {times[-1]:6.2f} s"
             )
-        waits = sorted(r[3] / 1000 for r in results if r[0] == 200 and r[3] is not None)
-        retry = sorted({r[2] for r in results if r[0] == 429}, key=lambda x: int(x or 0))
-        if waits:
+        for stage in STAGES:
+            took = sorted(r[3][stage] for r in results if r[0] == 200 and stage in r[3])
+            if took:
+                median = statistics.median(took)
+                print(f"  accepted: {stage:<10} median {median:6.2f} s, max {took[-1]:6.2f} s")
+        retry_after = sorted({r[2] for r in results if r[0] == 429}, key=lambda x: int(x or 0))
+        print(f"  Retry-After sent with the 429s: {', '.join(retry_after) or 'none'} s")
+        retries = [retry for _, retry in pairs if retry is not None]
+        if retries:
+            # Honest Retry-After: a client that waits as told finds room (or is told a new time).
+            counts = collections.Counter(r[0] for r in retries)
             print(
-                f"  accepted requests queued median {statistics.median(waits):.2f} s, max {waits[-1]:.2f} s; "
-                f"Retry-After sent with the 429s: {', '.join(retry) or 'none'} s"
+                "  their retries, each sent Retry-After seconds later: "
+                + ", ".join(f"{status} x{count}" for status, count in sorted(counts.items()))
             )
     return 0

@@ -171,7 +171,7 @@ async def create_continuation(
         log.info("client disconnected; generation stopped")
         return None
 
-    rendered = await anyio.to_thread.run_sync(render, result, limiter=service.parse_limiter)
+    rendered = await anyio.to_thread.run_sync(render, result, limiter=service.render_limiter)
     done = time.monotonic()
     timings = Timings(
         parse_ms=_ms(parsed - start),

@@ -43,6 +43,7 @@ class Service:
         self.admission = Admission(settings, metrics)
         self.info: dict[str, Any] = {}
         self.parse_limiter: anyio.CapacityLimiter | None = None
+        self.render_limiter: anyio.CapacityLimiter | None = None
         self.draining = False
         self.in_flight = 0  # continuation requests between arrival and answer (MetricsMiddleware)
         self._previous_sigterm: Any = None
@@ -89,6 +90,10 @@ class Service:
     def start(self) -> None:
         s = self.settings
         self.parse_limiter = anyio.CapacityLimiter(s.parse_threads)
+        # Writing a finished result's MIDI has threads of its own: behind the parse limiter, a finished
+        # continuation waited for every upload queued to be parsed (a burst of large files: all answers came
+        # at the end, 76 s, though each had generated within 2 s).
+        self.render_limiter = anyio.CapacityLimiter(s.parse_threads)
         if self.uses_engine_process:
             self.batcher = EngineProcess(s, self.metrics, on_dequeue=self.admission.departed)
         else:

@@ -14,6 +14,7 @@ import anyio
 import httpx
 import pytest
 
+from musicrel.errors import InvalidMidiError
 from server.admission import Admission, DrainMeter
 from server.metrics import Metrics
 from server.settings import Settings
@@ -320,6 +321,48 @@ def test_retry_after_follows_the_queue_drain_under_load(tiny_checkpoint):
         assert 0.5 * generation_s <= service.admission.drain.seconds_per_job <= 2 * total_s
         if response.status_code == 429:  # the queue may have drained by then on a fast machine
             assert int(response.headers["retry-after"]) != 99  # measured, not the configured fallback
+
+
+def test_a_finished_continuation_is_not_held_behind_uploads_being_parsed(tiny_checkpoint, monkeypatch):
+    """One parse thread, busy with a slow upload: a continuation that has finished generating is answered
+    anyway (its MIDI was written on the parse threads, behind every queued parse)."""
+    from server import continuations
+
+    slow = b"MThd-slow"
+    release = threading.Event()
+    parse = continuations.prepare_primer
+
+    def prepare(codec, data, **kwargs):
+        if data.startswith(slow):
+            release.wait(30)
+            raise InvalidMidiError("not MIDI", code="not_midi")
+        return parse(codec, data, **kwargs)
+
+    monkeypatch.setattr(continuations, "prepare_primer", prepare)
+    gate = Gate()
+    with serve(tiny_checkpoint, decoder=gate, parse_threads=1, batch_window_ms=0) as (client, _):
+        gate.hold()
+        answers: dict = {}
+        first = threading.Thread(target=lambda: answers.setdefault("first", post(client, **FAST)))
+        first.start()
+        assert gate.entered.wait(10)  # parsed, now generating
+        second = threading.Thread(target=lambda: answers.setdefault("second", post(client, slow, **FAST)))
+        second.start()
+        wait_for(lambda: _parsing(client) == 1)  # the slow upload holds the only parse thread
+        gate.opened.set()
+        first.join(10)
+        try:
+            assert "first" in answers, "the finished continuation waited for the slow parse"
+            assert answers["first"].status_code == 200
+        finally:
+            release.set()
+            second.join(30)
+        assert answers["second"].status_code == 422
+
+
+def _parsing(client) -> int:
+    """Parse threads busy now."""
+    return int(client.app.state.service.parse_limiter.borrowed_tokens)
 
 
 # ---- holes 4 and 5: the schema and the messages say what is actually wrong ---------------------------------

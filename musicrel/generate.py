@@ -9,7 +9,6 @@ join and leave a running batch, is `musicrel.batch.DecodeBatch`, built from the 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 
@@ -151,18 +150,3 @@ def generate(
                 logits = prefill(model, seq[:, start:n], cache, lp)
             else:
                 logits = decode_one_token(model, token, cache)
-
-
-# Transition: musicrel.bench still imports these from here (the branch that reworks the bench moves it to
-# their modules); a lazy lookup, so this module never imports the batching built on top of it.
-_MOVED = {
-    "Primer": "musicrel.primer",
-    "SamplingParams": "musicrel.sampling",
-    "generate_batch": "musicrel.batch",
-}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -265,6 +265,10 @@ def scan(data: bytes, limits: Limits, collect: bool = False) -> MidiScan:
                         raise _err(f"track {t}: undefined status byte 0x{st:02x}", "bad_event")
                     running = 0
                     k = _SYSTEM_DATA.get(st, 0)
+                    # Checked before the data bytes are: max() of a message cut off at the end of the file
+                    # would be max() of nothing (ValueError, a 500 at the API), found by the parser fuzz.
+                    if p + k > end:
+                        raise _err(f"track {t}: last event runs past the end of its track chunk", "truncated")
                     if k and max(trk[p : p + k]) > 127:
                         raise _err(f"track {t}: data byte out of range 0..127", "bad_data_byte")
                     p += k

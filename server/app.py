@@ -15,11 +15,12 @@ from typing import Any
 import anyio
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 
 import musicrel
 from server.errors import install_error_handlers
 from server.metrics import Metrics, worker_exited
-from server.middleware import BodyLimitMiddleware, MetricsMiddleware
+from server.middleware import AdmissionMiddleware, MetricsMiddleware, UploadLimitMiddleware
 from server.routes import router
 from server.service import Service
 from server.settings import Settings
@@ -63,14 +64,24 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
             await anyio.to_thread.run_sync(service.stop)
             worker_exited()
 
-    app = FastAPI(title="musicrel", version=musicrel.__version__, description=DESCRIPTION, lifespan=lifespan)
+    # /docs and /redoc with their scripts, styles and icon served from here (fastapi-offline ships them): the
+    # default pages load them from a CDN and stay blank on a machine without internet.
+    app = FastAPIOffline(
+        title="musicrel",
+        version=musicrel.__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        static_url="/docs-assets",
+    )
     app.state.service = service
     install_error_handlers(app)
     app.include_router(router)
     if settings.static_dir.is_dir():
         app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
-    # Last added runs first: metrics see every answer (413s included); the body cap runs before any read.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    # Last added runs first: metrics see every answer (refusals included); admission refuses a continuation
+    # (503, 429) before its body is read; the upload bounds (413, 408, 429) apply to every read of it.
+    app.add_middleware(UploadLimitMiddleware, settings=settings)
+    app.add_middleware(AdmissionMiddleware, service=service)
     app.add_middleware(MetricsMiddleware, metrics=metrics, service=service)
     return app
 

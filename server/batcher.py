@@ -23,9 +23,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from server.metrics import Metrics
+
+if TYPE_CHECKING:
+    from musicrel.codec import EventCodec
+    from musicrel.model import MusicTransformer
+    from musicrel.primer import Primer
+    from musicrel.sampling import SamplingParams
 
 log = logging.getLogger("musicrel.server")
 
@@ -40,8 +46,8 @@ class WorkerStoppedError(Exception):
 
 @dataclass(eq=False)
 class Job:
-    primer: Any  # musicrel.primer.Primer
-    params: Any  # musicrel.sampling.SamplingParams
+    primer: Primer
+    params: SamplingParams
     rows: int
     deadline: float  # time.monotonic() after which the job is abandoned
     future: asyncio.Future | None = None  # settled on `loop` (a request awaits it)...
@@ -118,11 +124,33 @@ def warm_up(codec: Any, batch: Any) -> None:
     log.info("warm-up generation took %.0f ms", 1000 * (time.perf_counter() - start))
 
 
+class GenerationWorker(Protocol):
+    """What the service needs of the generation worker: `Batcher` runs it on a thread of this process,
+    `server.engine.EngineProcess` in a child process. `on_dequeue(jobs, still_waiting)`, given to either,
+    hears of every job leaving the queue (the service measures the drain rate from it)."""
+
+    ready: threading.Event  # set once warmed up
+    failed: str | None  # why it stopped for good
+
+    def start(self) -> None: ...
+
+    def submit(self, primer: Primer, params: SamplingParams, deadline: float) -> Job:
+        """Queue a job (from the event loop); QueueFullError or WorkerStoppedError."""
+        ...
+
+    @property
+    def queue_depth(self) -> int:
+        """Jobs queued and not started yet."""
+        ...
+
+    def stop(self, timeout: float | None = None) -> None: ...
+
+
 class Batcher:
     def __init__(
         self,
-        model: Any,
-        codec: Any,
+        model: MusicTransformer,
+        codec: EventCodec,
         *,
         metrics: Metrics,
         max_queue: int,
@@ -132,6 +160,7 @@ class Batcher:
         decoder: Callable[..., Any] | None = None,
         warmup: Callable[[Any], None] | None = None,
         torch_threads: int | None = None,
+        on_dequeue: Callable[[int, int], None] | None = None,
     ) -> None:
         """`decoder(model, codec, max_rows, primer_cache=...)` makes the running batch (DecodeBatch when
         None; tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker
@@ -147,6 +176,7 @@ class Batcher:
         self.primer_cache = primer_cache
         self._decoder = decoder
         self._warmup = warmup
+        self._on_dequeue = on_dequeue
         self._pending: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # by the batch's job id
         self._cond = threading.Condition()
@@ -160,7 +190,7 @@ class Batcher:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, primer: Any, params: Any, deadline: float) -> Job:
+    def submit(self, primer: Primer, params: SamplingParams, deadline: float) -> Job:
         loop = asyncio.get_running_loop()
         job = Job(
             primer, params, rows=params.num_samples, deadline=deadline, future=loop.create_future(), loop=loop
@@ -252,6 +282,8 @@ class Batcher:
                 free -= jobs[-1].rows
             if jobs:
                 self.metrics.queue_depth.set(len(self._pending))
+                if self._on_dequeue is not None:
+                    self._on_dequeue(len(jobs), len(self._pending))
         return jobs
 
     def _admit(self, batch: Any, jobs: list[Job]) -> None:

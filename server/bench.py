@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from musicrel.bench.timing import side_by_side
+
 T = TypeVar("T")
 
 
@@ -91,15 +93,8 @@ def _random_checkpoint(folder: Path) -> Path:
 
 def _side_by_side(rounds: int, serial: Callable[[], T], concurrent: Callable[[], T]) -> list[tuple[T, T]]:
     """(serial(), concurrent()) per round, serial run first in even rounds and second in odd ones."""
-    pairs = []
-    for r in range(rounds):
-        if r % 2 == 0:
-            serial_result = serial()
-            pairs.append((serial_result, concurrent()))
-        else:
-            concurrent_result = concurrent()
-            pairs.append((serial(), concurrent_result))
-    return pairs
+    results = side_by_side({"serial": serial, "concurrent": concurrent}, rounds, warmup=False, alternate=True)
+    return list(zip(results["serial"], results["concurrent"], strict=True))
 
 
 def _phase(url: str, motif: bytes, seeds: list[int], seconds: float, concurrency: int) -> tuple[float, int]:

@@ -28,14 +28,19 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.batcher import Batcher, Job, QueueFullError, WorkerStoppedError, warm_up
 from server.metrics import Metrics
 from server.settings import Settings
+
+if TYPE_CHECKING:
+    from musicrel.primer import Primer
+    from musicrel.sampling import SamplingParams
 
 log = logging.getLogger("musicrel.server")
 
@@ -57,11 +62,14 @@ class RemoteJob(Job):
 
 
 class EngineProcess:
-    """Same interface as Batcher (start, submit, queue_depth, stop, ready, failed), run in a child process."""
+    """A GenerationWorker (server/batcher.py) whose Batcher runs in a child process."""
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, on_dequeue: Callable[[int, int], None] | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self._on_dequeue = on_dequeue
         self.max_queue = settings.max_queue
         self.ready = threading.Event()
         self.failed: str | None = None
@@ -103,7 +111,7 @@ class EngineProcess:
 
     # ---- event-loop side -------------------------------------------------------------------------
 
-    def submit(self, primer: Any, params: Any, deadline: float) -> Job:
+    def submit(self, primer: Primer, params: SamplingParams, deadline: float) -> Job:
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._stopping or self.failed or not self.ready.is_set():
@@ -179,15 +187,13 @@ class EngineProcess:
                     job = self._jobs.get(job_id)
                     if job is not None and job.started_at is None:
                         job.started_at = at
-                        self._queued -= 1
-                        self.metrics.queue_depth.set(self._queued)
+                        self._dequeued_locked()
             elif kind in ("done", "error"):
                 _, job_id, payload, fields = message
                 with self._lock:
                     job = self._jobs.pop(job_id, None)
-                    if job is not None and job.started_at is None:
-                        self._queued -= 1
-                        self.metrics.queue_depth.set(self._queued)
+                    if job is not None and job.started_at is None:  # dropped while queued
+                        self._dequeued_locked()
                 if job is None:
                     continue
                 for name, value in fields.items():
@@ -216,6 +222,12 @@ class EngineProcess:
         with self._lock:  # a crash (e.g. the OOM killer), not a setup that cannot work: start again
             if self.failed is None and not self._stopping:
                 self._spawn()
+
+    def _dequeued_locked(self) -> None:
+        self._queued -= 1
+        self.metrics.queue_depth.set(self._queued)
+        if self._on_dequeue is not None:
+            self._on_dequeue(1, self._queued)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:

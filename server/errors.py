@@ -1,8 +1,9 @@
 """Every error leaves the service as JSON `{"error": {"code": ..., "message": ...}}` (+ `field` if any).
 
 Library errors keep their stable codes (the codec's `not_midi`, `truncated`, `no_notes`, ...); the service
-adds invalid_request (422), too_large (413), queue_full (429), not_ready / draining (503), timeout (504),
-not_found, method_not_allowed and, should a bug slip through, internal (500) without a traceback.
+adds bad_request (400), upload_timeout (408), too_large (413), invalid_request (422), queue_full and
+too_many_uploads (429), not_ready / draining (503), timeout (504), not_found, method_not_allowed and, should a
+bug slip through, internal (500) without a traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
+    408: "upload_timeout",
     413: "too_large",
     415: "unsupported_media_type",
     422: "invalid_request",

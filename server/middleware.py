@@ -2,67 +2,161 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
+import anyio
+from python_multipart.multipart import parse_options_header
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import error_response
+from server.errors import ApiError, error_response
 from server.metrics import Metrics
+from server.settings import Settings
 
 CONTINUATIONS_PATH = "/v1/continuations"
 # Scope key: was the service draining when this request arrived? One that arrived before SIGTERM is served
 # even if its upload is still being read when the signal comes.
 DRAINING_AT_ARRIVAL = "musicrel.draining_at_arrival"
+ADMISSION_TICKET = "musicrel.admission_ticket"  # the request's place in the queue bound (server/admission.py)
 
 
-class BodyTooLargeError(HTTPException):
-    """Raised from `receive` once a streamed body passes the cap. An HTTPException, so FastAPI's body parsing
-    lets it through unchanged and the handler answers 413 instead of "error parsing the body" (400)."""
+class BodyError(HTTPException):
+    """Raised from `receive` when a body breaks a bound. An HTTPException, so FastAPI's body parsing lets it
+    through unchanged and the handler answers with it instead of "error parsing the body" (400)."""
 
-    code = "too_large"
+    def __init__(self, status: int, code: str, message: str, close: bool = False):
+        # Connection: close, so that uvicorn drops a connection whose sender may go on trickling (it would
+        # otherwise read and discard the rest of the body for as long as it comes).
+        super().__init__(status, message, headers={"Connection": "close"} if close else None)
+        self.code = code
 
-    def __init__(self, limit: int):
-        super().__init__(413, f"request body is larger than the limit of {limit} bytes")
+
+def too_large(limit: int) -> BodyError:
+    return BodyError(413, "too_large", f"request body is larger than the limit of {limit} bytes")
 
 
-class BodyLimitMiddleware:
-    """413 for bodies over `max_bytes`: at once from Content-Length, before the app (and the multipart
-    parser) reads anything; for chunked uploads without Content-Length, as soon as the count passes it."""
+def _has_body(headers: Headers) -> bool:
+    length = headers.get("content-length")
+    return (length is not None and length != "0") or "transfer-encoding" in headers
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+
+def _closing_delimiter(headers: Headers) -> bytes | None:
+    """`--boundary--`, which ends a well-formed multipart body; None for other content types."""
+    content_type, options = parse_options_header(headers.get("content-type", ""))
+    boundary = options.get(b"boundary")
+    if content_type != b"multipart/form-data" or not boundary:
+        return None
+    return b"--" + boundary + b"--"
+
+
+class UploadLimitMiddleware:
+    """Bounds on request bodies, enforced while they are read (before and during multipart parsing):
+
+    - size: 413 at once from Content-Length, or as soon as a chunked body passes `max_bytes`;
+    - time: past `grace_s` an upload's average rate must stay above `min_bytes_per_s`, and the whole body must
+      arrive within `timeout_s`; else 408 (a body that stops arriving is cut off too);
+    - count: at most `max_uploads` bodies being received at once; one more gets 429 before a byte is read;
+    - form: a multipart body that ends without its closing boundary is truncated: 400 saying so (the parser
+      itself would drop the unfinished part and the route would report its field as missing).
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings):
         self.app = app
-        self.max_bytes = max_bytes
+        self.max_bytes = settings.max_upload_bytes
+        self.timeout_s = settings.upload_timeout_s
+        self.min_rate = settings.upload_min_bytes_per_s
+        self.grace_s = settings.upload_grace_s
+        self.max_uploads = settings.max_uploads
+        self.retry_after_s = settings.retry_after_s
+        self.uploading = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = Headers(scope=scope).get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                await error_response(400, "bad_request", "invalid Content-Length header")(
-                    scope, receive, send
-                )
-                return
-            if int(length) > self.max_bytes:
-                await error_response(413, "too_large", str(BodyTooLargeError(self.max_bytes).detail))(
-                    scope, receive, send
-                )
-                return
+        headers = Headers(scope=scope)
+        length = headers.get("content-length")
+        if length is not None and not length.isdigit():
+            await error_response(400, "bad_request", "invalid Content-Length header")(scope, receive, send)
+            return
+        if length is not None and int(length) > self.max_bytes:
+            error = too_large(self.max_bytes)
+            await error_response(413, error.code, error.detail)(scope, receive, send)
+            return
+        if not _has_body(headers):
+            await self.app(scope, receive, send)
+            return
+        if self.uploading >= self.max_uploads:
+            message = f"{self.uploading} uploads are already in progress; retry later"
+            retry = {"Retry-After": str(self.retry_after_s), "Connection": "close"}
+            await error_response(429, "too_many_uploads", message, headers=retry)(scope, receive, send)
+            return
 
+        self.uploading += 1
+        start = time.monotonic()
         received = 0
+        uploading = True
+        delimiter = _closing_delimiter(headers)
+        closed = False  # the closing delimiter was seen
+        tail = b""  # the end of what came so far, in case the delimiter straddles two chunks
         started = False
 
+        def finished() -> None:
+            nonlocal uploading
+            if uploading:
+                uploading = False
+                self.uploading -= 1
+
+        def deadline() -> float:
+            """When more bytes must have arrived: the rate check starts after the grace period and the body
+            deadline caps everything."""
+            by_rate = received / self.min_rate if self.min_rate else math.inf
+            return start + min(self.timeout_s, max(self.grace_s, by_rate))
+
+        def too_slow() -> BodyError:
+            elapsed = time.monotonic() - start
+            if elapsed >= self.timeout_s:
+                why = f"the request body did not arrive within {self.timeout_s:g} s ({received} bytes came)"
+            else:
+                why = (
+                    f"the request body is arriving too slowly: {received} bytes in {elapsed:.1f} s, below "
+                    f"the minimum of {self.min_rate:g} bytes/s"
+                )
+            return BodyError(408, "upload_timeout", why, close=True)
+
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLargeError(self.max_bytes)
+            nonlocal received, closed, tail
+            if not uploading:
+                return await receive()
+            with anyio.move_on_after(deadline() - time.monotonic()) as waited:
+                message = await receive()
+            if waited.cancelled_caught:
+                finished()
+                raise too_slow()
+            if message["type"] != "http.request":
+                finished()  # disconnected
+                return message
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_bytes:
+                finished()
+                raise too_large(self.max_bytes)
+            if delimiter is not None and not closed:
+                window = tail + chunk
+                closed = delimiter in window
+                tail = window[-(len(delimiter) - 1) :]
+            if not message.get("more_body", False):
+                finished()
+                if delimiter is not None and not closed:
+                    raise BodyError(
+                        400,
+                        "bad_request",
+                        f"malformed multipart body: it ends after {received} bytes without its closing "
+                        f"boundary {delimiter.decode('latin-1')} (was the upload cut short?)",
+                    )
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -73,10 +167,40 @@ class BodyLimitMiddleware:
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLargeError as exc:  # read outside a route (no exception handler saw it)
+        except BodyError as exc:  # read outside a route (no exception handler saw it)
             if started:
                 raise
-            await error_response(413, "too_large", str(exc.detail))(scope, receive, send)
+            await error_response(exc.status_code, exc.code, exc.detail, headers=exc.headers)(
+                scope, receive, send
+            )
+        finally:
+            finished()
+
+
+class AdmissionMiddleware:
+    """POST /v1/continuations is admitted (or refused: 503 not ready or draining, 429 queue full) as it
+    arrives, before its upload is read; the route submits with the ticket kept in the scope."""
+
+    def __init__(self, app: ASGIApp, service: Any):
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != CONTINUATIONS_PATH or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            ticket = self.service.admit(scope.get(DRAINING_AT_ARRIVAL, self.service.draining))
+        except ApiError as exc:
+            await error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)(
+                scope, receive, send
+            )
+            return
+        scope[ADMISSION_TICKET] = ticket
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            ticket.release()
 
 
 class MetricsMiddleware:

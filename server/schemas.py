@@ -21,7 +21,9 @@ MAX_TRACKS = 64
 class ContinuationParams(BaseModel):
     """The form fields that go with the uploaded `file`."""
 
-    model_config = ConfigDict(extra="ignore")
+    # NaN compares false with every bound, so pydantic reported "seconds=nan" as out of bounds ("should be
+    # less than or equal to 600"); refused as "should be a finite number", it says what is wrong.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     seconds: float = Field(_D.seconds, gt=0, le=600, description="length of the continuation, in seconds")
     temperature: float = Field(_D.temperature, gt=0, le=10, description="softmax temperature (lower: safer)")

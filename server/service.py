@@ -12,15 +12,20 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from server.batcher import Batcher, warm_up
+from server.admission import Admission, Ticket
+from server.batcher import Batcher, GenerationWorker, warm_up
 from server.engine import EngineProcess
 from server.errors import ApiError
 from server.metrics import Metrics
 from server.settings import Settings
+
+if TYPE_CHECKING:
+    from musicrel.codec import EventCodec
+    from musicrel.model import MusicTransformer
 
 log = logging.getLogger("musicrel.server")
 
@@ -32,11 +37,13 @@ class Service:
         self.settings = settings
         self.metrics = metrics
         self.decoder = decoder
-        self.model: Any = None
-        self.codec: Any = None
-        self.batcher: Batcher | EngineProcess | None = None
+        self.model: MusicTransformer | None = None
+        self.codec: EventCodec | None = None
+        self.batcher: GenerationWorker | None = None
+        self.admission = Admission(settings, metrics)
         self.info: dict[str, Any] = {}
         self.parse_limiter: anyio.CapacityLimiter | None = None
+        self.render_limiter: anyio.CapacityLimiter | None = None
         self.draining = False
         self.in_flight = 0  # continuation requests between arrival and answer (MetricsMiddleware)
         self._previous_sigterm: Any = None
@@ -83,8 +90,12 @@ class Service:
     def start(self) -> None:
         s = self.settings
         self.parse_limiter = anyio.CapacityLimiter(s.parse_threads)
+        # Writing a finished result's MIDI has threads of its own: behind the parse limiter, a finished
+        # continuation waited for every upload queued to be parsed (a burst of large files: all answers came
+        # at the end, 76 s, though each had generated within 2 s).
+        self.render_limiter = anyio.CapacityLimiter(s.parse_threads)
         if self.uses_engine_process:
-            self.batcher = EngineProcess(s, self.metrics)
+            self.batcher = EngineProcess(s, self.metrics, on_dequeue=self.admission.departed)
         else:
             self.batcher = Batcher(
                 self.model,
@@ -97,6 +108,7 @@ class Service:
                 decoder=self.decoder,
                 warmup=partial(warm_up, self.codec) if s.warmup else None,
                 torch_threads=s.torch_threads,
+                on_dequeue=self.admission.departed,
             )
         self.batcher.start()
 
@@ -130,6 +142,12 @@ class Service:
         if draining or not self.warm:
             code, message = self.not_ready_reason(draining)
             raise ApiError(503, code, message, headers={"Retry-After": str(self.settings.retry_after_s)})
+
+    def admit(self, draining: bool) -> Ticket:
+        """Before a continuation's upload is read: 503 unless accepting, 429 when the queue is full."""
+        self.check_accepting(draining)
+        assert self.batcher is not None  # check_accepting refuses until the worker is warm
+        return self.admission.admit(self.batcher.queue_depth)
 
     # ---- draining on SIGTERM ---------------------------------------------------------------------
 

@@ -30,9 +30,20 @@ class Settings(BaseSettings):
 
     # Bodies beyond this are refused with 413 before any multipart parsing.
     max_upload_bytes: int = Field(2_000_000, ge=1024)
-    # Requests waiting for the generation worker (not yet started); one more gets 429.
+    # A slow upload holds a connection and a task for as long as it trickles: past the grace period its
+    # average rate must stay above upload_min_bytes_per_s, and the whole body must arrive within
+    # upload_timeout_s (else 408, connection closed). Kestrel's default minimum is 240 B/s after 5 s; a MIDI
+    # motif is tens of KB, so 1 KB/s refuses trickles sooner and still lets a slow phone through.
+    upload_timeout_s: float = Field(60.0, gt=0, description="longest time a request body may take to arrive")
+    upload_min_bytes_per_s: float = Field(1024.0, ge=0, description="slowest average upload rate; 0: off")
+    upload_grace_s: float = Field(5.0, ge=0, description="time an upload has before its rate is checked")
+    max_uploads: int = Field(32, ge=1, description="request bodies being received at once; more get 429")
+    # Continuation requests admitted and not yet generating (uploading, parsing or queued for the worker);
+    # one more gets 429 before its upload is read.
     max_queue: int = Field(64, ge=1)
-    retry_after_s: int = Field(2, ge=1, description="Retry-After sent with 429 and 503")
+    retry_after_s: int = Field(
+        2, ge=1, description="Retry-After with 503, and with 429 until the queue's drain rate is measured"
+    )
     # Continuous batching: requests join the running batch between decoding steps. Only when the worker is
     # idle does the first request wait this long for others to start with it (one shared prefill).
     batch_window_ms: float = Field(20.0, ge=0, le=10_000)
@@ -44,7 +55,8 @@ class Settings(BaseSettings):
     primer_cache: int = Field(
         16, ge=0, le=1024, description="recent distinct primers whose K/V are kept (no prefill again); 0: off"
     )
-    request_timeout_s: float = Field(120.0, gt=0, description="per-request deadline, upload to answer (504)")
+    # The upload has its own bounds above; this one runs from the end of the upload to the answer.
+    request_timeout_s: float = Field(120.0, gt=0, description="per-request deadline, parsing to answer (504)")
     drain_timeout_s: float = Field(
         30.0, ge=0, description="after SIGTERM, how long in-flight requests may run"
     )

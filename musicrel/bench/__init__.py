@@ -9,6 +9,7 @@ BENCH_MODULES = (
     "musicrel.bench.attention",
     "musicrel.bench.generate",
     "server.bench",
+    "server.probes",
 )
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
+
+from musicrel.bench.timing import medians, side_by_side
 
 MB = 1024 * 1024
 
@@ -130,15 +130,14 @@ def _available_bytes() -> int:
 
 
 def _time_interleaved(fns: dict, repeats: int) -> dict[str, float]:
-    for fn in fns.values():  # warm-up: allocator, thread pool, kernels
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
+    """Median seconds of each (what they return is a tensor, not a timing: dropped)."""
+    def timed(fn):
+        def run() -> None:
             fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+
+        return run
+
+    return medians(side_by_side({name: timed(fn) for name, fn in fns.items()}, repeats))
 
 
 def _naive_skew_layer(q, k, v, E_r):

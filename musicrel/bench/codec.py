@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
+from musicrel.bench.timing import side_by_side
 from musicrel.errors import MusicrelError
 
 
@@ -66,11 +67,12 @@ def fidelity(codec, path, pm=None) -> dict:
     }
 
 
-def _time(fn, files) -> float:
-    t0 = time.perf_counter()
-    for f in files:
-        fn(f)
-    return time.perf_counter() - t0
+def _pass(fn, files) -> Callable[[], None]:
+    def encode_all() -> None:
+        for f in files:
+            fn(f)
+
+    return encode_all
 
 
 def run(args) -> int:
@@ -95,12 +97,10 @@ def run(args) -> int:
     except ImportError:
         print("miditok is not installed (pip install 'musicrel[bench]'): musicrel alone", file=sys.stderr)
 
-    for fn in encoders.values():  # warm-up: imports, caches
-        _time(fn, files[:2])
-    times: dict[str, list[float]] = {name: [] for name in encoders}
-    for _ in range(args.repeats):  # alternate so that machine noise hits every encoder alike
-        for name, fn in encoders.items():
-            times[name].append(_time(fn, files))
+    for fn in encoders.values():  # warm-up on two files only: imports, caches
+        _pass(fn, files[:2])()
+    passes = {name: _pass(fn, files) for name, fn in encoders.items()}
+    times = side_by_side(passes, args.repeats, warmup=False)
 
     n = len(files)
     ref = statistics.median(times["miditok MIDILike(path)"]) if "miditok MIDILike(path)" in times else None

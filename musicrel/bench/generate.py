@@ -10,9 +10,10 @@
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from pathlib import Path
+
+from musicrel.bench.timing import medians, side_by_side
 
 DEFAULT_CHECKPOINT = Path("checkpoints/default")
 EVENTS_PER_SECOND_OF_MUSIC = 40.0
@@ -38,20 +39,6 @@ def register(bench_sub) -> None:
     parser.set_defaults(func=run)
 
 
-def _side_by_side(fns: dict, repeats: int) -> dict:
-    """Median seconds of each timed function, repetitions alternating between them so that load changes on a
-    shared machine hit every contender alike. A function may return its own timing (to leave out setup)."""
-    for fn in fns.values():
-        fn()  # warm-up: allocator, kernels
-    times: dict = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            own = fn()
-            times[name].append(own if own is not None else time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
 def _sync(device) -> None:
     import torch
 
@@ -65,19 +52,15 @@ def run(args) -> int:
     import numpy as np
     import torch
 
+    from musicrel.batch import generate_batch
     from musicrel.checkpoint import load_codec, load_model
     from musicrel.codec import EventCodec
     from musicrel.config import ModelConfig
-    from musicrel.generate import (
-        Grammar,
-        Primer,
-        SamplingParams,
-        decode_one_token,
-        generate,
-        generate_batch,
-        prefill,
-    )
+    from musicrel.generate import decode_one_token, generate, prefill
+    from musicrel.grammar import Grammar
     from musicrel.model import MusicTransformer
+    from musicrel.primer import Primer
+    from musicrel.sampling import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -130,7 +113,7 @@ def run(args) -> int:
                 _sync(device)
                 return time.perf_counter() - t0
 
-            t = _side_by_side({"full": full, "cached": cached}, args.repeats)
+            t = medians(side_by_side({"full": full, "cached": cached}, args.repeats))
             t_full, t_cached = t["full"], t["cached"] / steps
             rows.append(
                 (
@@ -158,7 +141,7 @@ def run(args) -> int:
         _sync(device)
         return time.perf_counter() - t0
 
-    t = _side_by_side({1: lambda: loop(1), 8: lambda: loop(8)}, args.repeats)
+    t = medians(side_by_side({1: lambda: loop(1), 8: lambda: loop(8)}, args.repeats))
     decode_rate = {batch: batch * (n - 1) / t[batch] for batch in (1, 8)}
     rows.append(
         (
@@ -187,7 +170,7 @@ def run(args) -> int:
         generate_batch(model, codec, [(primer, params[batch])])
         _sync(device)
 
-    t = _side_by_side({1: lambda: end_to_end(1), 8: lambda: end_to_end(8)}, args.repeats)
+    t = medians(side_by_side({1: lambda: end_to_end(1), 8: lambda: end_to_end(8)}, args.repeats))
     for batch in (1, 8):
         rate = batch * params[batch].max_new_tokens / t[batch]
         rows.append(

@@ -391,7 +391,9 @@ const state = {
   abort: null,
 };
 
-const fmtBytes = (b) => (b >= 1e6 ? `${+(b / 1e6).toFixed(1)} MB` : `${Math.round(b / 1e3)} KB`);
+// Under 1 kB in bytes: a 6-byte file rounded up to "1 KB" hid that it is far too small to be MIDI.
+const fmtBytes = (b) =>
+  b >= 1e6 ? `${+(b / 1e6).toFixed(1)} MB` : b >= 1e3 ? `${+(b / 1e3).toFixed(1)} KB` : `${b} bytes`;
 const fmt = (x, digits = 2) => (typeof x === "number" ? +x.toFixed(digits) : x);
 
 function setState(s) { app.dataset.state = s; }
@@ -448,7 +450,7 @@ async function loadMotif(file, sourceLabel) {
   } catch (err) {
     // The browser's parser is only for the preview; the server's verdict is the one that counts.
     state.motif = null;
-    $("motif-info").textContent = `${sourceLabel}: ${file.name} (${Math.ceil(file.size / 1024)} KB) — ` +
+    $("motif-info").textContent = `${sourceLabel}: ${file.name} (${fmtBytes(file.size)}) — ` +
       `cannot preview it here (${err.message}); the server will check it.`;
     roll.set([], null);
     $("continue").disabled = false;

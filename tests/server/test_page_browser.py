@@ -208,3 +208,38 @@ def test_drag_and_drop_loads_the_motif(page, motif_file):
     info = page.inner_text("#motif-info")
     assert info.startswith("Dropped: dropped.mid"), info
     assert not page.eval_on_selector("#dropzone", "z => z.classList.contains('dragover')")
+
+
+def test_a_tiny_file_is_shown_in_bytes(page):
+    fake = {"name": "six.mid", "mimeType": "audio/midi", "buffer": b"MThd\x00\x00"}
+    page.set_input_files("#file", files=[fake])
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    info = page.inner_text("#motif-info")
+    assert "(6 bytes)" in info and "KB" not in info, info
+
+
+def test_docs_render_from_the_footer_link_with_no_internet(browser, live_server):
+    """Every request that leaves the loopback is refused, as on a machine with no internet: the page's
+    footer link still opens Swagger UI with the API in it."""
+    context = browser.new_context()
+    blocked: list[str] = []
+
+    def only_loopback(route):
+        url = route.request.url
+        if url.startswith(("http://127.0.0.1", "http://localhost")):
+            route.continue_()
+        else:
+            blocked.append(url)
+            route.abort()
+
+    context.route("**/*", only_loopback)
+    page = context.new_page()
+    try:
+        page.goto(f"{live_server}/")
+        page.click("a[href='/docs']")
+        page.wait_for_selector(".swagger-ui .info .title", timeout=15_000)
+        assert "musicrel" in page.inner_text(".swagger-ui .info .title")
+        page.wait_for_selector(".opblock-summary-path[data-path='/v1/continuations']", timeout=5_000)
+        assert blocked == [], f"the docs reached outside the machine: {blocked}"
+    finally:
+        context.close()

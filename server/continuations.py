@@ -1,0 +1,221 @@
+"""The service layer behind POST /v1/continuations (the route only wires HTTP to it): parse the upload,
+build the sampling parameters, submit to the generation worker, wait while watching the client and the
+deadline, and shape the answer as MIDI or JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+
+import anyio
+from fastapi import UploadFile
+from fastapi.responses import Response
+
+from musicrel.batch import ContinuationResult
+from musicrel.primer import Primer, default_max_primer_tokens, prepare_primer
+from musicrel.sampling import SamplingParams
+from server.admission import Ticket
+from server.batcher import Job, QueueFullError, WorkerStoppedError
+from server.errors import ApiError
+from server.schemas import (
+    BatchInfo,
+    ContinuationParams,
+    ContinuationResponse,
+    PrimerInfo,
+    Sample,
+    Timings,
+)
+from server.service import Service
+
+log = logging.getLogger("musicrel.server")
+
+
+@dataclass
+class Continuation:
+    """A finished continuation: what the route answers with, as MIDI (`as_midi`) or JSON (`as_json`)."""
+
+    primer: Primer
+    job: Job
+    result: ContinuationResult
+    rendered: list[tuple[bytes, Sample]]  # each sample's MIDI file and its description
+    timings: Timings
+    settings: ContinuationParams  # as used: the seed filled in
+
+
+def _ms(seconds: float) -> float:
+    return round(1000 * seconds, 2)
+
+
+async def parse_upload(service: Service, file: UploadFile, params: ContinuationParams) -> Primer:
+    """The motif to continue (on a parse thread); the codec's InvalidMidiError for unusable MIDI."""
+    data = await file.read()
+    if not data:  # the OpenAPI schema says minLength 1: the same verdict as any other field out of bounds
+        raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
+    assert service.codec is not None and service.model is not None  # admitted only once loaded
+    prepare = partial(
+        prepare_primer,
+        service.codec,
+        data,
+        primer_seconds=params.primer_seconds,
+        tracks=params.track_selection(),
+        max_tokens=default_max_primer_tokens(service.model),
+    )
+    return await anyio.to_thread.run_sync(prepare, limiter=service.parse_limiter)
+
+
+def submit(
+    service: Service, primer: Primer, sampling: SamplingParams, deadline: float, ticket: Ticket | None
+) -> Job:
+    """Queue the job; its admission ticket is handed over to the queue (the job now counts there). Refused,
+    the ticket stays with the request, whose end releases it."""
+    assert service.batcher is not None
+    try:
+        job = service.batcher.submit(primer, sampling, deadline)
+    except QueueFullError as exc:  # only if admission was bypassed (the ticket reserves a place)
+        service.metrics.rejected.labels("queue_full").inc()
+        retry = service.admission.retry_after_s(service.batcher.queue_depth)
+        raise ApiError(
+            429, "queue_full", f"server busy: {exc}; retry later", headers={"Retry-After": str(retry)}
+        ) from exc
+    except WorkerStoppedError as exc:
+        retry = {"Retry-After": str(service.settings.retry_after_s)}
+        raise ApiError(503, "draining", str(exc), headers=retry) from exc
+    if ticket is not None:
+        ticket.handed_over()
+    return job
+
+
+async def wait_for_result(
+    job: Job, is_disconnected: Callable[[], Awaitable[bool]], poll_s: float
+) -> ContinuationResult | None:
+    """Await the job's result while watching the deadline and the client; None if the client left."""
+    assert job.future is not None
+    try:
+        while not job.future.done():
+            remaining = job.deadline - time.monotonic()
+            if remaining <= 0:
+                job.cancel("deadline")
+                break
+            await asyncio.wait({job.future}, timeout=min(poll_s, remaining))
+            if not job.future.done() and await is_disconnected():
+                job.cancel("disconnected")
+                return None
+    except asyncio.CancelledError:  # the server is cancelling this request (forced shutdown)
+        job.cancel("cancelled")
+        raise
+    if job.stop_reason == "deadline":
+        raise ApiError(504, "timeout", "the continuation did not finish within the request deadline")
+    try:
+        return job.future.result()
+    except WorkerStoppedError as exc:
+        raise ApiError(503, "draining", str(exc)) from exc
+
+
+def render(result: ContinuationResult) -> list[tuple[bytes, Sample]]:
+    out = []
+    for i, (midi, tokens) in enumerate(zip(result.midis, result.tokens, strict=True)):
+        buffer = io.BytesIO()
+        midi.write(buffer)
+        data = buffer.getvalue()
+        sample = Sample(
+            index=i,
+            midi_base64=base64.b64encode(data).decode("ascii"),
+            new_tokens=len(tokens),
+            notes=sum(len(inst.notes) for inst in midi.instruments),
+            duration_s=round(float(midi.get_end_time()), 4),
+        )
+        out.append((data, sample))
+    return out
+
+
+async def create_continuation(
+    service: Service,
+    file: UploadFile,
+    params: ContinuationParams,
+    ticket: Ticket | None,
+    is_disconnected: Callable[[], Awaitable[bool]],
+) -> Continuation | None:
+    """The whole request after admission; None when the client left before the result."""
+    settings, metrics = service.settings, service.metrics
+    start = time.monotonic()
+    deadline = start + settings.request_timeout_s
+    primer = await parse_upload(service, file, params)
+    parsed = time.monotonic()
+    metrics.parse_seconds.observe(parsed - start)
+
+    job = submit(service, primer, params.sampling_params(), deadline, ticket)
+    result = await wait_for_result(job, is_disconnected, settings.disconnect_poll_s)
+    if result is None:
+        log.info("client disconnected; generation stopped")
+        return None
+
+    rendered = await anyio.to_thread.run_sync(render, result, limiter=service.render_limiter)
+    done = time.monotonic()
+    timings = Timings(
+        parse_ms=_ms(parsed - start),
+        queue_ms=_ms((job.started_at or parsed) - parsed),
+        generation_ms=_ms(job.generation_s),
+        total_ms=_ms(done - start),
+        prefill_ms=_ms(result.timings["prefill"]) if "prefill" in result.timings else None,
+        decode_ms=_ms(result.timings["decode"]) if "decode" in result.timings else None,
+    )
+    log.info(
+        "continuation: seed=%d primer=%d new=%d batch=%d/%d parse=%.0fms queue=%.0fms gen=%.0fms",
+        result.seed,
+        result.primer_tokens,
+        result.new_tokens,
+        job.batch_jobs,
+        job.batch_rows,
+        timings.parse_ms,
+        timings.queue_ms,
+        timings.generation_ms,
+    )
+    used = params.model_copy(update={"seed": int(result.seed)})
+    return Continuation(primer, job, result, rendered, timings, used)
+
+
+def as_json(c: Continuation) -> ContinuationResponse:
+    primer, result = c.primer, c.result
+    return ContinuationResponse(
+        seed=int(result.seed),
+        settings=c.settings,
+        primer=PrimerInfo(
+            tokens=int(result.primer_tokens),
+            start_time=float(primer.start_time),
+            end_time=float(primer.end_time),
+            tempo=float(primer.tempo),
+            program=int(primer.program),
+            notes=len(primer.notes),
+        ),
+        samples=[sample for _, sample in c.rendered],
+        new_tokens=int(result.new_tokens),
+        stopped=bool(result.stopped),
+        timings=c.timings,
+        batch=BatchInfo(requests=c.job.batch_jobs, rows=c.job.batch_rows),
+    )
+
+
+def as_midi(c: Continuation) -> Response:
+    """The first sample as a MIDI file; seed, token counts and timings in headers."""
+    result, timings = c.result, c.timings
+    data, sample = c.rendered[0]
+    headers = {
+        "Content-Disposition": f'attachment; filename="continuation-{result.seed}.mid"',
+        "X-Musicrel-Seed": str(result.seed),
+        "X-Musicrel-Tokens": str(sample.new_tokens),
+        "X-Musicrel-Primer-Tokens": str(result.primer_tokens),
+        "X-Musicrel-Samples": str(len(c.rendered)),
+        "X-Musicrel-Stopped": str(bool(result.stopped)).lower(),
+        "X-Musicrel-Timing-Parse-Ms": str(timings.parse_ms),
+        "X-Musicrel-Timing-Queue-Ms": str(timings.queue_ms),
+        "X-Musicrel-Timing-Generation-Ms": str(timings.generation_ms),
+        "Server-Timing": f"parse;dur={timings.parse_ms}, queue;dur={timings.queue_ms}, "
+        f"generate;dur={timings.generation_ms}, total;dur={timings.total_ms}",
+    }
+    return Response(content=data, media_type="audio/midi", headers=headers)

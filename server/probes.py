@@ -1,0 +1,225 @@
+"""`musicrel bench reliability`: issue 15's probes as one command, against a uvicorn it starts (or --url).
+
+- trickle: N connections each sending a real upload one byte per 0.5 s; how long until each is answered, and
+  with what (408 cut off, 429 refused at once), or still held when the probe gives up;
+- burst: N clients at once posting the same real MIDI file; how long the 429s take to come back, the
+  Retry-After they carry against the parse/queue/generation times the accepted requests really had, and what
+  a refused client gets when it retries after Retry-After seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BOUNDARY = "probeb0undary"
+STAGES = ("parse", "queue", "generation")  # the X-Musicrel-Timing-*-Ms headers of an answer
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser(
+        "reliability",
+        help="abuse probes: trickled uploads, a burst against the queue (408/429 times, Retry-After)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--url", default=None, help="probe this server instead of starting one")
+    p.add_argument("--checkpoint", type=Path, default=None, help="default: a random default-size model")
+    p.add_argument("--midi", type=Path, default=None, help="upload (default: the largest shared real file)")
+    p.add_argument("--trickles", type=int, default=40, help="slow connections held open at once (0: none)")
+    p.add_argument("--give-up-s", type=float, default=30.0, help="stop trickling after this long")
+    p.add_argument("--burst", type=int, default=120, help="requests sent at once")
+    p.add_argument("--seconds", type=float, default=2.0, help="music per burst request")
+    p.add_argument("--max-queue", type=int, default=64, help="MUSICREL_MAX_QUEUE of the started server")
+    p.set_defaults(func=run)
+
+
+def _multipart(midi: bytes, **fields: str) -> bytes:
+    parts = [
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+        for k, v in fields.items()
+    ]
+    head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="m.mid"\r\n\r\n'
+    return b"".join(parts) + head.encode() + midi + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+def _trickle(host: str, port: int, body: bytes, give_up_s: float) -> tuple[str, float]:
+    """(status line or 'held', seconds) for one connection sending `body` one byte per 0.5 s."""
+    start = time.monotonic()
+    with socket.create_connection((host, port), timeout=give_up_s) as sock:
+        sock.sendall(
+            b"POST /v1/continuations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            + f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n\r\n".encode()
+        )
+        sock.settimeout(0.5)
+        for i in range(len(body)):
+            if time.monotonic() - start > give_up_s:
+                return "held", time.monotonic() - start
+            try:
+                sock.sendall(b"1\r\n" + body[i : i + 1] + b"\r\n")
+                answer = sock.recv(64)
+            except TimeoutError:
+                continue
+            except OSError:
+                return "closed", time.monotonic() - start
+            return answer.split(b"\r\n")[0].decode(errors="replace") or "closed", time.monotonic() - start
+    return "held", time.monotonic() - start
+
+
+Answer = tuple[int, float, str, dict[str, float]]
+
+
+def _burst(url: str, midi: bytes, n: int, seconds: float) -> list[tuple[Answer, Answer | None]]:
+    """Per request, all sent at once: its answer (status, seconds to it, Retry-After, {stage: seconds} from
+    the timing headers) and, if that was a 429, the answer to one retry sent Retry-After seconds later."""
+    import httpx
+
+    results: list = [None] * n
+    go = threading.Event()
+
+    def one(i: int) -> None:
+        def send(http: httpx.Client) -> Answer:
+            start = time.monotonic()
+            r = http.post(
+                f"{url}/v1/continuations",
+                files={"file": ("m.mid", midi, "audio/midi")},
+                data={"seconds": str(seconds), "seed": str(i)},
+            )
+            stages = {
+                stage: float(r.headers[f"x-musicrel-timing-{stage}-ms"]) / 1000
+                for stage in STAGES
+                if f"x-musicrel-timing-{stage}-ms" in r.headers
+            }
+            return r.status_code, time.monotonic() - start, r.headers.get("retry-after", ""), stages
+
+        with httpx.Client(timeout=600) as http:
+            go.wait()
+            first = send(http)
+            retry = None
+            if first[0] == 429:
+                time.sleep(float(first[2] or 0))
+                retry = send(http)
+            results[i] = (first, retry)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join()
+    return results
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace):
+    if args.url:
+        yield args.url
+        return
+    import httpx
+
+    from server.bench import _random_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = args.checkpoint or _random_checkpoint(Path(tmp) / "ckpt")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {
+            **os.environ,
+            "MUSICREL_CHECKPOINT": str(checkpoint),
+            "MUSICREL_MAX_QUEUE": str(args.max_queue),
+        }
+        command = [sys.executable, "-m", "uvicorn", "server.app:app", "--port", str(port)]
+        server = subprocess.Popen([*command, "--log-level", "warning"], env=env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"{url}/readyz").status_code == 200:
+                        break
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the server did not become ready")
+                time.sleep(0.2)
+            yield url
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+
+
+def _default_midi() -> Path | None:
+    from musicrel.bench.codec import _default_dir
+
+    files = sorted(_default_dir().glob("*.mid"), key=lambda p: p.stat().st_size)
+    return files[-1] if files else None
+
+
+def run(args: argparse.Namespace) -> int:
+    path = args.midi or _default_midi()
+    if path is None:
+        from server.bench import _motif
+
+        midi, name = _motif(), "a generated motif"
+    else:
+        midi, name = path.read_bytes(), path.name
+    with _server(args) as url:
+        host, port = url.removeprefix("http://").split(":")
+        body = _multipart(midi, seconds="1")
+        answers: list = [None] * args.trickles
+
+        def trickler(i: int) -> None:
+            answers[i] = _trickle(host, int(port), body, args.give_up_s)
+
+        threads = [threading.Thread(target=trickler, args=(i,)) for i in range(args.trickles)]
+        for t in threads:
+            t.start()
+            time.sleep(0.01)
+        for t in threads:
+            t.join()
+        print(
+            f"trickle: {args.trickles} connections sending {name} at 1 byte / 0.5 s "
+            f"(give up {args.give_up_s:g} s)"
+        )
+        for status in sorted({a[0] for a in answers}):
+            times = [a[1] for a in answers if a[0] == status]
+            print(f"  {status:<40} x{len(times):<4} after {min(times):6.2f}-{max(times):6.2f} s")
+
+        pairs = _burst(url, midi, args.burst, args.seconds)
+        results = [first for first, _ in pairs]
+        print(
+            f"burst: {args.burst} requests at once, {name} ({len(midi)} bytes), "
+            f"{args.seconds:g} s of music each"
+        )
+        for status in sorted({r[0] for r in results}):
+            rows = [r for r in results if r[0] == status]
+            times = sorted(r[1] for r in rows)
+            print(
+                f"  {status} x{len(rows):<4} answered after median {statistics.median(times):6.2f} s, "
+                f"max {times[-1]:6.2f} s"
+            )
+        for stage in STAGES:
+            took = sorted(r[3][stage] for r in results if r[0] == 200 and stage in r[3])
+            if took:
+                median = statistics.median(took)
+                print(f"  accepted: {stage:<10} median {median:6.2f} s, max {took[-1]:6.2f} s")
+        retry_after = sorted({r[2] for r in results if r[0] == 429}, key=lambda x: int(x or 0))
+        print(f"  Retry-After sent with the 429s: {', '.join(retry_after) or 'none'} s")
+        retries = [retry for _, retry in pairs if retry is not None]
+        if retries:
+            # Honest Retry-After: a client that waits as told finds room (or is told a new time).
+            counts = collections.Counter(r[0] for r in retries)
+            print(
+                "  their retries, each sent Retry-After seconds later: "
+                + ", ".join(f"{status} x{count}" for status, count in sorted(counts.items()))
+            )
+    return 0

@@ -70,13 +70,18 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
 
 
 def submit(
-    service: Service, primer: Primer, sampling: SamplingParams, deadline: float, ticket: Ticket | None
+    service: Service,
+    primer: Primer,
+    sampling: SamplingParams,
+    deadline: float,
+    ticket: Ticket | None,
+    on_progress: Callable[[list[list[int]]], None] | None = None,
 ) -> Job:
     """Queue the job; its admission ticket is handed over to the queue (the job now counts there). Refused,
-    the ticket stays with the request, whose end releases it."""
+    the ticket stays with the request, whose end releases it. `on_progress`: see GenerationWorker.submit."""
     assert service.batcher is not None
     try:
-        job = service.batcher.submit(primer, sampling, deadline)
+        job = service.batcher.submit(primer, sampling, deadline, on_progress=on_progress)
     except QueueFullError as exc:  # only if admission was bypassed (the ticket reserves a place)
         service.metrics.rejected.labels("queue_full").inc()
         retry = service.admission.retry_after_s(service.batcher.queue_depth)
@@ -155,6 +160,19 @@ async def create_continuation(
         log.info("client disconnected; generation stopped")
         return None
 
+    return await finish(service, params, primer, job, result, start, parsed)
+
+
+async def finish(
+    service: Service,
+    params: ContinuationParams,
+    primer: Primer,
+    job: Job,
+    result: ContinuationResult,
+    start: float,
+    parsed: float,
+) -> Continuation:
+    """Write the samples' MIDI (on a render thread) and measure: the finished continuation."""
     rendered = await anyio.to_thread.run_sync(render, result, limiter=service.render_limiter)
     done = time.monotonic()
     timings = Timings(

@@ -776,7 +776,11 @@ async function streamContinuation(signal) {
       if (!line.trim()) continue;
       let event;
       try { event = JSON.parse(line); } catch (_) { throw new StreamFailed("the stream sent a line that is not JSON"); }
-      if (event.type === "result") { reader.cancel().catch(() => {}); return event; }
+      if (event.type === "result") {
+        state.stream.resultAt = performance.now();
+        reader.cancel().catch(() => {});
+        return event;
+      }
       if (event.type === "error") {
         const err = event.error || {};
         throw Object.assign(new Error(err.message || `HTTP ${event.status}`), { code: err.code || `http_${event.status}` });

@@ -669,7 +669,9 @@ async function readError(resp) {
 // Continue streams the continuation (POST /v1/continuations/stream): each note is played and drawn as it
 // arrives, and the final event brings the MIDI files. If streaming itself fails (no such route, a proxy
 // that cuts or buffers the stream, a browser without readable streams) the page asks the plain endpoint.
-const LIVE_LEAD_S = 0.1; // the first note sounds this long after it arrives: room for the jitter of the next ones
+// The first note sounds this long after it arrives: room for the next notes' jitter (a chord's notes come a
+// few decoding steps apart, ~5-10 ms each); a note later than that moves the timeline (synth.live.slips).
+const LIVE_LEAD_S = 0.06;
 
 class StreamFailed extends Error {}
 

@@ -249,3 +249,20 @@ def test_streams_from_the_engine_process(tiny_checkpoint):
         for sample in events[-1]["samples"]:
             assert len(apply(events, sample["index"])) == len(midi_notes(sample)) == sample["notes"]
         assert midis(plain_json(client)) == midis(events[-1])
+
+
+def test_a_reroll_of_the_same_motif_is_not_parsed_again(app_client, monkeypatch):
+    import server.continuations
+
+    parsed: list = []
+    real = server.continuations.prepare_primer
+    monkeypatch.setattr(
+        server.continuations, "prepare_primer", lambda *a, **k: parsed.append(1) or real(*a, **k)
+    )
+    client = app_client[0]
+    again = motif(12)  # not posted by the other tests
+    for seed in ("1", "2"):
+        assert events_of(stream(client, again, seconds="0.3", seed=seed))[-1]["type"] == "result"
+    assert len(parsed) == 1
+    assert events_of(stream(client, again, seconds="0.3", primer_seconds="2"))[-1]["type"] == "result"
+    assert len(parsed) == 2  # another primer window is another primer

@@ -693,15 +693,17 @@ $("form").addEventListener("submit", async (e) => {
   setStatus("Generating…");
   state.abort = new AbortController();
   state.stream = { clickAt: started, transport: "stream", notes: 0 };
+  // The request leaves first: starting the audio context can hold the page for 100-200 ms the first time.
+  const streaming = streamContinuation(state.abort.signal);
   try {
-    synth.startLive(LIVE_LEAD_S); // the audio context starts here, within the click
+    synth.startLive(LIVE_LEAD_S); // within the click: browsers start audio only on a user's gesture
   } catch (err) {
     showError(`cannot play audio: ${err.message}`, "audio");
   }
   try {
     let body;
     try {
-      body = await streamContinuation(state.abort.signal);
+      body = await streaming;
     } catch (err) {
       if (!(err instanceof StreamFailed)) throw err;
       state.stream.transport = "plain";

@@ -252,7 +252,8 @@ def test_docs_render_from_the_footer_link_with_no_internet(browser, live_server)
 SHIPPED = REPO / "checkpoints" / "default"
 # The issue's goal: 300 ms from the click to the first note heard (README, "Streaming", has the measurements).
 FIRST_NOTE_GOAL_MS = 300.0
-LATENCY_RUNS = 7
+FIRST_CONTINUE_BOUND_MS = 1500.0  # a motif's first Continue parses and prefills it: see the README
+LATENCY_RUNS = 5
 
 
 def _stream_timeline(page) -> dict:
@@ -328,37 +329,53 @@ def shipped_server(tmp_path_factory):
         yield server.url
 
 
+def _latency_runs(page, path: Path, runs: int) -> list[dict]:
+    """Load `path`, then press Continue `runs` times with new seeds: the first is the motif's first
+    Continue (parsed and prefilled), the others re-rolls (the server keeps both)."""
+    page.set_input_files("#file", str(path))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    page.fill("#seconds", "6")
+    out = []
+    for seed in range(runs):
+        page.fill("#seed", str(seed))
+        page.click("#continue")
+        page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+        timeline = _stream_timeline(page)
+        server = page.evaluate("window.musicrel.state.response")
+        timeline |= {k: server["timings"].get(k) for k in ("parse_ms", "queue_ms", "prefill_ms")}
+        timeline["server_first_note"] = server["first_note_ms"]
+        out.append(timeline)
+        page.click("#stop")
+    return out
+
+
 def test_first_note_latency_on_the_shipped_model(browser, shipped_server, motif_file, record_property):
-    """Click on Continue to the first generated note heard, on the shipped model, several times: the page's
-    own marks (performance.now()) and the server's timings for each run."""
+    """Click on Continue to the first generated note heard (its audio onset on the page's clock, output
+    latency included), on the shipped model: a bundled example and a dense real file, each pressed once and
+    then re-rolled. The page's marks (performance.now()) and the server's timings are printed per run."""
     context = browser.new_context(viewport={"width": 1200, "height": 900})
     page = context.new_page()
+    columns = ["headers", "first_note", "heard", "result", "server_first_note", "parse_ms", "queue_ms"]
+    columns += ["prefill_ms"]
+    measured = {}
     try:
         page.goto(f"{shipped_server}/")
-        page.set_input_files("#file", str(motif_file))
-        page.wait_for_function("!document.getElementById('continue').disabled")
-        page.fill("#seconds", "6")
-        runs = []
-        for seed in range(LATENCY_RUNS):
-            page.fill("#seed", str(seed))
-            page.click("#continue")
-            page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
-            timeline = _stream_timeline(page)
-            server = page.evaluate("window.musicrel.state.response")
-            timeline |= {k: server["timings"].get(k) for k in ("parse_ms", "queue_ms", "prefill_ms")}
-            timeline["server_first_note"] = server["first_note_ms"]
-            runs.append(timeline)
-            page.click("#stop")
+        for path in (STATIC_DIR / "examples" / "piano_theme_c.mid", motif_file):
+            runs = _latency_runs(page, path, LATENCY_RUNS)
+            assert all(r["transport"] == "stream" for r in runs)
+            print(f"\nfirst-note latency on {path.name}, ms after the click (run 0: first Continue):")
+            for r in runs:
+                print("  " + ", ".join(f"{c}={r[c]:.1f}" for c in columns) + f", slips={r['slips']}")
+            measured[path.name] = {
+                "first": runs[0],
+                "rerolls": {c: float(np.median([r[c] for r in runs[1:]])) for c in columns},
+            }
+            print(f"  re-roll median: {measured[path.name]['rerolls']}")
     finally:
         context.close()
-    assert all(r["transport"] == "stream" for r in runs)
-    columns = ["headers", "start", "first_note", "heard", "result", "server_first_note"]
-    columns += ["parse_ms", "queue_ms", "prefill_ms"]
-    median = {c: float(np.median([r[c] for r in runs])) for c in columns}
-    print(f"\nfirst-note latency, ms after the click (median of {LATENCY_RUNS}): {median}")
-    for r in runs:
-        print("  " + ", ".join(f"{c}={r[c]:.1f}" for c in columns) + f", slips={r['slips']}")
-    record_property("first_note_latency_ms", median)
-    # Played while generating: the first note sounds long before the last one is generated.
-    assert median["heard"] < median["result"] - 500
-    assert median["heard"] <= FIRST_NOTE_GOAL_MS, median
+    record_property("first_note_latency_ms", measured)
+    for name, m in measured.items():
+        # Played while generating: the first note sounds long before the last one is generated.
+        assert m["rerolls"]["heard"] < m["rerolls"]["result"] - 500, name
+        assert m["rerolls"]["heard"] <= FIRST_NOTE_GOAL_MS, (name, m["rerolls"])
+        assert m["first"]["heard"] <= FIRST_CONTINUE_BOUND_MS, (name, m["first"])

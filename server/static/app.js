@@ -833,6 +833,7 @@ class LiveRoll {
       if (n) this.cont.splice(this.cont.indexOf(n), 1);
       synth.liveDrop(e.id);
     }
+    $("roll").dataset.liveNotes = String(this.cont.length);
     this.redraw();
   }
 
@@ -861,7 +862,6 @@ class LiveRoll {
       const playhead = roll.playhead;
       roll.set([{ notes: this.motif, color: "--motif" }, { notes: drawn, color: "--cont" }], this.boundary);
       roll.playhead = playhead;
-      $("roll").dataset.liveNotes = String(drawn.length);
     });
   }
 }

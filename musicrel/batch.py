@@ -191,6 +191,19 @@ class DecodeBatch:
         """Ids of the jobs still decoding, in the order they were admitted (rows themselves have no order)."""
         return sorted({row.job.id for row in self.rows})
 
+    def generated(self, job_id: int) -> list[np.ndarray] | None:
+        """The tokens each sample of a running job has generated so far (views into the rows' histories,
+        whose filled part never changes), for a caller that streams them between steps; None when the job
+        is not in the batch (finished: its result holds every token)."""
+        rows = [row for row in self.rows if row.job.id == job_id]
+        if not rows:
+            return None
+        job = rows[0].job
+        out = list(job.samples)  # samples already done hold their tokens; live rows fill in below
+        for row in rows:
+            out[row.sample] = row.history[len(job.tokens) : row.filled]
+        return out
+
     @torch.inference_mode()
     def admit(self, jobs: Sequence[tuple[Primer, SamplingParams]]) -> list[int]:
         """Add jobs (num_samples rows each) to the batch; returns their ids, as `step` reports them.

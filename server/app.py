@@ -30,8 +30,9 @@ log = logging.getLogger("musicrel.server")
 DESCRIPTION = """Upload a MIDI motif; a Music Transformer continues it.
 
 `POST /v1/continuations` answers `audio/midi` (the first sample) or, with `Accept: application/json`,
-every sample as base64 MIDI with the seed, the settings used and timings. Every error is JSON
-`{"error": {"code": ..., "message": ...}}`.
+every sample as base64 MIDI with the seed, the settings used and timings. `POST /v1/continuations/stream`
+takes the same form and answers NDJSON events while it generates: each note as it is generated, then the
+same JSON. Every error is JSON `{"error": {"code": ..., "message": ...}}`.
 """
 
 

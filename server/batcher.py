@@ -55,6 +55,11 @@ class Job:
     # ...or, in the engine process, reported instead: sink("started" | "done" | "error", job, payload)
     sink: Callable[[str, Job, Any], None] | None = None
     id: int = 0  # the engine's name for the job on both sides of its pipe (unused in one process)
+    # Streaming: after each step the worker reports each sample's new tokens, on_progress(tokens per sample)
+    # on `loop`, or sink("progress", job, tokens) in the engine process (`stream` says so there).
+    on_progress: Callable[[list[list[int]]], None] | None = None
+    stream: bool = False
+    reported: list[int] = field(default_factory=list)  # tokens reported so far, per sample (worker side)
     enqueued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # admitted into the running batch
     finished_at: float | None = None
@@ -77,6 +82,24 @@ class Job:
         self.started_at = at
         if self.sink is not None:
             self.sink("started", self, at)
+
+    def _progress(self, tokens: list[list[int]]) -> None:
+        if self.sink is not None:
+            self.sink("progress", self, tokens)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+            self.loop.call_soon_threadsafe(self.on_progress, tokens)
+
+    def _report(self, generated: list[Any] | None) -> None:
+        """Report the tokens generated since the last report (`generated`: DecodeBatch.generated)."""
+        if generated is None:
+            return
+        if not self.reported:
+            self.reported = [0] * len(generated)
+        new = [tokens[done:].tolist() for tokens, done in zip(generated, self.reported, strict=True)]
+        if any(new):
+            self.reported = [len(tokens) for tokens in generated]
+            self._progress(new)
 
     def _deliver(self, result: Any = None, error: BaseException | None = None) -> None:
         if self.sink is not None:
@@ -134,8 +157,15 @@ class GenerationWorker(Protocol):
 
     def start(self) -> None: ...
 
-    def submit(self, primer: Primer, params: SamplingParams, deadline: float) -> Job:
-        """Queue a job (from the event loop); QueueFullError or WorkerStoppedError."""
+    def submit(
+        self,
+        primer: Primer,
+        params: SamplingParams,
+        deadline: float,
+        on_progress: Callable[[list[list[int]]], None] | None = None,
+    ) -> Job:
+        """Queue a job (from the event loop); QueueFullError or WorkerStoppedError. With `on_progress`, it
+        is called on the loop with each sample's new tokens after every step that made some."""
         ...
 
     @property
@@ -190,10 +220,23 @@ class Batcher:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, primer: Primer, params: SamplingParams, deadline: float) -> Job:
+    def submit(
+        self,
+        primer: Primer,
+        params: SamplingParams,
+        deadline: float,
+        on_progress: Callable[[list[list[int]]], None] | None = None,
+    ) -> Job:
         loop = asyncio.get_running_loop()
         job = Job(
-            primer, params, rows=params.num_samples, deadline=deadline, future=loop.create_future(), loop=loop
+            primer,
+            params,
+            rows=params.num_samples,
+            deadline=deadline,
+            future=loop.create_future(),
+            loop=loop,
+            on_progress=on_progress,
+            stream=on_progress is not None,
         )
         self.enqueue(job)
         return job
@@ -343,4 +386,7 @@ class Batcher:
             if job.stop_reason is not None:
                 self.metrics.stopped.labels(job.stop_reason).inc()
             job._deliver(result)
+        for job_id, job in self._running.items():
+            if job.stream and job.stop_reason is None:
+                job._report(batch.generated(job_id))
         return batch

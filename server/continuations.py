@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import logging
 import time
@@ -53,11 +54,19 @@ def _ms(seconds: float) -> float:
 
 
 async def parse_upload(service: Service, file: UploadFile, params: ContinuationParams) -> Primer:
-    """The motif to continue (on a parse thread); the codec's InvalidMidiError for unusable MIDI."""
+    """The motif to continue (on a parse thread, unless it is one of the last MUSICREL_PRIMER_CACHE motifs
+    parsed with the same primer settings); the codec's InvalidMidiError for unusable MIDI."""
     data = await file.read()
     if not data:  # the OpenAPI schema says minLength 1: the same verdict as any other field out of bounds
         raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
     assert service.codec is not None and service.model is not None  # admitted only once loaded
+    # The same motif again (a re-roll with another seed) is not parsed again: a dense file's parse and
+    # primer window take 100-600 ms on 2 busy cores, most of the wait for a streamed first note.
+    key = (hashlib.sha256(data).digest(), params.primer_seconds, params.tracks)
+    primer = service.parsed_primers.get(key)
+    if primer is not None:
+        service.parsed_primers.move_to_end(key)
+        return primer
     prepare = partial(
         prepare_primer,
         service.codec,
@@ -66,17 +75,27 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
         tracks=params.track_selection(),
         max_tokens=default_max_primer_tokens(service.model),
     )
-    return await anyio.to_thread.run_sync(prepare, limiter=service.parse_limiter)
+    primer = await anyio.to_thread.run_sync(prepare, limiter=service.parse_limiter)
+    if service.settings.primer_cache:
+        service.parsed_primers[key] = primer
+        while len(service.parsed_primers) > service.settings.primer_cache:
+            service.parsed_primers.popitem(last=False)
+    return primer
 
 
 def submit(
-    service: Service, primer: Primer, sampling: SamplingParams, deadline: float, ticket: Ticket | None
+    service: Service,
+    primer: Primer,
+    sampling: SamplingParams,
+    deadline: float,
+    ticket: Ticket | None,
+    on_progress: Callable[[list[list[int]]], None] | None = None,
 ) -> Job:
     """Queue the job; its admission ticket is handed over to the queue (the job now counts there). Refused,
-    the ticket stays with the request, whose end releases it."""
+    the ticket stays with the request, whose end releases it. `on_progress`: see GenerationWorker.submit."""
     assert service.batcher is not None
     try:
-        job = service.batcher.submit(primer, sampling, deadline)
+        job = service.batcher.submit(primer, sampling, deadline, on_progress=on_progress)
     except QueueFullError as exc:  # only if admission was bypassed (the ticket reserves a place)
         service.metrics.rejected.labels("queue_full").inc()
         retry = service.admission.retry_after_s(service.batcher.queue_depth)
@@ -155,6 +174,19 @@ async def create_continuation(
         log.info("client disconnected; generation stopped")
         return None
 
+    return await finish(service, params, primer, job, result, start, parsed)
+
+
+async def finish(
+    service: Service,
+    params: ContinuationParams,
+    primer: Primer,
+    job: Job,
+    result: ContinuationResult,
+    start: float,
+    parsed: float,
+) -> Continuation:
+    """Write the samples' MIDI (on a render thread) and measure: the finished continuation."""
     rendered = await anyio.to_thread.run_sync(render, result, limiter=service.render_limiter)
     done = time.monotonic()
     timings = Timings(

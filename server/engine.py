@@ -7,12 +7,13 @@ So the server process only parses and answers, and a child process (spawned: no 
 threads and an OpenMP pool) owns the model and runs the same `Batcher` on its own GIL. It is a plain
 `python -m server.engine FD` with one end of a socket pair, so it never re-imports the server's main module.
 
-They talk over one pipe. Server -> engine: ("job", id, primer, params, deadline), ("cancel", id, reason),
-("stop", timeout). Engine -> server: ("ready",) or ("failed", why), ("started", id, at), ("done" | "error",
-id, payload, job fields), and ("metric", name, labels, method, args) for the worker's Prometheus updates,
-which the server applies to its own registry. Deadlines and timings are time.monotonic(), one clock for both
-processes. The server keeps the bounded queue (429) itself: it counts the jobs not yet started. The first
-message is the Settings; if the server goes away the engine sees end-of-file and exits.
+They talk over one pipe. Server -> engine: ("job", id, primer, params, deadline, stream), ("cancel", id,
+reason), ("stop", timeout). Engine -> server: ("ready",) or ("failed", why), ("started", id, at), ("progress",
+id, new tokens per sample) after each step of a streamed job, ("done" | "error", id, payload, job fields), and
+("metric", name, labels, method, args) for the worker's Prometheus updates, which the server applies to its
+own registry. Deadlines and timings are time.monotonic(), one clock for both processes. The server keeps the
+bounded queue (429) itself: it counts the jobs not yet started. The first message is the Settings; if the
+server goes away the engine sees end-of-file and exits.
 """
 
 from __future__ import annotations
@@ -111,7 +112,13 @@ class EngineProcess:
 
     # ---- event-loop side -------------------------------------------------------------------------
 
-    def submit(self, primer: Primer, params: SamplingParams, deadline: float) -> Job:
+    def submit(
+        self,
+        primer: Primer,
+        params: SamplingParams,
+        deadline: float,
+        on_progress: Callable[[list[list[int]]], None] | None = None,
+    ) -> Job:
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._stopping or self.failed or not self.ready.is_set():
@@ -127,11 +134,12 @@ class EngineProcess:
                 loop=loop,
                 id=next(self._ids),
                 engine=self,
+                on_progress=on_progress,
             )
             self._jobs[job.id] = job
             self._queued += 1
             self.metrics.queue_depth.set(self._queued)
-            self._send_locked(("job", job.id, primer, params, deadline))
+            self._send_locked(("job", job.id, primer, params, deadline, on_progress is not None))
         return job
 
     @property
@@ -188,6 +196,11 @@ class EngineProcess:
                     if job is not None and job.started_at is None:
                         job.started_at = at
                         self._dequeued_locked()
+            elif kind == "progress":
+                _, job_id, tokens = message
+                job = self._jobs.get(job_id)
+                if job is not None and job.on_progress is not None:
+                    job._progress(tokens)
             elif kind in ("done", "error"):
                 _, job_id, payload, fields = message
                 with self._lock:
@@ -291,8 +304,8 @@ def engine_main(conn: Any, settings: Settings) -> None:
     jobs: dict[int, Job] = {}  # not answered yet, by id
 
     def sink(event: str, job: Job, payload: Any) -> None:
-        if event == "started":
-            send(("started", job.id, payload))
+        if event in ("started", "progress"):
+            send((event, job.id, payload))
             return
         jobs.pop(job.id, None)
         fields = {name: getattr(job, name) for name in _JOB_FIELDS}
@@ -323,8 +336,9 @@ def engine_main(conn: Any, settings: Settings) -> None:
             return
         kind = message[0]
         if kind == "job":
-            _, job_id, primer, params, deadline = message
-            job = Job(primer, params, rows=params.num_samples, deadline=deadline, sink=sink, id=job_id)
+            _, job_id, primer, params, deadline, stream = message
+            rows = params.num_samples
+            job = Job(primer, params, rows=rows, deadline=deadline, sink=sink, id=job_id, stream=stream)
             jobs[job_id] = job
             try:
                 batcher.enqueue(job)

@@ -58,6 +58,17 @@ def error_response(
     return JSONResponse(error_body(code, message, field), status_code=status, headers=headers)
 
 
+def describe(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body an exception answers with, as the handlers below shape it: a stream that
+    has already sent its 200 reports a failure with the same code as an error event."""
+    if isinstance(exc, ApiError):
+        return exc.status, error_body(exc.code, exc.message, exc.field)
+    if isinstance(exc, MusicrelError):
+        return _library_status(exc), error_body(exc.code, exc.message)
+    log.error("unhandled error while streaming", exc_info=exc)
+    return 500, error_body("internal", "internal error; it has been logged")
+
+
 def _validation_response(exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}

@@ -17,6 +17,8 @@ from server.metrics import Metrics
 from server.settings import Settings
 
 CONTINUATIONS_PATH = "/v1/continuations"
+# The routes that generate: both are admitted, counted in flight and drained the same way.
+GENERATION_PATHS = frozenset({CONTINUATIONS_PATH, f"{CONTINUATIONS_PATH}/stream"})
 # Scope key: was the service draining when this request arrived? One that arrived before SIGTERM is served
 # even if its upload is still being read when the signal comes.
 DRAINING_AT_ARRIVAL = "musicrel.draining_at_arrival"
@@ -178,15 +180,16 @@ class UploadLimitMiddleware:
 
 
 class AdmissionMiddleware:
-    """POST /v1/continuations is admitted (or refused: 503 not ready or draining, 429 queue full) as it
-    arrives, before its upload is read; the route submits with the ticket kept in the scope."""
+    """POST /v1/continuations and /v1/continuations/stream are admitted (or refused: 503 not ready or
+    draining, 429 queue full) as they arrive, before the upload is read; the route submits with the ticket
+    kept in the scope."""
 
     def __init__(self, app: ASGIApp, service: Any):
         self.app = app
         self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != CONTINUATIONS_PATH or scope["method"] != "POST":
+        if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         try:
@@ -218,7 +221,7 @@ class MetricsMiddleware:
             return
         start = time.perf_counter()
         status = 500  # if the app raises before answering, ServerErrorMiddleware sends a 500
-        is_generation = scope["path"] == CONTINUATIONS_PATH and scope["method"] == "POST"
+        is_generation = scope["path"] in GENERATION_PATHS and scope["method"] == "POST"
 
         async def status_send(message: Message) -> None:
             nonlocal status

@@ -1,4 +1,5 @@
-"""HTTP routes: the continuation endpoint, model info, examples, health, readiness and metrics."""
+"""HTTP routes: the continuation endpoints (plain and streamed), model info, examples, health, readiness
+and metrics."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fastapi import APIRouter, File, Request, UploadFile
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server import continuations
+from server import continuations, streams
 from server.deps import ParamsDep, ServiceDep, SettingsDep, WantsJsonDep
 from server.errors import ApiError, error_response
 from server.metrics import exposition_registry
@@ -87,6 +88,30 @@ async def create_continuation(
     if continuation is None:
         return Response(status_code=CLIENT_CLOSED)
     return continuations.as_json(continuation) if wants_json else continuations.as_midi(continuation)
+
+
+@router.post(
+    "/v1/continuations/stream",
+    summary="Continue an uploaded MIDI motif, streaming its notes as they are generated",
+    response_class=streams.NdjsonStream,
+    responses={
+        200: {
+            "content": {streams.MEDIA_TYPE: {}},
+            "description": "NDJSON events, one JSON object per line: `start` (seed, settings, primer), "
+            "`note_on` / `note_off` / `note_drop` per sample as generation goes, then `result` (the plain "
+            "JSON response, every sample's MIDI in base64) or `error` (status and the error body the plain "
+            "endpoint would have answered). Failures before the job is queued are plain JSON errors.",
+        },
+        **ERRORS,
+    },
+)
+async def stream_continuation(
+    request: Request,
+    service: ServiceDep,
+    params: ParamsDep,
+    file: Annotated[UploadFile, File(description=FILE_DESCRIPTION, json_schema_extra=FILE_SCHEMA)],
+) -> Response:
+    return await streams.start_stream(service, file, params, request.scope.get(ADMISSION_TICKET))
 
 
 @router.get(

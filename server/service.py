@@ -9,6 +9,7 @@ import logging
 import signal
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -26,6 +27,7 @@ from server.settings import Settings
 if TYPE_CHECKING:
     from musicrel.codec import EventCodec
     from musicrel.model import MusicTransformer
+    from musicrel.primer import Primer
 
 log = logging.getLogger("musicrel.server")
 
@@ -43,6 +45,8 @@ class Service:
         self.admission = Admission(settings, metrics)
         self.info: dict[str, Any] = {}
         self.parse_limiter: anyio.CapacityLimiter | None = None
+        # Recently parsed motifs by (sha256 of the upload, primer_seconds, tracks); used on the loop only.
+        self.parsed_primers: OrderedDict[tuple, Primer] = OrderedDict()
         self.render_limiter: anyio.CapacityLimiter | None = None
         self.draining = False
         self.in_flight = 0  # continuation requests between arrival and answer (MetricsMiddleware)

@@ -51,9 +51,12 @@ class Settings(BaseSettings):
         16, ge=1, le=1024, description="samples decoded together in the running batch (its KV cache size)"
     )
     # A primer's K/V is a few MB at most (max_seq_len x layers x d_model x 2 floats): cheap to keep, and users
-    # re-roll the same motif with new seeds.
+    # re-roll the same motif with new seeds. The server process keeps as many parsed motifs (no parse again).
     primer_cache: int = Field(
-        16, ge=0, le=1024, description="recent distinct primers whose K/V are kept (no prefill again); 0: off"
+        16,
+        ge=0,
+        le=1024,
+        description="recent distinct motifs whose parse and K/V are kept (a re-roll skips both); 0: off",
     )
     # The upload has its own bounds above; this one runs from the end of the upload to the answer.
     request_timeout_s: float = Field(120.0, gt=0, description="per-request deadline, parsing to answer (504)")

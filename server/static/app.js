@@ -1,5 +1,6 @@
 // musicrel web page: no build step, no libraries. Parses MIDI itself (SMF), draws a piano roll on a canvas,
-// plays notes with a small WebAudio synth, and talks to the JSON form of POST /v1/continuations.
+// plays notes with a small WebAudio synth, and follows POST /v1/continuations/stream (the JSON form of
+// POST /v1/continuations when streaming fails).
 "use strict";
 
 // ---------------------------------------------------------------------------------------------------------
@@ -286,6 +287,7 @@ class Synth {
     this.onTick = onTick;
     this.onEnd = onEnd;
     this.volume = 0.6;
+    this.live = null; // a stream being played as it arrives (startLive)
   }
 
   ensureContext() {
@@ -330,9 +332,15 @@ class Synth {
   }
 
   voice(n, t0) {
+    const start = Math.max(this.ctx.currentTime, t0 + n.start);
+    const v = this.strike(n, start);
+    if (v) this.release(v, t0 + n.end);
+  }
+
+  // A note from `start` (audio time) on, its end still unknown (a stream's notes come so): `release` ends
+  // it. Drums are short bursts that end by themselves (null).
+  strike(n, start) {
     const ctx = this.ctx;
-    const start = Math.max(ctx.currentTime, t0 + n.start);
-    const end = Math.max(start + 0.05, t0 + n.end);
     const peak = 0.05 + 0.22 * (n.velocity / 127);
     const g = ctx.createGain();
     g.connect(this.master);
@@ -357,19 +365,81 @@ class Synth {
       g.gain.setValueAtTime(0, start);
       g.gain.linearRampToValueAtTime(peak, start + 0.01);
       g.gain.setTargetAtTime(peak * 0.45, start + 0.01, 0.25); // piano-ish decay while held
-      g.gain.setValueAtTime(g.gain.value, end); // anchor so the release starts where the decay is
-      g.gain.cancelScheduledValues(end);
-      g.gain.setTargetAtTime(0, end, 0.06);
       src.start(start);
-      src.stop(end + 0.4);
     }
     this.nodes.add(src);
     src.onended = () => { this.nodes.delete(src); g.disconnect(); };
+    return n.drum ? null : { src, g, start };
   }
+
+  release(v, end) {
+    const at = Math.max(end, v.start + 0.05, this.ctx.currentTime);
+    v.g.gain.cancelScheduledValues(at);
+    v.g.gain.setTargetAtTime(0, at, 0.06);
+    v.src.stop(at + 0.4);
+  }
+
+  // Live playback of a stream: the first onset sounds `lead` seconds after it arrives and the others keep
+  // their distance from it. A note that arrives too late for its place (generation fell behind playback)
+  // moves the rest of the timeline later by as much, so the rhythm stays.
+  startLive(lead) {
+    this.stop();
+    const ctx = this.ensureContext();
+    // offset: where the continuation starts on the roll (the playhead is drawn there + the live time)
+    this.live = { t0: null, lead, voices: new Map(), total: null, slips: 0, first: null, offset: 0 };
+    this.timer = setInterval(() => {
+      const L = this.live;
+      if (!L || L.t0 == null) return;
+      const now = ctx.currentTime - L.t0;
+      this.onTick(now + L.offset);
+      if (L.total != null && now > L.total + 0.3) { this.stop(); this.onEnd(); }
+    }, 50);
+  }
+
+  liveOn(id, n) {
+    const L = this.live;
+    if (!L) return null;
+    const now = this.ctx.currentTime;
+    if (L.t0 == null) L.t0 = now + L.lead - n.start;
+    let start = L.t0 + n.start;
+    if (start < now + 0.005) {
+      L.t0 += now + 0.005 - start;
+      start = now + 0.005;
+      L.slips++;
+    }
+    const v = this.strike(n, start);
+    if (v) L.voices.set(id, v);
+    if (!L.first) {
+      // When the first note sounds, on the page's clock: its audio time, plus the output's own latency.
+      const latency = (this.ctx.baseLatency || 0) + (this.ctx.outputLatency || 0);
+      L.first = { scheduledAt: performance.now(), soundsAt: performance.now() + 1000 * (start - now + latency) };
+    }
+    return start;
+  }
+
+  liveOff(id, end) {
+    const L = this.live;
+    const v = L && L.voices.get(id);
+    if (!v) return;
+    L.voices.delete(id);
+    this.release(v, L.t0 + end);
+  }
+
+  liveDrop(id) {
+    const L = this.live;
+    const v = L && L.voices.get(id);
+    if (!v) return;
+    L.voices.delete(id);
+    v.src.stop(Math.max(this.ctx.currentTime, v.start));
+  }
+
+  // The stream is complete: playback ends after the last note (`total`, seconds of the continuation).
+  liveEnd(total) { if (this.live) this.live.total = total; }
 
   stop() {
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
+    this.live = null;
     for (const src of this.nodes) { try { src.stop(); } catch (_) { /* already stopped */ } }
     this.nodes.clear();
   }
@@ -389,6 +459,7 @@ const state = {
   current: 0,
   response: null,
   abort: null,
+  stream: null, // the last Continue: transport ("stream" | "plain") and its timeline (performance.now() ms)
 };
 
 // Under 1 kB in bytes: a 6-byte file rounded up to "1 KB" hid that it is far too small to be MIDI.
@@ -540,11 +611,15 @@ $("example").addEventListener("change", async () => {
 
 // --- settings ---
 
+// The generation controls' form fields (key, chords, density, range, instrument), sent when filled in: empty
+// until the server takes them (see the placeholder in index.html).
+const CONTROL_FIELDS = [];
+
 function buildForm() {
   const fd = new FormData();
   fd.append("file", state.motifFile, state.motifFile.name);
   for (const id of ["seconds", "temperature", "top_p", "num_samples", "primer_seconds"]) fd.append(id, $(id).value);
-  for (const id of ["top_k", "seed"]) if ($(id).value.trim() !== "") fd.append(id, $(id).value.trim());
+  for (const id of ["top_k", "seed", ...CONTROL_FIELDS]) if ($(id).value.trim() !== "") fd.append(id, $(id).value.trim());
   const tracks = $("tracks").value.trim() || "merge";
   fd.append("tracks", tracks.replace(/\s+/g, ""));
   fd.append("include_primer", $("include_primer").checked ? "true" : "false");
@@ -591,9 +666,20 @@ async function readError(resp) {
   return { code, message };
 }
 
+// Continue streams the continuation (POST /v1/continuations/stream): each note is played and drawn as it
+// arrives, and the final event brings the MIDI files. If streaming itself fails (no such route, a proxy
+// that cuts or buffers the stream, a browser without readable streams) the page asks the plain endpoint.
+// The first note sounds this long after it arrives: room for the next notes' jitter (a chord's notes come a
+// few decoding steps apart, ~5-10 ms each); a note later than that moves the timeline (synth.live.slips).
+const LIVE_LEAD_S = 0.06;
+
+class StreamFailed extends Error {}
+
 $("form").addEventListener("submit", async (e) => {
   e.preventDefault();
   if (!state.motifFile || app.dataset.state === "loading") return;
+  performance.clearMarks();
+  performance.mark("musicrel:continue");
   clearError();
   const invalid = validateSettings();
   if (invalid) { showError(invalid, "invalid_setting"); return; }
@@ -606,17 +692,31 @@ $("form").addEventListener("submit", async (e) => {
   const tick = setInterval(() => setStatus(`Generating… ${((performance.now() - started) / 1000).toFixed(1)} s`), 100);
   setStatus("Generating…");
   state.abort = new AbortController();
+  state.stream = { clickAt: started, transport: "stream", notes: 0 };
+  // The request leaves first: starting the audio context can hold the page for 100-200 ms the first time.
+  const streaming = streamContinuation(state.abort.signal);
   try {
-    const resp = await fetch("/v1/continuations", {
-      method: "POST", body: buildForm(), headers: { Accept: "application/json" }, signal: state.abort.signal,
-    });
-    if (!resp.ok) {
-      const { code, message } = await readError(resp);
-      throw Object.assign(new Error(message), { code });
-    }
-    const body = await resp.json();
-    showResult(body, (performance.now() - started) / 1000);
+    synth.startLive(LIVE_LEAD_S); // within the click: browsers start audio only on a user's gesture
   } catch (err) {
+    showError(`cannot play audio: ${err.message}`, "audio");
+  }
+  try {
+    let body;
+    try {
+      body = await streaming;
+    } catch (err) {
+      if (!(err instanceof StreamFailed)) throw err;
+      state.stream.transport = "plain";
+      state.stream.fallbackReason = err.message;
+      synth.stop();
+      body = await plainContinuation(state.abort.signal, state.stream.seed);
+    }
+    app.dataset.transport = state.stream.transport;
+    showResult(body, (performance.now() - started) / 1000);
+    const cont = state.samples.length ? state.samples[0].contNotes : [];
+    if (synth.live) synth.liveEnd(cont.reduce((m, n) => Math.max(m, n.end), 0) - state.samples[0].boundary);
+  } catch (err) {
+    synth.stop();
     setState("error");
     if (err.name === "AbortError") { setStatus("Cancelled."); }
     else {
@@ -630,6 +730,141 @@ $("form").addEventListener("submit", async (e) => {
     $("continue").disabled = !state.motifFile;
   }
 });
+
+async function plainContinuation(signal, seed) {
+  const form = buildForm();
+  if (seed != null) form.set("seed", String(seed)); // what was already heard of the stream comes again
+  const resp = await fetch("/v1/continuations", { method: "POST", body: form, headers: { Accept: "application/json" }, signal });
+  if (!resp.ok) {
+    const { code, message } = await readError(resp);
+    throw Object.assign(new Error(message), { code });
+  }
+  return resp.json();
+}
+
+// POST the form to the stream endpoint and follow its NDJSON events; resolves with the final result (the
+// plain endpoint's JSON), rejects with the API's error, or with StreamFailed when streaming did not work.
+async function streamContinuation(signal) {
+  let resp;
+  try {
+    resp = await fetch("/v1/continuations/stream", { method: "POST", body: buildForm(), signal });
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    throw new StreamFailed(`the stream request failed (${err.message})`);
+  }
+  state.stream.headersAt = performance.now();
+  if ([404, 405, 501].includes(resp.status)) throw new StreamFailed(`no stream endpoint (HTTP ${resp.status})`);
+  if (!resp.ok) {
+    const { code, message } = await readError(resp);
+    throw Object.assign(new Error(message), { code }); // the server's verdict: the plain endpoint says the same
+  }
+  if (!resp.body || !resp.body.getReader) throw new StreamFailed("this browser cannot read a response as it arrives");
+  const live = new LiveRoll();
+  const reader = resp.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    let chunk;
+    try {
+      chunk = await reader.read();
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      throw new StreamFailed(`the stream broke off (${err.message})`);
+    }
+    if (chunk.done) break;
+    buffer += decoder.decode(chunk.value, { stream: true });
+    let nl;
+    while ((nl = buffer.indexOf("\n")) >= 0) {
+      const line = buffer.slice(0, nl);
+      buffer = buffer.slice(nl + 1);
+      if (!line.trim()) continue;
+      let event;
+      try { event = JSON.parse(line); } catch (_) { throw new StreamFailed("the stream sent a line that is not JSON"); }
+      if (event.type === "result") {
+        state.stream.resultAt = performance.now();
+        reader.cancel().catch(() => {});
+        return event;
+      }
+      if (event.type === "error") {
+        const err = event.error || {};
+        throw Object.assign(new Error(err.message || `HTTP ${event.status}`), { code: err.code || `http_${event.status}` });
+      }
+      live.handle(event);
+    }
+  }
+  throw new StreamFailed("the stream ended before its result");
+}
+
+// The roll and the synth follow a stream: the first sample's notes sound and are drawn as they arrive, open
+// notes reaching as far as the stream has got.
+class LiveRoll {
+  constructor() {
+    this.boundary = 0;
+    this.notes = new Map(); // id -> drawn note (first sample)
+    this.cont = [];
+    this.motif = [];
+    this.clock = 0; // seconds of the continuation the stream has reached
+    this.pending = false;
+  }
+
+  handle(e) {
+    if (e.type === "start") return this.start(e);
+    if (e.sample !== 0) return; // the other samples are shown from the result
+    if (e.type === "note_on") {
+      const n = { pitch: e.pitch, velocity: e.velocity, start: this.boundary + e.time, end: null, program: this.program };
+      this.notes.set(e.id, n);
+      this.cont.push(n);
+      this.clock = Math.max(this.clock, e.time);
+      synth.liveOn(e.id, { pitch: e.pitch, velocity: e.velocity, start: e.time, program: this.program });
+      if (state.stream.notes++ === 0) {
+        state.stream.firstNoteAt = performance.now();
+        performance.mark("musicrel:first-note");
+        if (synth.live && synth.live.first) Object.assign(state.stream, synth.live.first);
+        setStatus("Playing as it is generated…");
+      }
+    } else if (e.type === "note_off") {
+      const n = this.notes.get(e.id);
+      if (n) n.end = this.boundary + e.time;
+      this.clock = Math.max(this.clock, e.time);
+      synth.liveOff(e.id, e.time);
+    } else if (e.type === "note_drop") {
+      const n = this.notes.get(e.id);
+      this.notes.delete(e.id);
+      if (n) this.cont.splice(this.cont.indexOf(n), 1);
+      synth.liveDrop(e.id);
+    }
+    $("roll").dataset.liveNotes = String(this.cont.length);
+    this.redraw();
+  }
+
+  start(e) {
+    state.stream.startAt = performance.now();
+    state.stream.seed = e.seed;
+    const p = e.primer || {};
+    this.program = num(p.program) ?? 0;
+    const winStart = num(p.start_time) ?? 0;
+    this.boundary = (num(p.end_time) ?? 0) - winStart;
+    if (synth.live) synth.live.offset = this.boundary;
+    this.motif = state.motif ? state.motif.notes
+      .filter((n) => !n.drum && n.end > winStart)
+      .map((n) => ({ ...n, start: Math.max(0, n.start - winStart), end: n.end - winStart })) : [];
+    this.redraw();
+  }
+
+  redraw() {
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => {
+      this.pending = false;
+      if (app.dataset.state !== "loading") return; // the result has taken over the roll
+      const until = this.boundary + this.clock;
+      const drawn = this.cont.map((n) => (n.end == null ? { ...n, end: Math.max(n.start + 0.05, until) } : n));
+      const playhead = roll.playhead;
+      roll.set([{ notes: this.motif, color: "--motif" }, { notes: drawn, color: "--cont" }], this.boundary);
+      roll.playhead = playhead;
+    });
+  }
+}
 
 $("cancel").addEventListener("click", () => state.abort && state.abort.abort());
 
@@ -687,13 +922,15 @@ function showResult(body, elapsed) {
     });
     tabs.hidden = false;
   }
-  selectSample(0);
+  selectSample(0, true); // a stream's live playback goes on to its end
+  if (synth.live) $("stop").disabled = false;
 
   const t = body.timings || {};
   const ms = (k, label) => (num(t[k]) != null ? `${label} ${fmt(t[k] / 1000, 3)} s` : null);
   $("info-timings").textContent = [
     ms("parse_ms", "parse"), ms("queue_ms", "queue"), ms("prefill_ms", "prefill"), ms("decode_ms", "decode"),
     ms("total_ms", "server total"), `round trip ${fmt(elapsed, 2)} s`,
+    state.stream && state.stream.soundsAt ? `first note heard ${fmt((state.stream.soundsAt - state.stream.clickAt) / 1000, 3)} s` : null,
   ].filter(Boolean).join(" · ");
   $("info-seed").textContent = body.seed ?? "—";
   const tokens = body.new_tokens ?? samples.reduce((a, s) => a + (s.new_tokens || 0), 0);
@@ -708,8 +945,8 @@ function showResult(body, elapsed) {
 
 const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
 
-function selectSample(i) {
-  synth.stop();
+function selectSample(i, keepPlaying = false) {
+  if (!keepPlaying) synth.stop();
   state.current = i;
   const s = state.samples[i];
   for (const [j, tab] of [...$("sample-tabs").children].entries()) tab.setAttribute("aria-selected", String(i === j));

@@ -19,6 +19,7 @@ from fastapi import UploadFile
 from fastapi.responses import Response
 
 from musicrel.batch import ContinuationResult
+from musicrel.novelty import novelty_report
 from musicrel.primer import Primer, default_max_primer_tokens, prepare_primer
 from musicrel.sampling import SamplingParams
 from server.admission import Ticket
@@ -28,6 +29,7 @@ from server.schemas import (
     BatchInfo,
     ContinuationParams,
     ContinuationResponse,
+    Copy,
     PrimerInfo,
     Sample,
     Timings,
@@ -136,7 +138,9 @@ async def wait_for_result(
         raise ApiError(503, "draining", str(exc)) from exc
 
 
-def render(result: ContinuationResult) -> list[tuple[bytes, Sample]]:
+def render(result: ContinuationResult, novelty=None, codec=None) -> list[tuple[bytes, Sample]]:
+    """Each sample's MIDI file and its description; with a novelty index, what it copied (the generated
+    notes alone: the motif may itself be a training piece)."""
     out = []
     for i, (midi, tokens) in enumerate(zip(result.midis, result.tokens, strict=True)):
         buffer = io.BytesIO()
@@ -148,6 +152,9 @@ def render(result: ContinuationResult) -> list[tuple[bytes, Sample]]:
             new_tokens=len(tokens),
             notes=sum(len(inst.notes) for inst in midi.instruments),
             duration_s=round(float(midi.get_end_time()), 4),
+            novelty=None
+            if novelty is None
+            else Copy(**novelty_report(novelty, codec.decode_notes(tokens))["longest_copy"]),
         )
         out.append((data, sample))
     return out
@@ -187,7 +194,9 @@ async def finish(
     parsed: float,
 ) -> Continuation:
     """Write the samples' MIDI (on a render thread) and measure: the finished continuation."""
-    rendered = await anyio.to_thread.run_sync(render, result, limiter=service.render_limiter)
+    rendered = await anyio.to_thread.run_sync(
+        render, result, service.novelty, service.codec, limiter=service.render_limiter
+    )
     done = time.monotonic()
     timings = Timings(
         parse_ms=_ms(parsed - start),

@@ -75,12 +75,29 @@ class ContinuationParams(BaseModel):
         return "merge" if self.tracks == "merge" else [int(p) for p in self.tracks.split(",")]
 
 
+class Copy(BaseModel):
+    """The longest stretch of a sample that also occurs in the training data (musicrel.novelty)."""
+
+    notes: int = Field(description="notes in the stretch (0: not even two notes in a row are shared)")
+    seconds: float = Field(description="onset span of the stretch in the sample")
+    start_time: float = Field(description="where the stretch starts in the sample, in seconds")
+    source: str | None = Field(description="the training piece it occurs in (one of them)")
+    source_sha256: str | None
+    start_time_in_source: float | None
+    occurrences: int = Field(description="places in the training data that hold the stretch")
+
+
 class Sample(BaseModel):
     index: int
     midi_base64: str = Field(description="a complete Standard MIDI File, base64-encoded")
     new_tokens: int
     notes: int
     duration_s: float = Field(description="end of the last note, in seconds")
+    novelty: Copy | None = Field(
+        None,
+        description="the longest stretch shared with the training data, transposition-invariant; null when "
+        "the checkpoint ships no novelty index",
+    )
 
 
 class PrimerInfo(BaseModel):
@@ -138,6 +155,9 @@ class ModelInfo(BaseModel):
     codec: dict[str, Any]
     limits: dict[str, Any]
     card: str | None = Field(None, description="MODEL_CARD.md, when the checkpoint has one")
+    novelty_index: dict[str, int] | None = Field(
+        None, description="pieces and notes of the training data's novelty index beside the checkpoint"
+    )
 
 
 class Example(BaseModel):

@@ -27,6 +27,7 @@ from server.settings import Settings
 if TYPE_CHECKING:
     from musicrel.codec import EventCodec
     from musicrel.model import MusicTransformer
+    from musicrel.novelty import NoveltyIndex
     from musicrel.primer import Primer
 
 log = logging.getLogger("musicrel.server")
@@ -41,6 +42,7 @@ class Service:
         self.decoder = decoder
         self.model: MusicTransformer | None = None
         self.codec: EventCodec | None = None
+        self.novelty: NoveltyIndex | None = None
         self.batcher: GenerationWorker | None = None
         self.admission = Admission(settings, metrics)
         self.info: dict[str, Any] = {}
@@ -62,6 +64,7 @@ class Service:
         import torch
 
         from musicrel.checkpoint import load_codec, load_model, weights_sha256
+        from musicrel.novelty import INDEX_FILE, load_index
 
         # Loading needs no parallelism, and an OpenMP team in this thread would count against the CPUs: with
         # more OpenMP threads than CPUs libgomp lets idle workers spin only 100 times before sleeping, which
@@ -71,6 +74,8 @@ class Service:
         device = "cpu" if self.uses_engine_process else self.settings.device
         self.model = load_model(folder, device=device)
         self.codec = load_codec(folder)
+        # What a sample copied from the training data is reported when the checkpoint ships the index.
+        self.novelty = load_index(folder) if (folder / INDEX_FILE).is_file() else None
         config = self.model.cfg
         card = folder / "MODEL_CARD.md"
         self.info = {
@@ -81,6 +86,8 @@ class Service:
             "model": config.to_dict(),
             "codec": self.codec.config.to_dict(),
             "card": card.read_text(errors="replace") if card.is_file() else None,
+            "novelty_index": self.novelty
+            and {"pieces": len(self.novelty.names), "notes": self.novelty.notes},
         }
         log.info(
             "loaded %s: %d parameters, sha256 %s", folder, self.info["parameters"], self.info["sha256"][:12]

@@ -577,3 +577,31 @@ def test_torch_threads_apply_in_the_generation_thread(tiny_checkpoint, threads):
         assert post(client, **FAST).status_code == 200
     assert seen and seen[0] == ("musicrel-generation", threads)
     torch.set_num_threads(before)
+
+
+def test_samples_report_what_they_copied_when_the_checkpoint_ships_a_novelty_index(
+    client, tiny_checkpoint, tmp_path
+):
+    import shutil
+
+    from musicrel.novelty import INDEX_FILE, NoveltyIndex
+
+    plain = post(client, json=True, seed=11, seconds=6).json()
+    assert plain["samples"][0]["novelty"] is None
+    assert client.get("/v1/model").json()["novelty_index"] is None
+    # A "training set" holding the sample itself, transposed and later: all of it must be found there.
+    notes = pretty_midi.PrettyMIDI(io.BytesIO(base64.b64decode(plain["samples"][0]["midi_base64"])))
+    sample = [n for inst in notes.instruments for n in inst.notes]
+    planted = [pretty_midi.Note(n.velocity, n.pitch - 3, n.start + 2.0, n.end + 2.0) for n in sample]
+    other = [pretty_midi.Note(70, 50 + (5 * k) % 13, 0.3 * k, 0.3 * k + 0.2) for k in range(40)]
+    folder = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, folder)
+    NoveltyIndex.build([("other.mid", other), ("planted.mid", planted)]).save(folder / INDEX_FILE)
+
+    with serve(folder, batch_window_ms=0) as (indexed, _):
+        assert indexed.get("/v1/model").json()["novelty_index"] == {"pieces": 2, "notes": 40 + len(sample)}
+        again = post(indexed, json=True, seed=11, seconds=6).json()
+    assert again["samples"][0]["midi_base64"] == plain["samples"][0]["midi_base64"]
+    copy = again["samples"][0]["novelty"]
+    assert len(sample) >= 3 and copy["source"] == "planted.mid"
+    assert copy["notes"] == len(sample) and copy["occurrences"] == 1

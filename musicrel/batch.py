@@ -43,7 +43,7 @@ class ContinuationResult:
     # seconds: prefill (of the admission that took the job in), decode (admitted to done), render
     timings: dict
     stopped: bool = False  # should_stop ended this job early
-    controls: dict | None = None  # what params.controls applied (the key detected, ...): the outputs' metadata
+    controls: dict | None = None  # what params.controls applied (the key detected, ...), for the metadata
 
 
 @dataclass(eq=False)

@@ -100,7 +100,7 @@ def _pitch_class(name: str, what: str, code: str) -> int:
 
 
 def parse_key(text: str) -> tuple[int, str]:
-    """"C:major", "F#:minor", "Bb:dorian", "A" (major) -> (tonic pitch class, scale name)."""
+    """ "C:major", "F#:minor", "Bb:dorian", "A" (major) -> (tonic pitch class, scale name)."""
     tonic, _, scale = text.strip().partition(":")
     scale = scale.strip().lower() or "major"
     if scale not in SCALES:
@@ -148,7 +148,7 @@ def parse_chord(symbol: str) -> frozenset[int]:
 
 
 def parse_chords(text: str) -> list[Chord]:
-    """"C:2 G:2 Am:2 F:2" (seconds) or "C:4b G:4b" (beats at the motif's tempo); a chord without a duration
+    """ "C:2 G:2 Am:2 F:2" (seconds) or "C:4b G:4b" (beats at the motif's tempo); a chord without a duration
     lasts DEFAULT_CHORD_BEATS beats. Separated by spaces, commas or bars."""
     chords = []
     for item in re.split(r"[\s,|]+", text.strip()):
@@ -176,7 +176,7 @@ def parse_chords(text: str) -> list[Chord]:
 
 
 def strength_bias(value, name: str) -> float:
-    """"prefer" -> PREFER_BIAS, "only" -> a mask (inf), or a bias in nats in [0, MAX_BIAS]."""
+    """ "prefer" -> PREFER_BIAS, "only" -> a mask (inf), or a bias in nats in [0, MAX_BIAS]."""
     if isinstance(value, str):
         if value.strip().lower() in STRENGTHS:
             return STRENGTHS[value.strip().lower()]
@@ -215,7 +215,9 @@ def parse_program(value) -> int:
     if isinstance(value, str):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value <= 127:
-        raise ControlError(f"program must be a General MIDI program 0-127, got {value!r}", code="invalid_controls")
+        raise ControlError(
+            f"program must be a General MIDI program 0-127, got {value!r}", code="invalid_controls"
+        )
     return int(value)
 
 
@@ -258,7 +260,9 @@ class Controls:
             object.__setattr__(self, "density", float(d))
         for name in ("low_note", "high_note"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= v <= 127):
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= v <= 127
+            ):
                 raise ControlError(f"{name} must be a MIDI pitch 0-127, got {v!r}")
             if v is not None:
                 object.__setattr__(self, name, int(v))
@@ -278,7 +282,9 @@ class Controls:
     @staticmethod
     def _strength_value(given, bias: float) -> str | float:
         # Names stay names (JSON-safe: "only" is an infinite bias); numbers become floats.
-        return given.strip().lower() if isinstance(given, str) and given.strip().lower() in STRENGTHS else bias
+        return (
+            given.strip().lower() if isinstance(given, str) and given.strip().lower() in STRENGTHS else bias
+        )
 
     @property
     def is_empty(self) -> bool:
@@ -346,7 +352,8 @@ class Controls:
             ).astype(np.float32)
             applied.update(
                 chords=[
-                    {"chord": c.symbol, "seconds": round(n * step_s, 6)} for c, n in zip(chords, steps, strict=True)
+                    {"chord": c.symbol, "seconds": round(n * step_s, 6)}
+                    for c, n in zip(chords, steps, strict=True)
                 ],
                 chord_strength=self.chord_strength,
             )

@@ -208,6 +208,7 @@ def render(
         label = f"musicrel seed={seed}" + ("" if sample_index is None else f" sample={sample_index}")
         pm.text_events.append(pretty_midi.Text(label, 0.0))
     if controls:
-        pm.text_events.append(pretty_midi.Text("musicrel controls=" + json.dumps(controls, sort_keys=True), 0.0))
+        label = "musicrel controls=" + json.dumps(controls, sort_keys=True)
+        pm.text_events.append(pretty_midi.Text(label, 0.0))
     pm.text_events.append(pretty_midi.Text("end", offset + length))
     return pm

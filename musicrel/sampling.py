@@ -71,7 +71,7 @@ class SamplingParams:
             self.controls = Controls.from_dict(self.controls)
         if self.controls is not None and not isinstance(self.controls, Controls):
             raise GenerationError(
-                f"controls must be Controls, a dict of its fields or None, got {type(self.controls).__name__}",
+                f"controls must be Controls, a dict or None, got {type(self.controls).__name__}",
                 code="invalid_params",
             )
         if self.controls is not None and self.controls.is_empty:

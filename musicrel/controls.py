@@ -200,6 +200,11 @@ def gm_program_name(program: int) -> str:
     return pretty_midi.program_to_instrument_name(int(program))
 
 
+def gm_program_names() -> list[str]:
+    """The 128 General MIDI instrument names, by program (for a menu)."""
+    return [gm_program_name(p) for p in range(128)]
+
+
 def parse_program(value) -> int:
     """A General MIDI program: 0..127 or its name ("Acoustic Grand Piano", case and spaces ignored)."""
     if isinstance(value, str) and not value.strip().isdigit():

@@ -33,12 +33,11 @@ MAX_CHORDS = 64
 MAX_CHORD_SECONDS = 60.0
 DEFAULT_CHORD_BEATS = 4.0  # a chord symbol without a duration lasts one 4/4 bar at the motif's tempo
 
-# Density: a proportional-integral controller on the log of the notes-per-second measured so far, whose
-# output is a bias added to every note-on logit. The estimate starts at the target (TAU seconds' worth of
-# notes at the target rate are counted in), so the first notes do not swing it; the bias starts at
-# log(target / motif's rate), since a model continues the motif's density. Gains tuned on the shipped model
-# and on an untrained one (tests): both hold 3 and 8 notes/s within 20 % over 20 s.
-DENSITY_TAU = 2.0  # seconds
+# Density: a proportional-integral controller on the log of the recent notes per second (decayed over
+# DENSITY_WINDOW seconds of music), whose output is a bias added to every note-on logit. The estimate starts
+# at the target, so the first notes do not swing it; the bias starts at log(target / motif's rate), since a
+# model continues the motif's density. Gains tuned on the shipped model and on an untrained one (tests).
+DENSITY_WINDOW = 4.0  # seconds
 DENSITY_KP = 2.0  # nats per unit of log-rate error
 DENSITY_KI = 1.0  # nats per (unit of log-rate error x second)
 DENSITY_MAX_BIAS = 8.0

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from musicrel.codec import open_pitches, shift_steps
-from musicrel.controls import DENSITY_KI, DENSITY_KP, DENSITY_MAX_BIAS, DENSITY_TAU, RowControls
+from musicrel.controls import DENSITY_KI, DENSITY_KP, DENSITY_MAX_BIAS, DENSITY_WINDOW, RowControls
 
 # A note the model never closes is closed by the grammar after the motif's longest note times HOLD_FACTOR,
 # within these bounds. Measured note lengths (codec.to_notes, sustain pedal applied): 99.9th percentile 8.0 s
@@ -114,7 +114,8 @@ class Grammar:
         self.density_start = t(start, torch.float32)
         self.note_bias = torch.where(self.density_on, self.density_start, 0.0)  # (B,) on every note-on logit
         self.integral = torch.zeros(B, dtype=torch.float32, device=device)
-        self.notes = torch.zeros(B, dtype=torch.long, device=device)  # note-ons drawn so far
+        # notes in the last DENSITY_WINDOW seconds (decayed), as if the target had been met before the start
+        self.recent = torch.where(self.density_on, self.log_target.exp() * DENSITY_WINDOW, 0.0)
         self._flags()
 
     def _flags(self) -> None:
@@ -163,17 +164,17 @@ class Grammar:
         return logits
 
     def _steer_density(self, is_on: Tensor, dt: Tensor) -> None:
-        """After each token: the note-on bias from the notes per second so far (a PI loop on its log).
+        """After each token: the note-on bias from the recent notes per second (a PI loop on its log).
 
-        The estimate counts DENSITY_TAU seconds at the target in, so it starts at the target; the integral
-        is over music time (notes drawn on one step add error, not integral) and is clamped with the bias."""
-        self.notes += is_on
-        seconds = self.elapsed.float() * self.step_s
-        target = self.log_target.exp()
-        rate = (self.notes.float() + target * DENSITY_TAU) / (seconds + DENSITY_TAU)
+        The rate is the note count decayed over DENSITY_WINDOW seconds of music, which starts at the target:
+        a burst is answered while it lasts, not paid back later by a gap (what a rate since the start did).
+        The integral is over music time (notes drawn on one step add error, not integral), clamped."""
+        seconds = dt.float() * self.step_s
+        self.recent = self.recent * torch.exp(-seconds / DENSITY_WINDOW) + is_on
+        rate = self.recent.clamp(min=0.1) / DENSITY_WINDOW
         error = self.log_target - rate.log()  # > 0: too few notes
         limit = DENSITY_MAX_BIAS / DENSITY_KI
-        self.integral = (self.integral + error * dt.float() * self.step_s).clamp(-limit, limit)
+        self.integral = (self.integral + error * seconds).clamp(-limit, limit)
         bias = (self.density_start + DENSITY_KP * error + DENSITY_KI * self.integral).clamp(
             -DENSITY_MAX_BIAS, DENSITY_MAX_BIAS
         )
@@ -257,7 +258,7 @@ _GRAMMAR_ROWS = (
     "density_start",
     "note_bias",
     "integral",
-    "notes",
+    "recent",
 )
 
 

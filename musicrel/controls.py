@@ -38,8 +38,8 @@ DEFAULT_CHORD_BEATS = 4.0  # a chord symbol without a duration lasts one 4/4 bar
 # at the target, so the first notes do not swing it; the bias starts at log(target / motif's rate), since a
 # model continues the motif's density. Gains tuned on the shipped model and on an untrained one (tests).
 DENSITY_WINDOW = 4.0  # seconds
-DENSITY_KP = 2.0  # nats per unit of log-rate error
-DENSITY_KI = 1.0  # nats per (unit of log-rate error x second)
+DENSITY_KP = 3.0  # nats per unit of log-rate error
+DENSITY_KI = 2.0  # nats per (unit of log-rate error x second)
 DENSITY_MAX_BIAS = 8.0
 
 PITCH_CLASSES = {"C": 0, "D": 2, "E": 4, "F": 5, "G": 7, "A": 9, "B": 11}

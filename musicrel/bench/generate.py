@@ -4,13 +4,16 @@
   prefixes 512 and 1024 (goal >= 50x);
 - generate() throughput (sampling and grammar included) with 8 rows vs 1 (goal >= 4x);
 - the real-time factor of generate_batch on this machine: events per second / 40 (a dense piano texture plays
-  ~40 events per second; goal >= 10x).
+  ~40 events per second; goal >= 10x);
+- generate_batch with every control set (key, chords, density, range, polyphony) vs none, 8 rows: what the
+  controls cost per token (goal: within 5 %, i.e. nothing measurable).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from musicrel.bench.timing import medians, side_by_side
@@ -56,6 +59,7 @@ def run(args) -> int:
     from musicrel.checkpoint import load_codec, load_model
     from musicrel.codec import EventCodec
     from musicrel.config import ModelConfig
+    from musicrel.controls import Controls
     from musicrel.generate import decode_one_token, generate, prefill
     from musicrel.grammar import Grammar
     from musicrel.model import MusicTransformer
@@ -167,7 +171,10 @@ def run(args) -> int:
     }
 
     def end_to_end(batch):
-        generate_batch(model, codec, [(primer, params[batch])])
+        end_to_end_params(params[batch])
+
+    def end_to_end_params(p):
+        generate_batch(model, codec, [(primer, p)])
         _sync(device)
 
     t = medians(side_by_side({1: lambda: end_to_end(1), 8: lambda: end_to_end(8)}, args.repeats))
@@ -182,6 +189,30 @@ def run(args) -> int:
                 ">= 10x" if batch == 1 else "",
             )
         )
+
+    # The same 8-row job with every control against none: what the controls' rules cost per token.
+    steer = Controls(key="C:major", chords="C:2 G:2 Am:2 F:2", density=8.0, low_note=36, high_note=96,
+                     max_polyphony=6)  # fmt: skip
+    controlled = replace(params[8], controls=steer)
+    t = medians(
+        side_by_side(
+            {
+                "none": lambda: end_to_end_params(params[8]),
+                "controls": lambda: end_to_end_params(controlled),
+            },
+            args.repeats,
+        )
+    )
+    rate = {name: 8 * params[8].max_new_tokens / t[name] for name in t}
+    rows.append(
+        (
+            "controls vs none, b=8 (tok/s)",
+            f"none {rate['none']:,.0f}",
+            f"controls {rate['controls']:,.0f}",
+            f"{rate['controls'] / rate['none']:.2f}x",
+            ">= 0.95x",
+        )
+    )
 
     print(
         f"musicrel bench generate: {source}; {cfg.n_layers} layers, d_model {cfg.d_model}, "

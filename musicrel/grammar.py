@@ -123,6 +123,9 @@ class Grammar:
         # per step; refreshed only when rows leave or join.
         self.any_control = bool(self.controlled.any())
         self.any_density = bool(self.density_on.any())
+        self.any_pitch = bool((self.pitch_bias != 0).any())
+        self.any_chords = bool((self.chord_period < _FOREVER).any())
+        self.any_cap = bool((self.max_poly < 128).any())
 
     def overdue(self) -> Tensor:
         """(B, 128) bool: sounding notes that have reached their row's max_hold."""
@@ -149,18 +152,26 @@ class Grammar:
         and the density bias then change the note-ons' share of the whole."""
         on = slice(self.on0, self.on0 + 128)
         block = logits[:, on]  # (B, 128)
-        B = block.size(0)
-        pos = self.elapsed % self.chord_period  # (B,)
-        chord = (pos[:, None] >= self.chord_ends).sum(dim=1).clamp(max=self.chord_ends.size(1) - 1)
-        bias = self.pitch_bias + self.chord_bias[torch.arange(B, device=block.device), chord]  # (B, 128)
-        steered = block + bias
-        keep_mass = block.logsumexp(dim=1) - steered.logsumexp(dim=1)  # (B,)
-        # Nothing to keep (no note-on had mass) or nothing left (every pitch masked): no shift.
-        keep_mass = torch.where(keep_mass.isfinite(), keep_mass, 0.0)
-        # A note struck and released on this step still sounds for one step (the codec decodes it so).
-        sounding = self.open | (self.onset == self.elapsed[:, None])  # (B, 128)
-        full = (sounding.sum(dim=1) >= self.max_poly)[:, None] & ~sounding  # (B, 128): new notes must wait
-        logits[:, on] = (steered + (keep_mass + self.note_bias)[:, None]).masked_fill(full, float("-inf"))
+        # Each rule runs only when some row has it: the common single control costs its own ops alone.
+        if self.any_pitch or self.any_chords:
+            bias = self.pitch_bias
+            if self.any_chords:
+                pos = self.elapsed % self.chord_period  # (B,)
+                chord = (pos[:, None] >= self.chord_ends).sum(dim=1).clamp(max=self.chord_ends.size(1) - 1)
+                rows = torch.arange(block.size(0), device=block.device)
+                bias = bias + self.chord_bias[rows, chord]  # (B, 128)
+            steered = block + bias
+            keep_mass = block.logsumexp(dim=1) - steered.logsumexp(dim=1)  # (B,)
+            # Nothing to keep (no note-on had mass) or nothing left (every pitch masked): no shift.
+            block = steered + torch.where(keep_mass.isfinite(), keep_mass, 0.0)[:, None]
+        if self.any_density:
+            block = block + self.note_bias[:, None]
+        if self.any_cap:
+            # A note struck and released on this step still sounds for one step (the codec decodes it so).
+            sounding = self.open | (self.onset == self.elapsed[:, None])  # (B, 128)
+            full = (sounding.sum(dim=1) >= self.max_poly)[:, None] & ~sounding  # (B, 128): new notes wait
+            block = block.masked_fill(full, float("-inf"))
+        logits[:, on] = block
         return logits
 
     def _steer_density(self, is_on: Tensor, dt: Tensor) -> None:

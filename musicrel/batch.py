@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from musicrel.codec import EventCodec, shift_steps
+from musicrel.controls import RowControls
 from musicrel.errors import GenerationError
 from musicrel.generate import decode_one_token, eval_mode, prefill, sample
 from musicrel.grammar import Grammar, max_hold_seconds
@@ -42,6 +43,7 @@ class ContinuationResult:
     # seconds: prefill (of the admission that took the job in), decode (admitted to done), render
     timings: dict
     stopped: bool = False  # should_stop ended this job early
+    controls: dict | None = None  # what params.controls applied (the key detected, ...), for the metadata
 
 
 @dataclass(eq=False)
@@ -56,6 +58,7 @@ class _Job:
     admitted: float  # time.perf_counter() when its prefill was done
     prefill_s: float
     stopped: bool = False
+    controls: RowControls | None = None  # params.controls resolved against the primer
 
 
 @dataclass(eq=False)
@@ -179,6 +182,7 @@ class DecodeBatch:
                 [p.limit_steps(step_ms) for p in params],
                 holds,
                 device=self.device,
+                controls=[row.job.controls for row in rows],
             ),
         )
 
@@ -212,9 +216,11 @@ class DecodeBatch:
         bad params, a primer token outside the vocabulary or more rows than are free) leaves it as it was."""
         start = time.perf_counter()
         crop, V = default_max_primer_tokens(self.model), self.model.cfg.vocab_size
-        primers = []
+        primers, controls = [], []
+        step_ms = self.codec.config.step_ms
         for j, (primer, params) in enumerate(jobs):
             _check_params(j, params)
+            controls.append(None if params.controls is None else params.controls.resolve(primer, step_ms))
             tokens = np.asarray(primer.tokens, dtype=np.int64).reshape(-1)[-crop:]
             if not len(tokens):
                 tokens = np.array([self.codec.bos_id])
@@ -247,7 +253,6 @@ class DecodeBatch:
             self._cache.k[:, n + r, :, L - k.size(2) : L] = k
             self._cache.v[:, n + r, :, L - v.size(2) : L] = v
         self.left_pad[n : n + n_new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
-        step_ms = self.codec.config.step_ms
         ids, rows, generators = [], [], []
         for j, (primer, params) in enumerate(jobs):
             seed = secrets.randbelow(2**31) if params.seed is None else params.seed
@@ -261,6 +266,7 @@ class DecodeBatch:
                 rows_left=params.num_samples,
                 admitted=admitted,
                 prefill_s=admitted - start,
+                controls=controls[j],
             )
             ids.append(job.id)
             max_new = params.token_budget()
@@ -437,14 +443,19 @@ class DecodeBatch:
     def _result(self, job: _Job) -> ContinuationResult:
         start = time.perf_counter()
         step_s = self.codec.config.step_ms / 1000.0
+        applied = job.controls.applied if job.controls is not None else None
+        primer = job.primer
+        if job.controls is not None and job.controls.program is not None:
+            primer = replace(primer, program=job.controls.program)
         midis = [
             render(
                 self.codec,
-                job.primer,
+                primer,
                 tokens,
                 include_primer=job.params.include_primer,
                 seed=job.seed,
                 sample_index=i,
+                controls=applied,
             )
             for i, tokens in enumerate(job.samples)
         ]
@@ -461,6 +472,7 @@ class DecodeBatch:
                 "render": time.perf_counter() - start,
             },
             stopped=job.stopped,
+            controls=applied,
         )
 
 
@@ -499,7 +511,8 @@ def continue_midi(
     **sampling,
 ) -> list[pretty_midi.PrettyMIDI]:
     """Continue `midi` (path, bytes or PrettyMIDI); one PrettyMIDI per sample. `sampling`: SamplingParams
-    fields (seconds, temperature, top_k, top_p, seed, num_samples, max_new_tokens, include_primer), whose
+    fields (seconds, temperature, top_k, top_p, seed, num_samples, max_new_tokens, include_primer, controls),
+    whose
     defaults are SamplingParams' but for CONTINUE_MIDI_DEFAULTS."""
     codec = codec or EventCodec()
     params = SamplingParams(**{**CONTINUE_MIDI_DEFAULTS, **sampling})

@@ -5,6 +5,7 @@ motif's tempo and program.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,13 +155,15 @@ def render(
     *,
     seed: int | None = None,
     sample_index: int | None = None,
+    controls: dict | None = None,
 ) -> pretty_midi.PrettyMIDI:
     """Generated tokens -> MIDI with the motif's tempo and program.
 
     Continuation only: it starts at time 0 and lasts as long as the tokens' time shifts (a text marker "end"
     holds that length even when the last notes end earlier). include_primer: every note of the motif at its
     original time, then the continuation from the motif's end. Notes still sounding at the end are closed
-    there; any token stream renders to a valid file. The seed (and sample index) go into a text event.
+    there; any token stream renders to a valid file. The seed (and sample index) go into a text event, and
+    the controls applied (`musicrel.controls`), as JSON, into another.
     """
     primer_tokens = np.asarray(primer.tokens, dtype=np.int64)
     new_tokens = np.asarray(new_tokens, dtype=np.int64).reshape(-1)
@@ -203,6 +206,9 @@ def render(
     pm.instruments.append(inst)
     if seed is not None:
         label = f"musicrel seed={seed}" + ("" if sample_index is None else f" sample={sample_index}")
+        pm.text_events.append(pretty_midi.Text(label, 0.0))
+    if controls:
+        label = "musicrel controls=" + json.dumps(controls, sort_keys=True)
         pm.text_events.append(pretty_midi.Text(label, 0.0))
     pm.text_events.append(pretty_midi.Text("end", offset + length))
     return pm

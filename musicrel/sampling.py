@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from musicrel.controls import Controls
 from musicrel.errors import GenerationError
 
 MAX_SEED = 2**63 - 1
@@ -31,6 +32,7 @@ class SamplingParams:
     num_samples: int = 1
     max_new_tokens: int | None = None
     include_primer: bool = False  # render the motif followed by the continuation
+    controls: Controls | None = None  # steering (musicrel.controls); None, like Controls(), steers nothing
 
     def __post_init__(self) -> None:
         def number(name: str) -> float:
@@ -65,6 +67,15 @@ class SamplingParams:
             raise GenerationError(
                 f"include_primer must be true or false, got {self.include_primer!r}", code="invalid_params"
             )
+        if isinstance(self.controls, dict):
+            self.controls = Controls.from_dict(self.controls)
+        if self.controls is not None and not isinstance(self.controls, Controls):
+            raise GenerationError(
+                f"controls must be Controls, a dict or None, got {type(self.controls).__name__}",
+                code="invalid_params",
+            )
+        if self.controls is not None and self.controls.is_empty:
+            self.controls = None  # one meaning for "no control": exactly the uncontrolled path
 
     def limit_steps(self, step_ms: float) -> int:
         """The requested length in time steps (the grammar meets it to one step)."""

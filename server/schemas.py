@@ -8,11 +8,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from musicrel.controls import MAX_DENSITY, Controls
 from musicrel.primer import PRIMER_SECONDS
 from musicrel.sampling import SamplingParams
 
-# The defaults are the library's (SamplingParams, PRIMER_SECONDS); the bounds are the server's own.
+# The defaults are the library's (SamplingParams, PRIMER_SECONDS, Controls); the bounds are the server's own.
 _D = SamplingParams
+_C = Controls
 
 MAX_SEED = 2**32 - 1
 MAX_TRACKS = 64
@@ -46,8 +48,40 @@ class ContinuationParams(BaseModel):
         max_length=400,
         description='"merge" (every non-drum track) or comma-separated instrument indices, e.g. "0,2"',
     )
+    # Controls (musicrel.controls): empty leaves that aspect to the model. Text fields are checked by the
+    # library (ControlError: unknown_chord, unknown_key, empty_range, invalid_controls -> 422).
+    program: int | None = Field(
+        _C.program, ge=0, le=127, description="General MIDI program of the output; empty: the motif's"
+    )
+    key: str | None = Field(
+        _C.key,
+        max_length=40,
+        description='keep new notes in a key: "C:major", "A:minor", "Bb:dorian", "auto"',
+    )
+    key_strength: str = Field(
+        _C.key_strength, max_length=20, description='"prefer" (a bias), "only" (a mask) or a bias in nats'
+    )
+    chords: str | None = Field(
+        _C.chords,
+        max_length=1000,
+        description='chord progression, repeated: "C:2 G:2 Am:2 F:2" (seconds) or "C:4b G:4b" (beats)',
+    )
+    chord_strength: str = Field(
+        _C.chord_strength, max_length=20, description='"prefer" (a bias), "only" (a mask) or a bias in nats'
+    )
+    density: float | None = Field(
+        _C.density, gt=0, le=MAX_DENSITY, description="target notes per second (held by a feedback loop)"
+    )
+    low_note: int | None = Field(_C.low_note, ge=0, le=127, description="lowest MIDI pitch of a new note")
+    high_note: int | None = Field(_C.high_note, ge=0, le=127, description="highest MIDI pitch of a new note")
+    max_polyphony: int | None = Field(
+        _C.max_polyphony, ge=1, le=128, description="most notes sounding at once"
+    )
 
-    @field_validator("top_k", "seed", mode="before")
+    @field_validator(
+        "top_k", "seed", "program", "key", "chords", "density", "low_note", "high_note", "max_polyphony",
+        mode="before",
+    )  # fmt: skip
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         # HTML forms send an empty string for a field left blank.
@@ -67,9 +101,25 @@ class ContinuationParams(BaseModel):
             raise ValueError(f"at most {MAX_TRACKS} instrument indices, each below 1024")
         return ",".join(map(str, indices))
 
+    @field_validator("key_strength", "chord_strength", mode="before")
+    @classmethod
+    def _empty_is_default(cls, value: Any, info) -> Any:
+        return (
+            cls.model_fields[info.field_name].default
+            if isinstance(value, str) and not value.strip()
+            else value
+        )
+
+    def controls(self) -> Controls | None:
+        """The form's control fields as the library's Controls (ControlError when they cannot be honoured);
+        None when none is set."""
+        controls = Controls(**self.model_dump(include={f.name for f in dataclasses.fields(Controls)}))
+        return None if controls.is_empty else controls
+
     def sampling_params(self) -> SamplingParams:
-        """The form's sampling fields, whole, as the library takes them."""
-        return SamplingParams(**self.model_dump(include={f.name for f in dataclasses.fields(SamplingParams)}))
+        """The form's sampling fields and controls, whole, as the library takes them."""
+        fields = {f.name for f in dataclasses.fields(SamplingParams)} - {"controls"}
+        return SamplingParams(**self.model_dump(include=fields), controls=self.controls())
 
     def track_selection(self) -> str | list[int]:
         return "merge" if self.tracks == "merge" else [int(p) for p in self.tracks.split(",")]

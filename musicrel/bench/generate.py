@@ -4,13 +4,16 @@
   prefixes 512 and 1024 (goal >= 50x);
 - generate() throughput (sampling and grammar included) with 8 rows vs 1 (goal >= 4x);
 - the real-time factor of generate_batch on this machine: events per second / 40 (a dense piano texture plays
-  ~40 events per second; goal >= 10x).
+  ~40 events per second; goal >= 10x);
+- generate_batch with every control set (key, chords, density, range, polyphony) vs none, 8 rows: what the
+  controls cost per token (goal: within 5 %, i.e. nothing measurable).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from musicrel.bench.timing import medians, side_by_side
@@ -56,6 +59,7 @@ def run(args) -> int:
     from musicrel.checkpoint import load_codec, load_model
     from musicrel.codec import EventCodec
     from musicrel.config import ModelConfig
+    from musicrel.controls import Controls
     from musicrel.generate import decode_one_token, generate, prefill
     from musicrel.grammar import Grammar
     from musicrel.model import MusicTransformer
@@ -167,7 +171,10 @@ def run(args) -> int:
     }
 
     def end_to_end(batch):
-        generate_batch(model, codec, [(primer, params[batch])])
+        end_to_end_params(params[batch])
+
+    def end_to_end_params(p):
+        generate_batch(model, codec, [(primer, p)])
         _sync(device)
 
     t = medians(side_by_side({1: lambda: end_to_end(1), 8: lambda: end_to_end(8)}, args.repeats))
@@ -182,6 +189,53 @@ def run(args) -> int:
                 ">= 10x" if batch == 1 else "",
             )
         )
+
+    # The same 8-row job with every control against none: what the controls' rules cost per token.
+    steer = Controls(key="C:major", chords="C:2 G:2 Am:2 F:2", density=8.0, low_note=36, high_note=96,
+                     max_polyphony=6)  # fmt: skip
+    controlled = replace(params[8], controls=steer)
+    t = medians(
+        side_by_side(
+            {
+                "none": lambda: end_to_end_params(params[8]),
+                "controls": lambda: end_to_end_params(controlled),
+            },
+            args.repeats,
+        )
+    )
+    rate = {name: 8 * params[8].max_new_tokens / t[name] for name in t}
+
+    # The rules alone (constrain + advance, 8 rows, fixed logits): end to end, their cost is within noise.
+    resolved = steer.resolve(primer, codec.config.step_ms)
+    fixed = torch.randn(8, cfg.vocab_size, device=device)
+
+    def rules(controls, steps=200):
+        g = Grammar(codec, list(prompts[:8]), [10**9] * 8, [300] * 8, device=device, controls=controls)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            g.advance(g.constrain(fixed).argmax(dim=1))
+        _sync(device)
+        return (time.perf_counter() - t0) / steps
+
+    g_t = medians(side_by_side({"none": lambda: rules(None), "all": lambda: rules([resolved] * 8)}, 5))
+    rows.append(
+        (
+            "controls vs none, b=8 (tok/s)",
+            f"none {rate['none']:,.0f}",
+            f"controls {rate['controls']:,.0f}",
+            f"{rate['controls'] / rate['none']:.2f}x",
+            ">= 0.95x",
+        )
+    )
+    rows.append(
+        (
+            "rules per step, b=8 (ms)",
+            f"none {1e3 * g_t['none']:.2f}",
+            f"controls {1e3 * g_t['all']:.2f}",
+            f"+{1e3 * (g_t['all'] - g_t['none']):.2f} ms",
+            "",
+        )
+    )
 
     print(
         f"musicrel bench generate: {source}; {cfg.n_layers} layers, d_model {cfg.d_model}, "

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from musicrel.commands.codec import parse_tracks
+from musicrel.commands.controls import add_control_arguments, controls_from_args
 from musicrel.files import find_midi_files
 
 SUMMARY_FILE = "summary.json"
@@ -70,6 +71,8 @@ def run_jobs(model, codec, items, params, primer_seconds: float, tracks, novelty
                 seconds=round(result.seconds, 3),
                 timings={k: round(v, 4) for k, v in result.timings.items()},
             )
+            if result.controls is not None:  # what was applied to this motif (the key detected, ...)
+                record["controls"] = result.controls
             if novelty is not None:  # the generated notes alone: the motif may itself be a training piece
                 record["novelty"] = [
                     novelty_report(novelty, codec.decode_notes(tk))["longest_copy"] for tk in result.tokens
@@ -152,6 +155,7 @@ def _generate(args) -> int:
     params = SamplingParams(
         num_samples=args.num_samples,
         include_primer=args.include_primer,
+        controls=controls_from_args(args),
         **{k: getattr(args, k) for k in sampling if getattr(args, k) is not None},
     )
     if args.primer_seconds is None:
@@ -296,6 +300,7 @@ def register(subparsers) -> None:
         "the training data (default: the checkpoint folder's, if it ships one)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_control_arguments(p)
     p.set_defaults(func=_generate)
 
     e = subparsers.add_parser(

@@ -123,3 +123,37 @@ def test_generate_reports_what_each_sample_copied_from_the_index_beside_the_chec
     assert record["novelty"][0]["source"] == "planted.mid"
     assert record["novelty"][0]["notes"] == len(copied)
     assert record["novelty"][0]["start_time_in_source"] == pytest.approx(planted[0].start, abs=0.011)
+
+
+def test_generate_control_flags_reach_the_outputs_and_summary(setup):
+    tmp_path, motifs = setup
+    out = tmp_path / "steered"
+    flags = ["--key", "auto", "--key-strength", "only", "--chords", "C:1 G:2b", "--program", "Violin",
+             "--low-note", "50", "--high-note", "80", "--max-polyphony", "2", "--density", "4"]  # fmt: skip
+    assert run(tmp_path, motifs, out, *flags) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    record = next(r for r in summary["files"] if r["status"] == "ok")
+    applied = record["controls"]
+    assert applied["program"] == 40 and applied["key_strength"] == "only" and applied["key_detected"] is True
+    # "G:2b" is two beats at the motif's 110 bpm, on the 10 ms grid
+    assert applied["chords"] == [{"chord": "C", "seconds": 1.0}, {"chord": "G", "seconds": 1.09}]
+    assert summary["settings"]["controls"]["chords"] == "C:1 G:2b"
+    for path in record["outputs"]:
+        pm = pretty_midi.PrettyMIDI(path)
+        assert pm.instruments[0].program == 40
+        assert all(50 <= n.pitch <= 80 for n in pm.instruments[0].notes)
+
+
+@pytest.mark.parametrize(
+    "flags, code",
+    [
+        (["--chords", "C:2 Hm:2"], "unknown_chord"),
+        (["--low-note", "70", "--high-note", "60"], "empty_range"),
+        (["--key", "C:bebop"], "unknown_key"),
+    ],
+)
+def test_generate_bad_control_is_one_line_with_its_code(setup, capsys, flags, code):
+    tmp_path, motifs = setup
+    assert run(tmp_path, motifs, tmp_path / "bad", *flags) == 2
+    err = capsys.readouterr().err
+    assert f"[{code}]" in err and "Traceback" not in err

@@ -605,3 +605,43 @@ def test_samples_report_what_they_copied_when_the_checkpoint_ships_a_novelty_ind
     copy = again["samples"][0]["novelty"]
     assert len(sample) >= 3 and copy["source"] == "planted.mid"
     assert copy["notes"] == len(sample) and copy["occurrences"] == 1
+
+
+# ---- controls ------------------------------------------------------------------------------------
+
+
+def test_controls_steer_and_are_echoed(client):
+    fields = {"program": "40", "key": "C:major", "key_strength": "only", "chords": "C:0.2 G:0.2",
+              "low_note": "55", "high_note": "79", "max_polyphony": "2", "density": "",
+              "seconds": "1"}  # fmt: skip
+    response = post(client, json=True, seed="3", **fields)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["settings"]["key"] == "C:major" and body["settings"]["program"] == 40
+    assert body["settings"]["density"] is None  # blank: unset
+    pm = pretty_midi.PrettyMIDI(io.BytesIO(base64.b64decode(body["samples"][0]["midi_base64"])))
+    assert pm.instruments[0].program == 40
+    in_key = (0, 2, 4, 5, 7, 9, 11)
+    assert all(55 <= n.pitch <= 79 and n.pitch % 12 in in_key for n in pm.instruments[0].notes)
+    assert any(t.text.startswith("musicrel controls=") for t in pm.text_events)
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"chords": "C:1 Q:1"}, "unknown_chord"),
+        ({"low_note": "70", "high_note": "60"}, "empty_range"),
+        ({"key": "C:nope"}, "unknown_key"),
+        ({"key_strength": "always", "key": "auto"}, "invalid_controls"),
+    ],
+)
+def test_bad_control_is_422_with_its_code(client, fields, code):
+    response = post(client, **FAST, **fields)
+    assert response.status_code == 422 and error_of(response)["code"] == code, response.text
+
+
+@pytest.mark.parametrize(("field", "value"), [("program", "128"), ("low_note", "-1"), ("density", "0"),
+                                              ("max_polyphony", "0"), ("chords", "C " * 600)])  # fmt: skip
+def test_out_of_range_control_is_422_naming_the_field(client, field, value):
+    response = post(client, **{field: value})
+    assert response.status_code == 422 and error_of(response)["field"] == field, response.text

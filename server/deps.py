@@ -42,6 +42,9 @@ def get_params(
             raise ApiError(
                 422, "invalid_request", f"{name}: must be at most {limit:g} on this server", field=name
             )
+    # Controls that cannot be honoured whatever the motif (a bad chord symbol, low above high) are refused
+    # before the upload is parsed; those that depend on it ("auto" key, key and range) when it is.
+    form.controls()
     return form
 
 

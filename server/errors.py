@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from musicrel.controls import ControlError
 from musicrel.errors import CheckpointError, MusicrelError
 
 log = logging.getLogger("musicrel.server")
@@ -64,9 +65,33 @@ def describe(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, ApiError):
         return exc.status, error_body(exc.code, exc.message, exc.field)
     if isinstance(exc, MusicrelError):
-        return _library_status(exc), error_body(exc.code, exc.message)
+        return _library_status(exc), error_body(exc.code, exc.message, library_field(exc))
     log.error("unhandled error while streaming", exc_info=exc)
     return 500, error_body("internal", "internal error; it has been logged")
+
+
+# A control error names its field in its message ("key_strength must be ...", "chord 'X': the duration"); the
+# code alone settles the rest. The page shows the message next to that field's input.
+_CONTROL_WORDS = (
+    *("key_strength", "chord_strength", "program", "density", "low_note", "high_note", "max_polyphony"),
+    "chord",
+    "key",
+)
+_CONTROL_CODE_FIELDS = {"unknown_chord": "chords", "unknown_key": "key", "empty_range": "low_note"}
+
+
+def library_field(exc: MusicrelError) -> str | None:
+    """The request field a library error is about, when it is one of the controls'."""
+    if not isinstance(exc, ControlError):
+        return None
+    if exc.code in _CONTROL_CODE_FIELDS:
+        return _CONTROL_CODE_FIELDS[exc.code]
+    message = exc.message
+    named = [w for w in _CONTROL_WORDS if w in message]  # the earliest wins; on a tie, the longer word
+    if not named:
+        return None
+    word = min(named, key=message.index)
+    return "chords" if word == "chord" else word
 
 
 def _validation_response(exc: RequestValidationError) -> JSONResponse:
@@ -95,7 +120,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(MusicrelError)
     async def library_error(request: Request, exc: MusicrelError) -> JSONResponse:
-        return error_response(_library_status(exc), exc.code, exc.message)
+        return error_response(_library_status(exc), exc.code, exc.message, library_field(exc))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from musicrel.controls import MAX_DENSITY, Controls
+from musicrel.controls import MAX_DENSITY, Controls, gm_program_names
 from musicrel.primer import PRIMER_SECONDS
 from musicrel.sampling import SamplingParams
 
@@ -207,6 +207,10 @@ class ModelInfo(BaseModel):
     card: str | None = Field(None, description="MODEL_CARD.md, when the checkpoint has one")
     novelty_index: dict[str, int] | None = Field(
         None, description="pieces and notes of the training data's novelty index beside the checkpoint"
+    )
+    programs: list[str] = Field(
+        default_factory=gm_program_names,
+        description="the General MIDI instrument names by program number (0-127), for the `program` field",
     )
 
 

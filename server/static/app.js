@@ -611,9 +611,56 @@ $("example").addEventListener("change", async () => {
 
 // --- settings ---
 
-// The generation controls' form fields (key, chords, density, range, instrument), sent when filled in: empty
-// until the server takes them (see the placeholder in index.html).
-const CONTROL_FIELDS = [];
+// The generation controls' form fields (the "Steer" section), sent when filled in: blank is the API's "not set".
+const CONTROL_FIELDS = ["program", "key", "key_strength", "chords", "chord_strength", "density", "low_note",
+  "high_note", "max_polyphony"];
+
+// The API names the field an error is about (`field` of a 422); its message goes next to that input too, so a
+// bad chord symbol is pointed at where it was typed, with the Steer section opened if it was folded.
+function showFieldError(field, message) {
+  const el = field && document.querySelector(`#form [name="${CSS.escape(field)}"]`);
+  if (!el || el.type === "file") return false;
+  const box = el.closest(".field") || el.parentElement;
+  let note = $(`${field}-error`);
+  if (!note) {
+    note = document.createElement("p");
+    note.id = `${field}-error`;
+    note.className = "field-error";
+    box.append(note);
+  }
+  note.textContent = message;
+  note.hidden = false;
+  el.setAttribute("aria-invalid", "true");
+  el.setAttribute("aria-errormessage", note.id);
+  const folded = el.closest("details");
+  if (folded) folded.open = true;
+  return true;
+}
+
+function clearFieldError(el) {
+  const note = $(`${el.name}-error`);
+  if (note) { note.hidden = true; note.textContent = ""; }
+  el.removeAttribute("aria-invalid");
+  el.removeAttribute("aria-errormessage");
+}
+
+function clearFieldErrors() {
+  for (const el of $("form").querySelectorAll("[aria-invalid]")) clearFieldError(el);
+}
+
+// Editing a field the server complained about takes its complaint away.
+for (const el of $("form").querySelectorAll("input, select")) {
+  el.addEventListener("input", () => { if (el.hasAttribute("aria-invalid")) clearFieldError(el); });
+}
+
+// The pitch fields say which note a number is (60 = C4).
+for (const id of ["low_note", "high_note"]) {
+  const hint = $(`${id}-hint`), plain = hint.textContent;
+  $(id).addEventListener("input", () => {
+    const v = Number($(id).value);
+    hint.textContent = $(id).value !== "" && Number.isInteger(v) && v >= 0 && v <= 127 ? `${pitchName(v)} (MIDI ${v})` : plain;
+  });
+}
 
 function buildForm() {
   const fd = new FormData();
@@ -631,7 +678,10 @@ function validateSettings() {
     if (!el.checkValidity()) {
       const label = document.querySelector(`label[for="${el.id}"]`);
       const name = label ? label.textContent.trim() : el.name;
+      const folded = el.closest("details");
+      if (folded) folded.open = true; // a folded input cannot take the focus
       el.focus();
+      showFieldError(el.name, el.validationMessage);
       return `${name}: ${el.validationMessage}`;
     }
   }
@@ -650,10 +700,11 @@ function decodeBase64(b64) {
 async function readError(resp) {
   let code = `http_${resp.status}`;
   let message = resp.statusText || `the server answered HTTP ${resp.status}`;
+  let field = null;
   try {
     const body = await resp.json();
     const err = body && body.error;
-    if (err) { code = err.code || code; message = err.message || message; }
+    if (err) { code = err.code || code; message = err.message || message; field = err.field || null; }
     else if (body && body.detail) {
       // FastAPI's own validation shape: [{loc, msg}] -> "seconds: Input should be ..."
       message = Array.isArray(body.detail)
@@ -663,7 +714,7 @@ async function readError(resp) {
   } catch (_) { /* not JSON: keep the HTTP status text */ }
   const retry = resp.headers.get("Retry-After");
   if (retry) message += ` (retry in ${retry} s)`;
-  return { code, message };
+  return { code, message, field };
 }
 
 // Continue streams the continuation (POST /v1/continuations/stream): each note is played and drawn as it
@@ -681,6 +732,7 @@ $("form").addEventListener("submit", async (e) => {
   performance.clearMarks();
   performance.mark("musicrel:continue");
   clearError();
+  clearFieldErrors();
   const invalid = validateSettings();
   if (invalid) { showError(invalid, "invalid_setting"); return; }
   resetResult();
@@ -721,6 +773,7 @@ $("form").addEventListener("submit", async (e) => {
     if (err.name === "AbortError") { setStatus("Cancelled."); }
     else {
       showError(err.code ? err.message : `could not reach the server (${err.message})`, err.code || "network");
+      if (err.field) showFieldError(err.field, err.message);
       setStatus("Failed — adjust and try again.");
     }
   } finally {
@@ -736,8 +789,8 @@ async function plainContinuation(signal, seed) {
   if (seed != null) form.set("seed", String(seed)); // what was already heard of the stream comes again
   const resp = await fetch("/v1/continuations", { method: "POST", body: form, headers: { Accept: "application/json" }, signal });
   if (!resp.ok) {
-    const { code, message } = await readError(resp);
-    throw Object.assign(new Error(message), { code });
+    const { code, message, field } = await readError(resp);
+    throw Object.assign(new Error(message), { code, field });
   }
   return resp.json();
 }
@@ -755,8 +808,8 @@ async function streamContinuation(signal) {
   state.stream.headersAt = performance.now();
   if ([404, 405, 501].includes(resp.status)) throw new StreamFailed(`no stream endpoint (HTTP ${resp.status})`);
   if (!resp.ok) {
-    const { code, message } = await readError(resp);
-    throw Object.assign(new Error(message), { code }); // the server's verdict: the plain endpoint says the same
+    const { code, message, field } = await readError(resp);
+    throw Object.assign(new Error(message), { code, field }); // the server's verdict: the plain endpoint says the same
   }
   if (!resp.body || !resp.body.getReader) throw new StreamFailed("this browser cannot read a response as it arrives");
   const live = new LiveRoll();
@@ -787,7 +840,8 @@ async function streamContinuation(signal) {
       }
       if (event.type === "error") {
         const err = event.error || {};
-        throw Object.assign(new Error(err.message || `HTTP ${event.status}`), { code: err.code || `http_${event.status}` });
+        throw Object.assign(new Error(err.message || `HTTP ${event.status}`),
+          { code: err.code || `http_${event.status}`, field: err.field || null });
       }
       live.handle(event);
     }
@@ -1038,6 +1092,15 @@ async function loadModelInfo() {
     cap("num_samples", num(limits.max_num_samples) != null && num(limits.max_batch_rows) != null
       ? Math.min(limits.max_num_samples, limits.max_batch_rows) : limits.max_num_samples);
     cap("top_k", info.vocab_size);
+    // The instrument menu: the General MIDI names as the library knows them (musicrel.controls).
+    if (Array.isArray(info.programs) && $("program").options.length === 1) {
+      info.programs.forEach((name, program) => {
+        const opt = document.createElement("option");
+        opt.value = String(program);
+        opt.textContent = `${program} ${name}`;
+        $("program").append(opt);
+      });
+    }
     if (num(limits.max_upload_bytes) != null) {
       $("upload-hint").textContent = `.mid / .midi, up to ${fmtBytes(limits.max_upload_bytes)}`;
     }

@@ -627,17 +627,36 @@ def test_controls_steer_and_are_echoed(client):
 
 
 @pytest.mark.parametrize(
-    ("fields", "code"),
+    ("fields", "code", "field"),
     [
-        ({"chords": "C:1 Q:1"}, "unknown_chord"),
-        ({"low_note": "70", "high_note": "60"}, "empty_range"),
-        ({"key": "C:nope"}, "unknown_key"),
-        ({"key_strength": "always", "key": "auto"}, "invalid_controls"),
+        ({"chords": "C:1 Q:1"}, "unknown_chord", "chords"),
+        ({"chords": "C:-1"}, "invalid_controls", "chords"),
+        ({"low_note": "70", "high_note": "60"}, "empty_range", "low_note"),
+        ({"key": "C:nope"}, "unknown_key", "key"),
+        ({"key_strength": "always", "key": "auto"}, "invalid_controls", "key_strength"),
+        ({"chord_strength": "always", "chords": "C"}, "invalid_controls", "chord_strength"),
     ],
 )
-def test_bad_control_is_422_with_its_code(client, fields, code):
+def test_bad_control_is_422_with_its_code_and_field(client, fields, code, field):
+    """`field` lets the page show the message beside that input."""
     response = post(client, **FAST, **fields)
     assert response.status_code == 422 and error_of(response)["code"] == code, response.text
+    assert error_of(response)["field"] == field
+
+
+def test_bad_control_is_refused_before_the_upload_is_parsed(client):
+    """A control wrong whatever the motif is refused even with bytes that are not MIDI (parsing would say
+    not_midi): no parse thread is spent on a request that cannot run."""
+    response = client.post("/v1/continuations", data={"chords": "H7"}, files={"file": ("x.mid", b"junk")})
+    assert response.status_code == 422 and error_of(response)["code"] == "unknown_chord", response.text
+
+
+def test_model_info_lists_the_general_midi_names_the_page_offers(client):
+    from musicrel.controls import gm_program_names
+
+    programs = client.get("/v1/model").json()["programs"]
+    assert programs == gm_program_names() and len(programs) == 128
+    assert programs[0] == "Acoustic Grand Piano"
 
 
 @pytest.mark.parametrize(("field", "value"), [("program", "128"), ("low_note", "-1"), ("density", "0"),

@@ -16,12 +16,36 @@ PAGE = STATIC_DIR / "index.html"
 
 
 class _Collector(HTMLParser):
+    """Start tags in order; a <select> gets the options it holds in the page (`options`: (value, text)) and
+    its initial `value` (the selected option, else the first), as a browser would submit it."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.tags: list[tuple[str, dict]] = []
+        self._select: dict | None = None
+        self._option: list | None = None
 
     def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
+        attrs = dict(attrs)
+        self.tags.append((tag, attrs))
+        if tag == "select":
+            self._select = attrs
+            attrs["options"] = []
+        elif tag == "option" and self._select is not None:
+            self._option = [attrs.get("value"), ""]
+            self._select["options"].append(self._option)
+            if "selected" in attrs or "value" not in self._select:
+                self._select["value"] = attrs.get("value")
+
+    def handle_data(self, data):
+        if self._option is not None:
+            self._option[1] += data
+
+    def handle_endtag(self, tag):
+        if tag == "option":
+            self._option = None
+        elif tag == "select":
+            self._select = None
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +57,11 @@ def tags() -> list[tuple[str, dict[str, str | None]]]:
 
 @pytest.fixture(scope="module")
 def form_inputs(tags) -> dict[str, dict[str, str | None]]:
-    return {a["name"]: a for t, a in tags if t == "input" and a.get("name") and a["name"] != "file"}
+    return {
+        a["name"]: a | ({"type": "select"} if t == "select" else {})
+        for t, a in tags
+        if t in ("input", "select") and a.get("name") and a["name"] != "file"
+    }
 
 
 def _bound(field: str, kind: str) -> float | None:
@@ -56,6 +84,7 @@ def test_every_input_has_a_label(tags):
 
 
 NUMBER_FIELDS = ["seconds", "temperature", "top_k", "top_p", "seed", "num_samples", "primer_seconds"]
+NUMBER_FIELDS += ["density", "low_note", "high_note", "max_polyphony"]
 
 
 @pytest.mark.parametrize("name", NUMBER_FIELDS)
@@ -87,12 +116,59 @@ def test_defaults_match_the_api(form_inputs):
         expected = getattr(defaults, name)
         if attrs["type"] == "checkbox":
             assert ("checked" in attrs) is expected, name
+        elif attrs["type"] == "select":
+            assert attrs["value"] == ("" if expected is None else expected), name
         elif expected is None:
             assert not attrs.get("value"), f"{name}: blank means None in the API"
         elif attrs["type"] == "number":
             assert float(attrs["value"]) == pytest.approx(expected), name
         else:
             assert attrs["value"] == expected, name
+
+
+def test_an_untouched_steer_section_steers_nothing(form_inputs):
+    """Every control as the page first sends it (blank fields left out, as app.js does) is no control."""
+    sent = {
+        name: attrs["value"]
+        for name, attrs in form_inputs.items()
+        if name in CONTROL_FIELDS and (attrs.get("value") or "").strip()
+    }
+    assert ContinuationParams(**sent).controls() is None
+
+
+CONTROL_FIELDS = {"program", "key", "key_strength", "chords", "chord_strength", "density", "low_note"}
+CONTROL_FIELDS |= {"high_note", "max_polyphony"}
+
+
+def test_app_js_sends_every_control_field():
+    text = (STATIC_DIR / "app.js").read_text()
+    listed = re.search(r"const CONTROL_FIELDS = \[(.*?)\];", text, re.S)
+    assert listed, "CONTROL_FIELDS not found in app.js"
+    assert set(re.findall(r'"(\w+)"', listed.group(1))) == CONTROL_FIELDS
+    assert set(ContinuationParams.model_fields) >= CONTROL_FIELDS
+
+
+@pytest.mark.parametrize("name", ["key", "key_strength", "chord_strength"])
+def test_every_menu_choice_is_accepted_by_the_library(form_inputs, name):
+    values = [value for value, _ in form_inputs[name]["options"]]
+    assert len(values) == len(set(values)) > 1
+    steered = {"key_strength": {"key": "C:major"}, "chord_strength": {"chords": "C"}}.get(name, {})
+    for value in values:
+        ContinuationParams(**steered, **{name: value}).controls()  # ControlError if it is not taken
+
+
+def test_the_key_menu_offers_off_auto_and_every_major_and_minor_key(form_inputs):
+    values = [value for value, _ in form_inputs["key"]["options"]]
+    assert values[:2] == ["", "auto"]
+    from musicrel.controls import parse_key
+
+    assert len({parse_key(v) for v in values[2:]}) == 24
+
+
+def test_the_instrument_menu_starts_at_the_motifs_and_is_filled_from_the_api(form_inputs):
+    """The 128 names come from /v1/model (`programs`, musicrel.controls.gm_program_names), not a copy here."""
+    assert form_inputs["program"]["options"] == [["", "the motif's"]]
+    assert "info.programs" in (STATIC_DIR / "app.js").read_text()
 
 
 def test_tracks_pattern_agrees_with_the_api_validator(form_inputs):

@@ -856,6 +856,7 @@ class LiveRoll {
     this.boundary = 0;
     this.notes = new Map(); // id -> drawn note (first sample)
     this.cont = [];
+    state.stream.liveNotes = this.cont; // what has been heard (tests compare it with the result)
     this.motif = [];
     this.clock = 0; // seconds of the continuation the stream has reached
     this.pending = false;

@@ -247,6 +247,76 @@ def test_docs_render_from_the_footer_link_with_no_internet(browser, live_server)
         context.close()
 
 
+# ---- steering -------------------------------------------------------------------------------------
+
+C_MAJOR = {0, 2, 4, 5, 7, 9, 11}
+
+
+def test_steer_key_only_range_and_instrument_hold_in_the_streamed_notes(page, motif_file):
+    """The Steer section's key "only", range and instrument reach the model: every note heard live and every
+    note of the result is in C major, in 60-72, and played by the chosen program."""
+    from musicrel.controls import gm_program_names
+
+    page.wait_for_function("document.querySelectorAll('#program option').length > 1")
+    names = page.eval_on_selector_all("#program option", "os => os.slice(1).map(o => o.textContent)")
+    assert names == [f"{i} {name}" for i, name in enumerate(gm_program_names())]
+    page.set_input_files("#file", str(motif_file))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    _set_fast_settings(page)
+    page.fill("#seconds", "4")
+    page.click("#steer summary")
+    page.select_option("#program", "40")
+    page.select_option("#key", "C:major")
+    page.select_option("#key_strength", "only")
+    page.fill("#low_note", "60")
+    page.fill("#high_note", "72")
+    assert "C4" in page.inner_text("#low_note-hint")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+    assert page.get_attribute("#app", "data-transport") == "stream"
+    settings = page.evaluate("window.musicrel.state.response.settings")
+    assert settings["key"] == "C:major" and settings["key_strength"] == "only"
+    assert (settings["low_note"], settings["high_note"], settings["program"]) == (60, 72, 40)
+    live = page.evaluate("window.musicrel.state.stream.liveNotes.map(n => n.pitch)")
+    result = page.evaluate("window.musicrel.state.samples[0].contNotes.map(n => [n.pitch, n.program])")
+    assert live and result, "no notes generated"
+    assert sorted(live) == sorted(p for p, _ in result)  # what was heard is what was written
+    assert all(60 <= p <= 72 and p % 12 in C_MAJOR for p in live), live
+    assert {program for _, program in result} == {40}
+
+
+def test_an_unknown_chord_shows_its_error_next_to_the_chord_field(page, motif_file):
+    page.set_input_files("#file", str(motif_file))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    _set_fast_settings(page)
+    page.click("#steer summary")
+    page.fill("#chords", "C:1 H7:1")
+    page.click("#steer summary")  # folded again: the error must open it
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=error]", timeout=GENERATION_TIMEOUT_MS)
+    assert page.evaluate("document.getElementById('steer').open")
+    note = page.inner_text("#chords-error")
+    assert page.is_visible("#chords-error") and "H7" in note, note
+    # Beside the chord field, not somewhere else on the page.
+    beside = "document.getElementById('chords-error').closest('.field')"
+    beside += ".contains(document.getElementById('chords'))"
+    assert page.evaluate(beside)
+    assert page.get_attribute("#chords", "aria-invalid") == "true"
+    assert "unknown_chord" in page.inner_text("#error")
+    for other in ("key", "low_note", "density"):
+        assert page.get_attribute(f"#{other}", "aria-invalid") is None
+    page.fill("#chords", "C:1 G7:1")  # editing the field takes the complaint away
+    assert not page.is_visible("#chords-error")
+    assert page.get_attribute("#chords", "aria-invalid") is None
+
+
+def test_steer_open_on_a_narrow_screen_has_no_horizontal_scroll(page):
+    page.set_viewport_size({"width": 360, "height": 800})
+    page.click("#steer summary")
+    assert page.is_visible("#chords") and page.is_visible("#max_polyphony")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 360
+
+
 # ---- streaming ------------------------------------------------------------------------------------
 
 SHIPPED = REPO / "checkpoints" / "default"

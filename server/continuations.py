@@ -30,6 +30,7 @@ from server.schemas import (
     ContinuationParams,
     ContinuationResponse,
     Copy,
+    PreparedMotif,
     PrimerInfo,
     Sample,
     Timings,
@@ -55,6 +56,10 @@ def _ms(seconds: float) -> float:
     return round(1000 * seconds, 2)
 
 
+def primer_key(data: bytes, params: ContinuationParams) -> tuple:
+    return (hashlib.sha256(data).digest(), params.primer_seconds, params.tracks)
+
+
 async def parse_upload(service: Service, file: UploadFile, params: ContinuationParams) -> Primer:
     """The motif to continue (on a parse thread, unless it is one of the last MUSICREL_PRIMER_CACHE motifs
     parsed with the same primer settings); the codec's InvalidMidiError for unusable MIDI."""
@@ -64,7 +69,7 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
     assert service.codec is not None and service.model is not None  # admitted only once loaded
     # The same motif again (a re-roll with another seed) is not parsed again: a dense file's parse and
     # primer window take 100-600 ms on 2 busy cores, most of the wait for a streamed first note.
-    key = (hashlib.sha256(data).digest(), params.primer_seconds, params.tracks)
+    key = primer_key(data, params)
     primer = service.parsed_primers.get(key)
     if primer is not None:
         service.parsed_primers.move_to_end(key)
@@ -83,6 +88,54 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
         while len(service.parsed_primers) > service.settings.primer_cache:
             service.parsed_primers.popitem(last=False)
     return primer
+
+
+# Preparing a motif decodes one token: enough for the engine to prefill the primer and keep its K/V.
+PREPARE_SAMPLING = SamplingParams(seconds=0.01, max_new_tokens=1, seed=0, num_samples=1)
+
+
+async def prepare_motif(
+    service: Service,
+    file: UploadFile,
+    params: ContinuationParams,
+    ticket: Ticket | None,
+    is_disconnected: Callable[[], Awaitable[bool]],
+) -> PreparedMotif | None:
+    """Parse the motif and prefill its primer now, so that a continuation of it (the same bytes,
+    primer_seconds and tracks) finds both in the caches (MUSICREL_PRIMER_CACHE, least recently used first
+    out) and starts decoding at once. None when the client left."""
+    start = time.monotonic()
+    data = await file.read()
+    await file.seek(0)
+    cached = primer_key(data, params) in service.parsed_primers
+    primer = await parse_upload(service, file, params)
+    parsed = time.monotonic()
+    prefill_ms = None
+    if not cached:
+        deadline = start + service.settings.request_timeout_s
+        job = submit(service, primer, PREPARE_SAMPLING, deadline, ticket)
+        result = await wait_for_result(job, is_disconnected, service.settings.disconnect_poll_s)
+        if result is None:
+            return None
+        prefill_ms = _ms(result.timings["prefill"]) if "prefill" in result.timings else None
+    return PreparedMotif(
+        sha256=hashlib.sha256(data).hexdigest(),
+        primer=primer_info(primer, len(primer.tokens)),
+        cached=cached,
+        parse_ms=_ms(parsed - start),
+        prefill_ms=prefill_ms,
+    )
+
+
+def primer_info(primer: Primer, tokens: int) -> PrimerInfo:
+    return PrimerInfo(
+        tokens=int(tokens),
+        start_time=float(primer.start_time),
+        end_time=float(primer.end_time),
+        tempo=float(primer.tempo),
+        program=int(primer.program),
+        notes=len(primer.notes),
+    )
 
 
 def submit(
@@ -226,14 +279,7 @@ def as_json(c: Continuation) -> ContinuationResponse:
     return ContinuationResponse(
         seed=int(result.seed),
         settings=c.settings,
-        primer=PrimerInfo(
-            tokens=int(result.primer_tokens),
-            start_time=float(primer.start_time),
-            end_time=float(primer.end_time),
-            tempo=float(primer.tempo),
-            program=int(primer.program),
-            notes=len(primer.notes),
-        ),
+        primer=primer_info(primer, result.primer_tokens),
         samples=[sample for _, sample in c.rendered],
         new_tokens=int(result.new_tokens),
         stopped=bool(result.stopped),

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Form, Request
 
 from server.errors import ApiError
-from server.schemas import ContinuationParams
+from server.schemas import ContinuationParams, MotifParams
 from server.service import Service
 from server.settings import Settings
 
@@ -49,6 +49,17 @@ def get_params(
 
 
 ParamsDep = Annotated[ContinuationParams, Depends(get_params)]
+
+
+def get_motif_params(form: Annotated[MotifParams, Form()], settings: SettingsDep) -> ContinuationParams:
+    """A motif's fields, as the continuation fields they stand for (the rest at their defaults)."""
+    if form.primer_seconds > settings.max_primer_seconds:
+        message = f"primer_seconds: must be at most {settings.max_primer_seconds:g} on this server"
+        raise ApiError(422, "invalid_request", message, field="primer_seconds")
+    return ContinuationParams(primer_seconds=form.primer_seconds, tracks=form.tracks)
+
+
+MotifParamsDep = Annotated[ContinuationParams, Depends(get_motif_params)]
 
 
 def wants_json(request: Request) -> bool:

@@ -17,8 +17,10 @@ from server.metrics import Metrics
 from server.settings import Settings
 
 CONTINUATIONS_PATH = "/v1/continuations"
-# The routes that generate: both are admitted, counted in flight and drained the same way.
-GENERATION_PATHS = frozenset({CONTINUATIONS_PATH, f"{CONTINUATIONS_PATH}/stream"})
+MOTIFS_PATH = "/v1/motifs"
+# The routes that generate (preparing a motif prefills it in the engine): admitted, counted in flight and
+# drained the same way.
+GENERATION_PATHS = frozenset({CONTINUATIONS_PATH, f"{CONTINUATIONS_PATH}/stream", MOTIFS_PATH})
 # Scope key: was the service draining when this request arrived? One that arrived before SIGTERM is served
 # even if its upload is still being read when the signal comes.
 DRAINING_AT_ARRIVAL = "musicrel.draining_at_arrival"

@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server import continuations, streams
-from server.deps import ParamsDep, ServiceDep, SettingsDep, WantsJsonDep
+from server.deps import MotifParamsDep, ParamsDep, ServiceDep, SettingsDep, WantsJsonDep
 from server.errors import ApiError, error_response
 from server.metrics import exposition_registry
 from server.middleware import ADMISSION_TICKET
@@ -23,6 +23,7 @@ from server.schemas import (
     Example,
     Health,
     ModelInfo,
+    PreparedMotif,
 )
 
 log = logging.getLogger("musicrel.server")
@@ -112,6 +113,30 @@ async def stream_continuation(
     file: Annotated[UploadFile, File(description=FILE_DESCRIPTION, json_schema_extra=FILE_SCHEMA)],
 ) -> Response:
     return await streams.start_stream(service, file, params, request.scope.get(ADMISSION_TICKET))
+
+
+@router.post(
+    "/v1/motifs",
+    summary="Prepare a motif: parse it and prefill its primer ahead of its continuations",
+    response_model=PreparedMotif,
+    responses=ERRORS,
+)
+async def prepare_motif(
+    request: Request,
+    service: ServiceDep,
+    params: MotifParamsDep,
+    file: Annotated[UploadFile, File(description=FILE_DESCRIPTION, json_schema_extra=FILE_SCHEMA)],
+) -> Any:
+    """What the page sends when a motif is chosen, before Continue is pressed: the continuations of the same
+    file with the same `primer_seconds` and `tracks` then skip parsing and prefill (the server keeps the last
+    `MUSICREL_PRIMER_CACHE` motifs, least recently used out first). Admitted, bounded and drained as a
+    continuation is; a motif already prepared costs nothing (`cached`)."""
+    prepared = await continuations.prepare_motif(
+        service, file, params, request.scope.get(ADMISSION_TICKET), request.is_disconnected
+    )
+    if prepared is None:
+        return Response(status_code=CLIENT_CLOSED)
+    return prepared
 
 
 @router.get(

@@ -184,6 +184,25 @@ class ContinuationResponse(BaseModel):
     batch: BatchInfo
 
 
+class MotifParams(BaseModel):
+    """The form fields of POST /v1/motifs: those of a continuation that decide its primer."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    primer_seconds: float = ContinuationParams.model_fields["primer_seconds"]
+    tracks: str = ContinuationParams.model_fields["tracks"]
+
+    _tracks = field_validator("tracks")(ContinuationParams._tracks.__func__)
+
+
+class PreparedMotif(BaseModel):
+    sha256: str = Field(description="sha256 of the uploaded bytes: the motif the server now holds")
+    primer: PrimerInfo
+    cached: bool = Field(description="true when the motif was already prepared (nothing was done)")
+    parse_ms: float
+    prefill_ms: float | None = Field(None, description="the engine's prefill of the primer; null when cached")
+
+
 class ErrorDetail(BaseModel):
     code: str
     message: str

@@ -664,3 +664,54 @@ def test_model_info_lists_the_general_midi_names_the_page_offers(client):
 def test_out_of_range_control_is_422_naming_the_field(client, field, value):
     response = post(client, **{field: value})
     assert response.status_code == 422 and error_of(response)["field"] == field, response.text
+
+
+# ---- prepared motifs -----------------------------------------------------------------------------
+
+
+def prepare(client: TestClient, data: bytes, **fields) -> httpx.Response:
+    return client.post("/v1/motifs", files={"file": ("motif.mid", data, "audio/midi")}, data=fields)
+
+
+def test_a_prepared_motif_is_not_parsed_again_by_its_continuations(client, monkeypatch):
+    import server.continuations as continuations
+
+    parses = []
+    real = continuations.prepare_primer
+    monkeypatch.setattr(continuations, "prepare_primer", lambda *a, **k: parses.append(1) or real(*a, **k))
+    data = motif(11)  # bytes no other test sends: not in the parse cache yet
+    first = prepare(client, data, primer_seconds="20", tracks="merge")
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["sha256"] == hashlib.sha256(data).hexdigest() and body["cached"] is False
+    assert body["prefill_ms"] is not None and body["primer"]["notes"] == 11 and parses == [1]
+    again = prepare(client, data, primer_seconds="20").json()
+    assert again["cached"] is True and again["prefill_ms"] is None and parses == [1]
+
+    response = post(client, data, json=True, primer_seconds="20", **FAST)
+    assert response.status_code == 200 and parses == [1], "the continuation parsed the prepared motif again"
+    # Other primer settings are another primer: parsed anew.
+    assert post(client, data, primer_seconds="5", **FAST).status_code == 200 and parses == [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("data", "fields", "code", "field"),
+    [
+        (b"", {}, "invalid_request", "file"),
+        (b"not a midi file", {}, "not_midi", None),
+        (MOTIF, {"primer_seconds": "0"}, "invalid_request", "primer_seconds"),
+        (MOTIF, {"tracks": "piano"}, "invalid_request", "tracks"),
+    ],
+)
+def test_preparing_a_bad_motif_is_a_typed_422(client, data, fields, code, field):
+    response = prepare(client, data, **fields)
+    assert response.status_code == 422, response.text
+    assert error_of(response)["code"] == code and error_of(response).get("field") == field
+
+
+def test_the_motifs_route_is_in_the_openapi_schema(client):
+    operation = client.get("/openapi.json").json()["paths"]["/v1/motifs"]["post"]
+    assert operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/PreparedMotif"
+    )
+    assert {"413", "422", "429", "503"} <= set(operation["responses"])

@@ -459,6 +459,8 @@ const state = {
   current: 0,
   response: null,
   abort: null,
+  prepared: null, // the POST /v1/motifs of the current motif (a promise of its answer, null on failure)
+  preparedInfo: null,
   stream: null, // the last Continue: transport ("stream" | "plain") and its timeline (performance.now() ms)
 };
 
@@ -516,6 +518,8 @@ async function loadMotif(file, sourceLabel) {
   resetResult();
   state.motifFile = file;
   state.motif = null;
+  state.prepared = null;
+  state.preparedInfo = null;
   try {
     state.motif = parseMidi(await file.arrayBuffer());
   } catch (err) {
@@ -524,6 +528,7 @@ async function loadMotif(file, sourceLabel) {
     $("motif-info").textContent = `${sourceLabel}: ${file.name} (${fmtBytes(file.size)}) — ` +
       `cannot preview it here (${err.message}); the server will check it.`;
     roll.set([], null);
+    prepareMotif();
     $("continue").disabled = false;
     setStatus("Ready: press Continue.");
     return;
@@ -534,8 +539,29 @@ async function loadMotif(file, sourceLabel) {
     `${pitched !== m.notes.length ? ` (${m.notes.length - pitched} drum)` : ""}, ` +
     `${fmt(m.duration, 1)} s, ${m.noteTracks} track${m.noteTracks === 1 ? "" : "s"} with notes, ${Math.round(m.bpm)} bpm`;
   drawMotifOnly();
+  prepareMotif();
   $("continue").disabled = false;
   setStatus("Ready: press Continue.");
+}
+
+// The motif goes to the server as soon as it is chosen (POST /v1/motifs): it parses it and prefills its
+// primer while the user reads the roll, so the first Continue starts decoding at once, as a re-roll does.
+// Only a speed-up: a failure here is left for Continue to report.
+function prepareMotif() {
+  if (!state.motifFile) return;
+  const fd = new FormData();
+  fd.append("file", state.motifFile, state.motifFile.name);
+  fd.append("primer_seconds", $("primer_seconds").value);
+  fd.append("tracks", ($("tracks").value.trim() || "merge").replace(/\s+/g, ""));
+  const started = performance.now();
+  const file = state.motifFile;
+  state.prepared = fetch("/v1/motifs", { method: "POST", body: fd })
+    .then((r) => (r.ok ? r.json() : null))
+    .catch(() => null)
+    .then((body) => {
+      if (state.motifFile === file) state.preparedInfo = body && { ...body, ms: performance.now() - started };
+      return body;
+    });
 }
 
 function resetResult() {
@@ -745,8 +771,13 @@ $("form").addEventListener("submit", async (e) => {
   setStatus("Generating…");
   state.abort = new AbortController();
   state.stream = { clickAt: started, transport: "stream", notes: 0 };
+  // A preparation still running would be repeated by this request (parse and prefill again, in parallel);
+  // waiting for it is never longer than doing it again.
+  const preparing = state.prepared;
+  state.stream.preparing = !!preparing && !state.preparedInfo;
   // The request leaves first: starting the audio context can hold the page for 100-200 ms the first time.
-  const streaming = streamContinuation(state.abort.signal);
+  const stream = () => streamContinuation(state.abort.signal);
+  const streaming = preparing ? preparing.then(stream) : stream();
   try {
     synth.startLive(LIVE_LEAD_S); // within the click: browsers start audio only on a user's gesture
   } catch (err) {
@@ -1049,6 +1080,8 @@ $("play-motif").addEventListener("click", () => play("motif"));
 $("play-cont").addEventListener("click", () => play("cont"));
 $("stop").addEventListener("click", () => { synth.stop(); roll.playhead = null; roll.draw(); $("stop").disabled = true; });
 $("primer_seconds").addEventListener("input", () => { if (!state.samples.length) drawMotifOnly(); });
+// Another primer window or track choice is another primer: prepare that one.
+for (const id of ["primer_seconds", "tracks"]) $(id).addEventListener("change", () => { if ($(id).checkValidity()) prepareMotif(); });
 $("volume").addEventListener("input", () => synth.setVolume(Number($("volume").value)));
 
 // --- server status ---

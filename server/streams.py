@@ -141,6 +141,10 @@ class ContinuationStream:
                     raise ApiError(504, "timeout", DEADLINE_MESSAGE)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), remaining)
+            # The worker may reach the deadline first and end the job with what it has: still a timeout,
+            # as on the plain endpoint (under load this race answered a cut-short continuation as a result).
+            if job.stop_reason == "deadline":
+                raise ApiError(504, "timeout", DEADLINE_MESSAGE)
             try:
                 result = job.future.result()
             except WorkerStoppedError as exc:

@@ -189,8 +189,10 @@ class AdmissionMiddleware:
         if scope["type"] != "http" or scope["path"] != CONTINUATIONS_PATH or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        length = Headers(scope=scope).get("content-length", "")
         try:
-            ticket = self.service.admit(scope.get(DRAINING_AT_ARRIVAL, self.service.draining))
+            draining = scope.get(DRAINING_AT_ARRIVAL, self.service.draining)
+            ticket = self.service.admit(draining, int(length) if length.isdigit() else None)
         except ApiError as exc:
             await error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)(
                 scope, receive, send

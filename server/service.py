@@ -67,6 +67,7 @@ class Service:
         device = "cpu" if self.uses_engine_process else self.settings.device
         self.model = load_model(folder, device=device)
         self.codec = load_codec(folder)
+        self.admission.calibrate(self.codec)
         config = self.model.cfg
         card = folder / "MODEL_CARD.md"
         self.info = {
@@ -143,11 +144,12 @@ class Service:
             code, message = self.not_ready_reason(draining)
             raise ApiError(503, code, message, headers={"Retry-After": str(self.settings.retry_after_s)})
 
-    def admit(self, draining: bool) -> Ticket:
-        """Before a continuation's upload is read: 503 unless accepting, 429 when the queue is full."""
+    def admit(self, draining: bool, size: int | None = None) -> Ticket:
+        """Before a continuation's upload (`size` bytes, None if chunked) is read: 503 unless accepting, 429
+        when the queue is full."""
         self.check_accepting(draining)
         assert self.batcher is not None  # check_accepting refuses until the worker is warm
-        return self.admission.admit(self.batcher.queue_depth)
+        return self.admission.admit(self.batcher.queue_depth, size)
 
     # ---- draining on SIGTERM ---------------------------------------------------------------------
 

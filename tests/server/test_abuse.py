@@ -6,6 +6,7 @@ a real uvicorn over raw sockets."""
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from musicrel.errors import InvalidMidiError
 from server.admission import Admission, DrainMeter
+from server.errors import ApiError
 from server.metrics import Metrics
 from server.settings import Settings
 from tests.server.conftest import start_server
@@ -321,6 +323,68 @@ def test_retry_after_follows_the_queue_drain_under_load(tiny_checkpoint):
         assert 0.5 * generation_s <= service.admission.drain.seconds_per_job <= 2 * total_s
         if response.status_code == 429:  # the queue may have drained by then on a fast machine
             assert int(response.headers["retry-after"]) != 99  # measured, not the configured fallback
+
+
+def test_a_cold_burst_is_told_the_time_to_parse_and_generate_what_is_ahead():
+    """Before anything has left the queue there is no drain rate: Retry-After prices the uploads admitted
+    (their Content-Length at the parse speed measured at start-up) and the jobs queued (the mean generation
+    time so far, shared by the batch's rows), instead of the configured value."""
+    settings = Settings(max_queue=3, retry_after_s=2, request_timeout_s=120, max_batch_rows=4)
+    admission = Admission(settings, Metrics())
+    admission.parse_s_per_byte = 3.3e-6
+    tickets = [admission.admit(0, size=1_000_000), admission.admit(0, size=2_000_000), admission.admit(0)]
+    with pytest.raises(ApiError) as refused:
+        admission.admit(0, size=1000)
+    # 3 MB known, the chunked upload priced at their mean (1.5 MB): 4.5 MB x 3.3 us = 14.85 s
+    assert refused.value.status == 429 and refused.value.headers == {"Retry-After": "15"}
+    tickets[1].handed_over()  # parsed and queued: its bytes are no longer ahead of the parser
+    assert admission.retry_after_s(3) == 7  # 1 MB and the chunked one at 1 MB: 6.6 s
+    admission.queue_depth = 5
+    admission.metrics.generation_seconds.observe(10.0)
+    assert admission.retry_after_s(3) == 18  # 7 jobs ahead x 10 s / 4 rows: generation is the slower stage
+    admission.drain.seconds_per_job = 0.5
+    assert admission.retry_after_s(3) == 2  # a measured drain wins over any estimate
+    for ticket in tickets:
+        ticket.release()
+    assert (admission.admitted, admission.sized, admission.bytes_admitted) == (0, 0, 0)
+
+
+def test_the_service_calibrates_its_parse_speed_and_prices_the_uploads_it_admitted(
+    tiny_checkpoint, monkeypatch, real_midi_files
+):
+    from musicrel.codec import EventCodec
+    from musicrel.primer import prepare_primer
+    from server import continuations
+
+    release = threading.Event()
+
+    def held(codec, data, **kwargs):  # the parser is busy: nothing leaves the queue bound
+        release.wait(30)
+        raise InvalidMidiError("not MIDI", code="not_midi")
+
+    monkeypatch.setattr(continuations, "prepare_primer", held)
+    big = MOTIF + b"\0" * 1_500_000
+    with serve(tiny_checkpoint, max_queue=2, retry_after_s=99) as (client, service):
+        admission = service.admission
+        real = max(real_midi_files, key=lambda p: p.stat().st_size).read_bytes()
+        start = time.perf_counter()
+        prepare_primer(EventCodec(), real)
+        real_rate = (time.perf_counter() - start) / len(real)
+        calibrated = admission.parse_s_per_byte
+        assert real_rate / 3 < calibrated < 3 * real_rate, (calibrated, real_rate)
+        threads = [threading.Thread(target=post, args=(client, big), kwargs=FAST) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: _parsing(client) == 2)
+        assert admission.drain.seconds_per_job is None  # nothing has left: the cold case
+        assert admission.sized == 2 and admission.bytes_admitted > 3_000_000  # each Content-Length counted
+        refused = post(client, **FAST)
+        expected = math.ceil(admission.bytes_admitted * admission.parse_s_per_byte)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == str(max(1, expected))
+        release.set()
+        for thread in threads:
+            thread.join(30)
+        assert admission.bytes_admitted == 0
 
 
 def test_a_finished_continuation_is_not_held_behind_uploads_being_parsed(tiny_checkpoint, monkeypatch):

@@ -553,6 +553,19 @@ def test_sample_respects_top_k_and_top_p(seed, top_k, top_p, temperature):
     assert greedy.tolist() == logits.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("temperature", [5e-324, 1e-45, 1e-38, 1e-7])
+def test_a_vanishing_temperature_samples_greedily(temperature):
+    """Any positive temperature is valid input; one under float32's range used to turn the logits into
+    inf/NaN and the sampler's index into -1 (a RuntimeError for the whole batch)."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50) * 40
+    logits[2, 5:] = float("-inf")
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    k, p = torch.full((3,), 50), torch.full((3,), 0.95)
+    tokens = sample(logits, torch.full((3,), temperature), k, p, gens)  # float32, as the batch holds it
+    assert tokens.tolist() == logits.argmax(-1).tolist()
+
+
 def test_render_keeps_the_pedal_of_an_events_codec_and_releases_it():
     from musicrel.codec import CodecConfig
 

@@ -202,25 +202,26 @@ def run(args: argparse.Namespace) -> int:
         if long_runs:
             _long_runs(args, url, pid)
         host, port = url.removeprefix("http://").split(":")
-        body = _multipart(midi, seconds="1")
-        answers: list = [None] * args.trickles
+        if args.trickles:
+            body = _multipart(midi, seconds="1")
+            answers: list = [None] * args.trickles
 
-        def trickler(i: int) -> None:
-            answers[i] = _trickle(host, int(port), body, args.give_up_s)
+            def trickler(i: int) -> None:
+                answers[i] = _trickle(host, int(port), body, args.give_up_s)
 
-        threads = [threading.Thread(target=trickler, args=(i,)) for i in range(args.trickles)]
-        for t in threads:
-            t.start()
-            time.sleep(0.01)
-        for t in threads:
-            t.join()
-        print(
-            f"trickle: {args.trickles} connections sending {name} at 1 byte / 0.5 s "
-            f"(give up {args.give_up_s:g} s)"
-        )
-        for status in sorted({a[0] for a in answers}):
-            times = [a[1] for a in answers if a[0] == status]
-            print(f"  {status:<40} x{len(times):<4} after {min(times):6.2f}-{max(times):6.2f} s")
+            threads = [threading.Thread(target=trickler, args=(i,)) for i in range(args.trickles)]
+            for t in threads:
+                t.start()
+                time.sleep(0.01)
+            for t in threads:
+                t.join()
+            print(
+                f"trickle: {args.trickles} connections sending {name} at 1 byte / 0.5 s "
+                f"(give up {args.give_up_s:g} s)"
+            )
+            for status in sorted({a[0] for a in answers}):
+                times = [a[1] for a in answers if a[0] == status]
+                print(f"  {status:<40} x{len(times):<4} after {min(times):6.2f}-{max(times):6.2f} s")
 
         if not args.burst:
             return 0

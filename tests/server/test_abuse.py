@@ -472,3 +472,90 @@ def test_a_multipart_body_without_its_closing_boundary_is_called_truncated(clien
 def client(tiny_checkpoint):
     with serve(tiny_checkpoint, batch_window_ms=0) as (client, _):
         yield client
+
+
+# ---- the suite's abuse cases: bodies, fields, content types and parameters a client should not send ---------
+
+
+def test_a_never_ending_chunked_body_is_413_once_past_the_cap_and_no_more_is_read(tiny_checkpoint):
+    chunk = b"x" * 4096
+    with serve(tiny_checkpoint, max_upload_bytes=64 * 1024) as (client, service):
+        read = 0
+
+        head = multipart(**FAST).split(b"MThd")[0]  # a well-formed form up to the file's first byte
+
+        async def endless():  # ... whose file part never ends
+            nonlocal read
+            read += 1
+            return {"type": "http.request", "body": head if read == 1 else chunk, "more_body": True}
+
+        status, _, after = call(client, endless)
+        assert status == 413 and after < 1.0, (status, after)
+        assert read <= 64 * 1024 // len(chunk) + 2  # memory bounded: the cap and one chunk, not the stream
+        assert uploads_middleware(client).uploading == 0
+        assert metric(service, "musicrel_parse_seconds_count") == 0
+
+
+def test_thousands_of_fields_are_400_quickly(client):
+    fields = {f"f{i}": "1" for i in range(5000)}
+    headers = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
+    start = time.monotonic()
+    response = client.post("/v1/continuations", content=multipart(**fields, **FAST), headers=headers)
+    assert response.status_code == 400, response.text
+    assert time.monotonic() - start < 5
+    assert "fields" in error_of(response)["message"].lower()
+    assert post(client, **FAST).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/json", b'{"file": "TVRoZA==", "seconds": 1}'),
+        ("text/plain", b"MThd"),
+        ("application/x-www-form-urlencoded", b"file=MThd&seconds=1"),
+        ("multipart/form-data", multipart(**FAST)),  # no boundary parameter
+        ("multipart/form-data; boundary=other", multipart(**FAST)),  # not the body's boundary
+        ("application/octet-stream", MOTIF),
+        (None, MOTIF),
+    ],
+)
+def test_a_wrong_content_type_is_a_4xx_naming_the_problem(client, content_type, body):
+    headers = {"content-type": content_type} if content_type else {}
+    response = client.post("/v1/continuations", content=body, headers=headers)
+    assert response.status_code in (400, 415, 422), (response.status_code, response.text)
+    assert error_of(response)["code"] in ("bad_request", "invalid_request")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seconds", "1e308"), ("seconds", "-0"), ("seconds", "0x10"), ("seconds", "1" * 5000),
+        ("seed", "-1"), ("seed", str(2**64)), ("seed", "1.5"), ("num_samples", "100000"),
+        ("top_k", "0"), ("top_p", "1.0000001"), ("temperature", "-1"), ("tracks", "0," * 300),
+        ("tracks", "99999"), ("include_primer", "maybe"), ("primer_seconds", "1e400"),
+    ],
+)  # fmt: skip
+def test_hostile_parameters_are_422_naming_the_field(client, field, value):
+    response = post(client, **{**FAST, field: value})
+    assert response.status_code == 422, (field, value, response.text)
+    error = error_of(response)
+    assert error["code"] in ("invalid_request", "no_such_track") and len(error["message"]) < 500
+    if error["code"] == "invalid_request":
+        assert error["field"] == field
+
+
+def test_extreme_but_valid_sampling_fails_no_request_of_its_batch(tiny_checkpoint):
+    """temperature 1e-45 and top_p 1e-46 are in bounds: the sampler once turned them into index -1, and the
+    decoding step failed every request of the batch with a 500 (schemathesis found it)."""
+    with serve(tiny_checkpoint, batch_window_ms=1500) as (client, _):
+        fields = [{"temperature": "1e-45"}, {"top_p": "1e-46"}, {}]
+        responses = _together(lambda i: post(client, json=True, seconds="1", seed=str(i), **fields[i]), 3)
+        assert [r.status_code for r in responses] == [200, 200, 200], [r.text for r in responses]
+        assert max(r.json()["batch"]["requests"] for r in responses) > 1  # they really shared a batch
+        assert all(r.json()["new_tokens"] > 0 for r in responses)
+
+
+def _together(fn, n: int) -> list:
+    from tests.server.test_api import _concurrently
+
+    return _concurrently(fn, n)

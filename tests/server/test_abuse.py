@@ -474,7 +474,7 @@ def client(tiny_checkpoint):
         yield client
 
 
-# ---- the suite's abuse cases: bodies, fields, content types and parameters a client should not send ---------
+# ---- the suite's abuse cases: bodies, fields, content types and parameters a client should not send -------
 
 
 def test_a_never_ending_chunked_body_is_413_once_past_the_cap_and_no_more_is_read(tiny_checkpoint):

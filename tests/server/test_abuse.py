@@ -559,3 +559,33 @@ def _together(fn, n: int) -> list:
     from tests.server.test_api import _concurrently
 
     return _concurrently(fn, n)
+
+
+# ---- faults ----------------------------------------------------------------------------------------------
+
+
+def test_a_parse_that_hangs_costs_its_own_request_not_the_server(tiny_checkpoint, monkeypatch):
+    """One parse thread, and a parse that never returns: its request gets 504 at the request deadline and the
+    thread's place is given back, so the next upload is parsed (before, both waited for ever)."""
+    from server import continuations
+
+    hang = threading.Event()
+    parse = continuations.prepare_primer
+
+    def prepare(codec, data, **kwargs):
+        if data.startswith(b"MThd-hang"):
+            hang.wait(60)
+        return parse(codec, data, **kwargs)
+
+    monkeypatch.setattr(continuations, "prepare_primer", prepare)
+    with serve(tiny_checkpoint, parse_threads=1, request_timeout_s=1.5) as (client, _):
+        try:
+            start = time.monotonic()
+            hung = post(client, b"MThd-hang", **FAST)
+            assert hung.status_code == 504 and error_of(hung)["code"] == "timeout", hung.text
+            assert time.monotonic() - start < 5
+            start = time.monotonic()
+            assert post(client, **FAST).status_code == 200  # the only parse thread is still stuck
+            assert time.monotonic() - start < 5
+        finally:
+            hang.set()

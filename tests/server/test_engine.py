@@ -153,3 +153,18 @@ def test_an_engine_that_cannot_load_says_why(tiny_checkpoint):
         assert response.status_code == 503
         assert "loading the checkpoint failed" in error_of(response)["message"]
         assert not service.batcher.ready.is_set()
+
+
+def test_a_client_that_leaves_frees_its_row_for_the_next_request(tiny_checkpoint):
+    """One row in the batch: the request that leaves holds it with 600 s of music to go; the next request can
+    only run once the cancel has freed that row."""
+    with serve(
+        tiny_checkpoint, engine="process", batch_window_ms=0, disconnect_poll_s=0.02, max_seconds=600,
+        max_batch_rows=1, request_timeout_s=60,
+    ) as (client, service):  # fmt: skip
+        messages = post_then_leave(client, {"seconds": "600"}, lambda: started(service))
+        assert messages[0]["status"] == 499
+        response = post(client, json=True, **FAST)
+        assert response.status_code == 200, response.text
+        assert response.json()["batch"] == {"requests": 1, "rows": 1}  # decoded alone: the row was free
+        assert metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1

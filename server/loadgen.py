@@ -16,6 +16,7 @@ the long schemathesis run.
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 import os
 import statistics
@@ -52,7 +53,9 @@ class LoadResult:
         ok = [s for s in answered if s.status == 200]
         refused = [s for s in answered if s.status == 429]
         others = [s for s in answered if s.status not in (200, 429)]
-        timeouts = [s for s in self.shots if not s.status]
+        unanswered = [s for s in self.shots if not s.status]
+        timeouts = [s for s in unanswered if "Timeout" in s.error]
+        transport = collections.Counter(s.error for s in unanswered if "Timeout" not in s.error)
         took = sorted(s.took for s in answered) or [math.nan]
         ok_took = sorted(s.took for s in ok) or [math.nan]
         ratios = _retry_after_ratios(self.shots)
@@ -70,6 +73,7 @@ class LoadResult:
             "errors": len(others),
             "error_statuses": sorted({s.status for s in others}),
             "client_timeouts": len(timeouts),
+            "transport_errors": dict(transport),
             "retry_after_ratio_median": statistics.median(ratios) if ratios else math.nan,
             "retry_after_within_2x": sum(0.5 <= r <= 2 for r in ratios) / len(ratios) if ratios else math.nan,
             "retry_after_compared": len(ratios),
@@ -219,7 +223,8 @@ def print_load(report: dict, label: str) -> None:
     )
     print(
         f"  {'':<10} 429 share {100 * r['share_429']:5.1f} %  other errors {r['errors']} "
-        f"{r['error_statuses'] or ''}  client timeouts {r['client_timeouts']}  not sent {r['not_sent']}  "
+        f"{r['error_statuses'] or ''}  client timeouts {r['client_timeouts']}  transport errors "
+        f"{r['transport_errors'] or 0}  not sent {r['not_sent']}  "
         f"Retry-After / real wait: median {r['retry_after_ratio_median']:.2f}, within 2x "
         f"{100 * r['retry_after_within_2x']:.0f} % of {r['retry_after_compared']}"
     )

@@ -46,12 +46,18 @@ class DrainMeter:
             if self._since is None:
                 self._since = now
 
-    def departed(self, jobs: int, waiting: int, now: float | None = None) -> None:
-        """`jobs` left at once (one decoding step admits several), `waiting` are still in the bound."""
+    def departed(self, jobs: int, waiting: int, now: float | None = None, served: bool = True) -> None:
+        """`jobs` left at once (one decoding step admits several), `waiting` are still in the bound.
+        `served=False`: refused before any work (an upload bound: 429, 408, 413, 400); its place is free but
+        its gap says nothing of the drain rate, and the gap running for the others goes on."""
         if jobs <= 0:
             return
         now = time.monotonic() if now is None else now
         with self._lock:
+            if not served:
+                if waiting == 0:
+                    self._since = None
+                return
             if self._since is not None:
                 gap = (now - self._since) / jobs
                 if self.seconds_per_job is None:
@@ -82,12 +88,15 @@ class Ticket:
                 self._admission.bytes_admitted -= self.size
             self._admission = None
 
-    def release(self) -> None:
-        """The request ended before its job was queued (refused as bad input, client gone): a departure."""
+    def release(self, served: bool = True) -> None:
+        """The request ended before its job was queued (refused as bad input, client gone): a departure.
+        `served=False` for one refused by an upload bound before it was parsed: in a 120-request burst those
+        429s (too many uploads at once) left within milliseconds, and the drain they measured told the
+        queue's refused clients to come back in 1 s while the queue took 50 s to drain."""
         if self._admission is not None:
             admission = self._admission
             self.handed_over()
-            admission.departed(1, queue_depth=None)
+            admission.departed(1, queue_depth=None, served=served)
 
 
 class Admission:
@@ -135,12 +144,12 @@ class Admission:
         known = [s for s in (parse_s, gen_s) if s is not None]
         return max(known) if known else None
 
-    def departed(self, jobs: int, queue_depth: int | None) -> None:
+    def departed(self, jobs: int, queue_depth: int | None, served: bool = True) -> None:
         """`jobs` left the bound; `queue_depth` is the worker's queue after it (None: unchanged). Given to the
         worker as its on_dequeue, and called for requests that end before they are queued."""
         if queue_depth is not None:
             self.queue_depth = queue_depth
-        self.drain.departed(jobs, waiting=self.queue_depth + self.admitted)
+        self.drain.departed(jobs, waiting=self.queue_depth + self.admitted, served=served)
 
     def retry_after_s(self, ahead: int) -> int:
         """Whole seconds for `ahead` requests to drain at the measured rate; at least 1, and at most the

@@ -21,6 +21,8 @@ CONTINUATIONS_PATH = "/v1/continuations"
 # even if its upload is still being read when the signal comes.
 DRAINING_AT_ARRIVAL = "musicrel.draining_at_arrival"
 ADMISSION_TICKET = "musicrel.admission_ticket"  # the request's place in the queue bound (server/admission.py)
+# Answers of the upload bounds (UploadLimitMiddleware): a request refused with one was never parsed.
+UPLOAD_REFUSALS = frozenset((400, 408, 413, 429))
 
 
 class BodyError(HTTPException):
@@ -199,10 +201,18 @@ class AdmissionMiddleware:
             )
             return
         scope[ADMISSION_TICKET] = ticket
+        status = 0
+
+        async def status_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, status_send)
         finally:
-            ticket.release()
+            ticket.release(served=status not in UPLOAD_REFUSALS)
 
 
 class MetricsMiddleware:

@@ -273,6 +273,34 @@ def test_a_request_that_ends_before_its_job_is_queued_is_a_departure():
     assert admission.admitted == 0 and admission.drain.seconds_per_job == measured
 
 
+def test_a_request_refused_by_an_upload_bound_frees_its_place_without_measuring_the_drain():
+    admission = Admission(Settings(max_queue=4), Metrics())
+    tickets = [admission.admit(queue_depth=0) for _ in range(3)]
+    time.sleep(0.02)
+    tickets[0].release(served=False)  # e.g. 429 too_many_uploads: it left at once, having cost nothing
+    assert admission.admitted == 2 and admission.drain.seconds_per_job is None
+    time.sleep(0.05)
+    tickets[1].release()  # a real departure: measured from the burst's first arrival, the refusal ignored
+    assert admission.drain.seconds_per_job >= 0.07
+    tickets[2].release(served=False)  # the last one: nothing waits, the clock stops
+    assert admission.drain._since is None
+
+
+def test_uploads_refused_in_a_burst_do_not_shorten_retry_after(tiny_checkpoint, monkeypatch):
+    """Through the app: two admitted uploads stall (one upload slot: the second is refused 429
+    too_many_uploads). That refusal frees a place but measures no drain, so the next 429 queue_full still
+    carries the estimate, not a drain of milliseconds."""
+    with serve(tiny_checkpoint, max_queue=2, max_uploads=1, upload_timeout_s=3, upload_min_bytes_per_s=0,
+               retry_after_s=99) as (client, service):  # fmt: skip
+        held = threading.Thread(target=call, args=(client, stalled))
+        held.start()
+        wait_for(lambda: uploads_middleware(client).uploading == 1)
+        status, _, _ = call(client, stalled)
+        assert status == 429  # too_many_uploads, after admission
+        assert service.admission.drain.seconds_per_job is None
+        held.join(10)
+
+
 def test_retry_after_is_the_measured_drain_time_clamped():
     settings = Settings(max_queue=4, retry_after_s=2, request_timeout_s=30)
     admission = Admission(settings, Metrics())

@@ -43,6 +43,9 @@ def decode_one_token(model, token: Tensor, cache) -> Tensor:
     return model(token[:, None], cache=cache)[:, -1]
 
 
+MIN_TEMPERATURE = 1e-6
+
+
 def sample(
     logits: Tensor,
     temperature: Tensor,
@@ -53,13 +56,17 @@ def sample(
     """Draw one token per row: logits (B, V); temperature, top_p (B,) float; top_k (B,) long (V = off);
     one torch.Generator per row, so a row's draws never depend on the other rows. Returns (B,) long."""
     B, V = logits.shape
-    logits = logits.float() / temperature[:, None]
+    # Below MIN_TEMPERATURE sampling is greedy anyway; any positive temperature is valid, but one under
+    # float32's range (1e-45) divided logits into inf/NaN, no token kept its probability, and the index -1
+    # failed the decoding step of every request in the batch (500s, found by schemathesis; top_p too, below).
+    logits = logits.float() / temperature.float().clamp_min(MIN_TEMPERATURE)[:, None]
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # (B, V)
     rank = torch.arange(V, device=logits.device)
     keep = rank[None] < top_k[:, None]  # top-k is a prefix of the sorted order
     probs = sorted_logits.masked_fill(~keep, float("-inf")).softmax(dim=-1)  # (B, V)
     # Nucleus: keep the smallest prefix whose mass reaches top_p (the most likely token always stays).
-    keep &= (probs.cumsum(dim=-1) - probs) < top_p[:, None]
+    # The first token is kept outright: a top_p under float32's range (1e-46) is 0 here, and `< 0` kept none.
+    keep &= ((probs.cumsum(dim=-1) - probs) < top_p[:, None]) | (rank[None] == 0)
     cdf = (probs * keep).cumsum(dim=-1)  # (B, V)
     # Inverse-CDF sampling with one uniform per row from that row's own generator.
     u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])

@@ -82,7 +82,9 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
         tracks=params.track_selection(),
         max_tokens=default_max_primer_tokens(service.model),
     )
-    primer = await anyio.to_thread.run_sync(prepare, limiter=service.parse_limiter)
+    # Abandoned on cancel (the request's deadline): a parse that hangs then costs its own request and a
+    # thread, not a place in the parse limiter for every later upload.
+    primer = await anyio.to_thread.run_sync(prepare, limiter=service.parse_limiter, abandon_on_cancel=True)
     if service.settings.primer_cache:
         service.parsed_primers[key] = primer
         while len(service.parsed_primers) > service.settings.primer_cache:
@@ -224,7 +226,11 @@ async def create_continuation(
     settings, metrics = service.settings, service.metrics
     start = time.monotonic()
     deadline = start + settings.request_timeout_s
-    primer = await parse_upload(service, file, params)
+    try:
+        with anyio.fail_after(settings.request_timeout_s):
+            primer = await parse_upload(service, file, params)
+    except TimeoutError as exc:
+        raise ApiError(504, "timeout", "parsing the upload did not finish by the request deadline") from exc
     parsed = time.monotonic()
     metrics.parse_seconds.observe(parsed - start)
 

@@ -83,6 +83,7 @@ class EngineProcess:
         self._conn: Connection | None = None
         self._reader: threading.Thread | None = None
         self._deaths = 0  # engine deaths since one was last ready
+        self._resend: list[RemoteJob] = []  # queued in an engine that died: sent to the next once it is ready
 
     def start(self) -> None:
         with self._lock:
@@ -215,6 +216,10 @@ class EngineProcess:
                 job._deliver(payload if kind == "done" else None, payload if kind == "error" else None)
             elif kind == "ready":
                 self._deaths = 0
+                with self._lock:  # before ready is set, so they keep their place ahead of new submissions
+                    for job in self._resend:
+                        self._send_locked(("job", job.id, job.primer, job.params, job.deadline))
+                    self._resend = []
                 self.ready.set()
             elif kind == "failed":
                 self.failed = message[1]
@@ -231,10 +236,26 @@ class EngineProcess:
                 self.failed = f"the generation engine exited {self._deaths} times in a row (last code {code})"
         why = self.failed or f"the generation engine exited (code {code}); it is restarting"
         log.error(why)
-        self._fail_all(WorkerStoppedError(why))
         with self._lock:  # a crash (e.g. the OOM killer), not a setup that cannot work: start again
             if self.failed is None and not self._stopping:
+                # Only the requests it was decoding are lost with it: the ones queued behind them never
+                # started, and go to the next engine (their deadlines still hold).
+                running = [job for job in self._jobs.values() if job.started_at is not None]
+                for job in running:
+                    del self._jobs[job.id]
+                self._resend = [job for job in self._jobs.values() if job.stop_reason is None]
+                cancelled = [job for job in self._jobs.values() if job.stop_reason is not None]
+                for job in cancelled:
+                    del self._jobs[job.id]
+                    self._queued -= 1
+                self.metrics.queue_depth.set(self._queued)
                 self._spawn()
+            else:
+                running, cancelled = [], []
+        for job in [*running, *cancelled]:
+            job._deliver(error=WorkerStoppedError(why))
+        if self.failed is not None or self._stopping:
+            self._fail_all(WorkerStoppedError(why))
 
     def _dequeued_locked(self) -> None:
         self._queued -= 1

@@ -25,6 +25,8 @@ GENERATION_PATHS = frozenset({CONTINUATIONS_PATH, f"{CONTINUATIONS_PATH}/stream"
 # even if its upload is still being read when the signal comes.
 DRAINING_AT_ARRIVAL = "musicrel.draining_at_arrival"
 ADMISSION_TICKET = "musicrel.admission_ticket"  # the request's place in the queue bound (server/admission.py)
+# Answers of the upload bounds (UploadLimitMiddleware): a request refused with one was never parsed.
+UPLOAD_REFUSALS = frozenset((400, 408, 413, 429))
 
 
 class BodyError(HTTPException):
@@ -194,18 +196,28 @@ class AdmissionMiddleware:
         if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        length = Headers(scope=scope).get("content-length", "")
         try:
-            ticket = self.service.admit(scope.get(DRAINING_AT_ARRIVAL, self.service.draining))
+            draining = scope.get(DRAINING_AT_ARRIVAL, self.service.draining)
+            ticket = self.service.admit(draining, int(length) if length.isdigit() else None)
         except ApiError as exc:
             await error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)(
                 scope, receive, send
             )
             return
         scope[ADMISSION_TICKET] = ticket
+        status = 0
+
+        async def status_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, status_send)
         finally:
-            ticket.release()
+            ticket.release(served=status not in UPLOAD_REFUSALS)
 
 
 class MetricsMiddleware:

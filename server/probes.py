@@ -4,7 +4,9 @@
   with what (408 cut off, 429 refused at once), or still held when the probe gives up;
 - burst: N clients at once posting the same real MIDI file; how long the 429s take to come back, the
   Retry-After they carry against the parse/queue/generation times the accepted requests really had, and what
-  a refused client gets when it retries after Retry-After seconds.
+  a refused client gets when it retries after Retry-After seconds;
+- load (--load 1,2,10), soak (--soak SECONDS) and the long API fuzz (--fuzz-api N): server/loadgen.py.
+Each of those runs alone (no trickle or burst unless asked for).
 """
 
 from __future__ import annotations
@@ -36,9 +38,24 @@ def register(bench_sub) -> None:
     p.add_argument("--url", default=None, help="probe this server instead of starting one")
     p.add_argument("--checkpoint", type=Path, default=None, help="default: a random default-size model")
     p.add_argument("--midi", type=Path, default=None, help="upload (default: the largest shared real file)")
-    p.add_argument("--trickles", type=int, default=40, help="slow connections held open at once (0: none)")
+    p.add_argument(
+        "--trickles", type=int, default=None, help="slow connections held open at once (default 40)"
+    )
     p.add_argument("--give-up-s", type=float, default=30.0, help="stop trickling after this long")
-    p.add_argument("--burst", type=int, default=120, help="requests sent at once")
+    p.add_argument("--burst", type=int, default=None, help="requests sent at once (default 120)")
+    p.add_argument(
+        "--load", default=None, help="open-loop load at these multiples of the capacity, e.g. 1,2,10"
+    )
+    p.add_argument("--soak", type=float, default=0.0, help="seconds of steady load (RSS, open files sampled)")
+    p.add_argument("--soak-load", type=float, default=0.7, help="the soak's load, a multiple of the capacity")
+    p.add_argument("--warmup-s", type=float, default=120.0, help="soak: growth is measured after this")
+    p.add_argument("--duration", type=float, default=45.0, help="seconds per load level")
+    p.add_argument("--capacity", type=float, default=None, help="requests/s (default: measured closed-loop)")
+    p.add_argument(
+        "--load-midi", type=Path, default=None, help="load/soak upload (default: smallest real file)"
+    )
+    p.add_argument("--max-in-flight", type=int, default=256, help="the load generator's bound")
+    p.add_argument("--fuzz-api", type=int, default=0, help="schemathesis examples per operation and mode")
     p.add_argument("--seconds", type=float, default=2.0, help="music per burst request")
     p.add_argument("--max-queue", type=int, default=64, help="MUSICREL_MAX_QUEUE of the started server")
     p.set_defaults(func=run)
@@ -123,7 +140,7 @@ def _burst(url: str, midi: bytes, n: int, seconds: float) -> list[tuple[Answer, 
 @contextlib.contextmanager
 def _server(args: argparse.Namespace):
     if args.url:
-        yield args.url
+        yield args.url, None
         return
     import httpx
 
@@ -151,7 +168,7 @@ def _server(args: argparse.Namespace):
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the server did not become ready")
                 time.sleep(0.2)
-            yield url
+            yield url, server.pid
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
@@ -165,6 +182,15 @@ def _default_midi() -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.fuzz_api:
+        from server.loadgen import fuzz_api
+
+        return fuzz_api(args.fuzz_api)
+    long_runs = bool(args.load or args.soak)
+    if args.trickles is None:
+        args.trickles = 0 if long_runs else 40
+    if args.burst is None:
+        args.burst = 0 if long_runs else 120
     path = args.midi or _default_midi()
     if path is None:
         from server.bench import _motif
@@ -172,28 +198,33 @@ def run(args: argparse.Namespace) -> int:
         midi, name = _motif(), "a generated motif"
     else:
         midi, name = path.read_bytes(), path.name
-    with _server(args) as url:
+    with _server(args) as (url, pid):
+        if long_runs:
+            _long_runs(args, url, pid)
         host, port = url.removeprefix("http://").split(":")
-        body = _multipart(midi, seconds="1")
-        answers: list = [None] * args.trickles
+        if args.trickles:
+            body = _multipart(midi, seconds="1")
+            answers: list = [None] * args.trickles
 
-        def trickler(i: int) -> None:
-            answers[i] = _trickle(host, int(port), body, args.give_up_s)
+            def trickler(i: int) -> None:
+                answers[i] = _trickle(host, int(port), body, args.give_up_s)
 
-        threads = [threading.Thread(target=trickler, args=(i,)) for i in range(args.trickles)]
-        for t in threads:
-            t.start()
-            time.sleep(0.01)
-        for t in threads:
-            t.join()
-        print(
-            f"trickle: {args.trickles} connections sending {name} at 1 byte / 0.5 s "
-            f"(give up {args.give_up_s:g} s)"
-        )
-        for status in sorted({a[0] for a in answers}):
-            times = [a[1] for a in answers if a[0] == status]
-            print(f"  {status:<40} x{len(times):<4} after {min(times):6.2f}-{max(times):6.2f} s")
+            threads = [threading.Thread(target=trickler, args=(i,)) for i in range(args.trickles)]
+            for t in threads:
+                t.start()
+                time.sleep(0.01)
+            for t in threads:
+                t.join()
+            print(
+                f"trickle: {args.trickles} connections sending {name} at 1 byte / 0.5 s "
+                f"(give up {args.give_up_s:g} s)"
+            )
+            for status in sorted({a[0] for a in answers}):
+                times = [a[1] for a in answers if a[0] == status]
+                print(f"  {status:<40} x{len(times):<4} after {min(times):6.2f}-{max(times):6.2f} s")
 
+        if not args.burst:
+            return 0
         pairs = _burst(url, midi, args.burst, args.seconds)
         results = [first for first, _ in pairs]
         print(
@@ -223,3 +254,61 @@ def run(args: argparse.Namespace) -> int:
                 + ", ".join(f"{status} x{count}" for status, count in sorted(counts.items()))
             )
     return 0
+
+
+def _long_runs(args: argparse.Namespace, url: str, pid: int | None) -> None:
+    from server import loadgen
+
+    if args.load_midi is not None:
+        path = args.load_midi
+    else:
+        from musicrel.bench.codec import _default_dir
+
+        files = sorted(_default_dir().glob("*.mid"), key=lambda p: p.stat().st_size)
+        path = files[0] if files else None
+    if path is None:
+        from server.bench import _motif
+
+        midi, name = _motif(), "a generated motif"
+    else:
+        midi, name = path.read_bytes(), path.name
+    timeout_s = 180.0  # past the request deadline (120 s): a client timeout means the server never answered
+    capacity = args.capacity
+    if capacity is None:
+        clients = 16  # the default MUSICREL_MAX_BATCH_ROWS: every row busy
+        capacity = loadgen.measure_capacity(url, midi, args.seconds, clients, 30.0)
+        print(
+            f"capacity: {capacity:.2f} requests/s answered 200 ({clients} closed-loop clients, 30 s, {name}, "
+            f"{args.seconds:g} s of music each)"
+        )
+    if args.load:
+        print(
+            f"load: open loop, {args.duration:g} s per level, at most {args.max_in_flight} in flight, "
+            f"{name}, {args.seconds:g} s of music each"
+        )
+        for multiple in [float(m) for m in args.load.split(",")]:
+            result = loadgen.run_load(
+                url, midi, args.seconds, multiple * capacity, args.duration, args.max_in_flight, timeout_s
+            )
+            loadgen.print_load(result.report(), f"{multiple:g}x")
+    if args.soak:
+        if pid is None:
+            raise SystemExit(
+                "--soak samples the server's memory: it needs the server started here, not --url"
+            )
+        rate = args.soak_load * capacity
+        r = loadgen.soak(
+            url, pid, midi, args.seconds, rate, args.soak, args.warmup_s, args.max_in_flight, timeout_s
+        )
+        print(
+            f"soak: {args.soak:g} s at {rate:.2f} requests/s ({args.soak_load:g}x capacity), warm-up "
+            f"{args.warmup_s:g} s"
+        )
+        loadgen.print_load(r, "steady")
+        print(
+            f"  RSS (server + engine): {r['rss_at_warmup_mib']:.1f} MiB after warm-up, "
+            f"{r['rss_end_mib']:.1f} "
+            f"MiB at the end ({r['rss_growth_pct']:+.2f} %), peak {r['rss_peak_mib']:.1f} MiB; open files "
+            f"{r['fds_at_warmup']} -> {r['fds_end']} (max {r['fds_max']})"
+        )
+        print(f"  RSS every 5 s (MiB): {r['rss_series_mib']}")

@@ -33,8 +33,10 @@ FILE_DESCRIPTION = (
     "the MIDI motif: a Standard MIDI File (it starts with MThd). An empty part is out of bounds (422 "
     "invalid_request); bytes that are not usable MIDI get 422 with the codec's code (not_midi, ...)"
 )
-# The part's schema says what the route accepts: at least one byte of a MIDI file.
-FILE_SCHEMA = {"minLength": 1, "contentMediaType": "audio/midi"}
+# The part's schema says what the route accepts: at least one byte of a MIDI file, sent as a file part (with a
+# filename). Without `format: binary` (OpenAPI 3.1 reads contentMediaType other than octet-stream as annotated
+# text) clients such as schemathesis send a plain field, which the route refuses (422 "Expected UploadFile").
+FILE_SCHEMA = {"minLength": 1, "format": "binary", "contentMediaType": "audio/midi"}
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {
         "model": ErrorResponse,

@@ -76,6 +76,7 @@ class Service:
         self.codec = load_codec(folder)
         # What a sample copied from the training data is reported when the checkpoint ships the index.
         self.novelty = load_index(folder) if (folder / INDEX_FILE).is_file() else None
+        self.admission.calibrate(self.codec)
         config = self.model.cfg
         card = folder / "MODEL_CARD.md"
         self.info = {
@@ -154,11 +155,12 @@ class Service:
             code, message = self.not_ready_reason(draining)
             raise ApiError(503, code, message, headers={"Retry-After": str(self.settings.retry_after_s)})
 
-    def admit(self, draining: bool) -> Ticket:
-        """Before a continuation's upload is read: 503 unless accepting, 429 when the queue is full."""
+    def admit(self, draining: bool, size: int | None = None) -> Ticket:
+        """Before a continuation's upload (`size` bytes, None if chunked) is read: 503 unless accepting, 429
+        when the queue is full."""
         self.check_accepting(draining)
         assert self.batcher is not None  # check_accepting refuses until the worker is warm
-        return self.admission.admit(self.batcher.queue_depth)
+        return self.admission.admit(self.batcher.queue_depth, size)
 
     # ---- draining on SIGTERM ---------------------------------------------------------------------
 

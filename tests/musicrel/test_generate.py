@@ -553,6 +553,22 @@ def test_sample_respects_top_k_and_top_p(seed, top_k, top_p, temperature):
     assert greedy.tolist() == logits.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize(
+    ("temperature", "top_p"), [(5e-324, 0.95), (1e-45, 0.95), (1e-38, 0.95), (1e-7, 0.95), (1.0, 1e-46)]
+)
+def test_a_vanishing_temperature_or_top_p_samples_greedily(temperature, top_p):
+    """Any positive temperature and top_p are valid input; under float32's range they used to turn the
+    logits into inf/NaN or keep no token, and the sampler's index into -1 (a RuntimeError for the whole
+    batch)."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50) * 40
+    logits[2, 5:] = float("-inf")
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    k, p = torch.full((3,), 50), torch.full((3,), top_p)
+    tokens = sample(logits, torch.full((3,), temperature), k, p, gens)  # float32, as the batch holds it
+    assert tokens.tolist() == logits.argmax(-1).tolist()
+
+
 def test_render_keeps_the_pedal_of_an_events_codec_and_releases_it():
     from musicrel.codec import CodecConfig
 

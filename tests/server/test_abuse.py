@@ -6,6 +6,7 @@ a real uvicorn over raw sockets."""
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from musicrel.errors import InvalidMidiError
 from server.admission import Admission, DrainMeter
+from server.errors import ApiError
 from server.metrics import Metrics
 from server.settings import Settings
 from tests.server.conftest import start_server
@@ -271,6 +273,34 @@ def test_a_request_that_ends_before_its_job_is_queued_is_a_departure():
     assert admission.admitted == 0 and admission.drain.seconds_per_job == measured
 
 
+def test_a_request_refused_by_an_upload_bound_frees_its_place_without_measuring_the_drain():
+    admission = Admission(Settings(max_queue=4), Metrics())
+    tickets = [admission.admit(queue_depth=0) for _ in range(3)]
+    time.sleep(0.02)
+    tickets[0].release(served=False)  # e.g. 429 too_many_uploads: it left at once, having cost nothing
+    assert admission.admitted == 2 and admission.drain.seconds_per_job is None
+    time.sleep(0.05)
+    tickets[1].release()  # a real departure: measured from the burst's first arrival, the refusal ignored
+    assert admission.drain.seconds_per_job >= 0.07
+    tickets[2].release(served=False)  # the last one: nothing waits, the clock stops
+    assert admission.drain._since is None
+
+
+def test_uploads_refused_in_a_burst_do_not_shorten_retry_after(tiny_checkpoint, monkeypatch):
+    """Through the app: two admitted uploads stall (one upload slot: the second is refused 429
+    too_many_uploads). That refusal frees a place but measures no drain, so the next 429 queue_full still
+    carries the estimate, not a drain of milliseconds."""
+    with serve(tiny_checkpoint, max_queue=2, max_uploads=1, upload_timeout_s=3, upload_min_bytes_per_s=0,
+               retry_after_s=99) as (client, service):  # fmt: skip
+        held = threading.Thread(target=call, args=(client, stalled))
+        held.start()
+        wait_for(lambda: uploads_middleware(client).uploading == 1)
+        status, _, _ = call(client, stalled)
+        assert status == 429  # too_many_uploads, after admission
+        assert service.admission.drain.seconds_per_job is None
+        held.join(10)
+
+
 def test_retry_after_is_the_measured_drain_time_clamped():
     settings = Settings(max_queue=4, retry_after_s=2, request_timeout_s=30)
     admission = Admission(settings, Metrics())
@@ -321,6 +351,68 @@ def test_retry_after_follows_the_queue_drain_under_load(tiny_checkpoint):
         assert 0.5 * generation_s <= service.admission.drain.seconds_per_job <= 2 * total_s
         if response.status_code == 429:  # the queue may have drained by then on a fast machine
             assert int(response.headers["retry-after"]) != 99  # measured, not the configured fallback
+
+
+def test_a_cold_burst_is_told_the_time_to_parse_and_generate_what_is_ahead():
+    """Before anything has left the queue there is no drain rate: Retry-After prices the uploads admitted
+    (their Content-Length at the parse speed measured at start-up) and the jobs queued (the mean generation
+    time so far, shared by the batch's rows), instead of the configured value."""
+    settings = Settings(max_queue=3, retry_after_s=2, request_timeout_s=120, max_batch_rows=4)
+    admission = Admission(settings, Metrics())
+    admission.parse_s_per_byte = 3.3e-6
+    tickets = [admission.admit(0, size=1_000_000), admission.admit(0, size=2_000_000), admission.admit(0)]
+    with pytest.raises(ApiError) as refused:
+        admission.admit(0, size=1000)
+    # 3 MB known, the chunked upload priced at their mean (1.5 MB): 4.5 MB x 3.3 us = 14.85 s
+    assert refused.value.status == 429 and refused.value.headers == {"Retry-After": "15"}
+    tickets[1].handed_over()  # parsed and queued: its bytes are no longer ahead of the parser
+    assert admission.retry_after_s(3) == 7  # 1 MB and the chunked one at 1 MB: 6.6 s
+    admission.queue_depth = 5
+    admission.metrics.generation_seconds.observe(10.0)
+    assert admission.retry_after_s(3) == 18  # 7 jobs ahead x 10 s / 4 rows: generation is the slower stage
+    admission.drain.seconds_per_job = 0.5
+    assert admission.retry_after_s(3) == 2  # a measured drain wins over any estimate
+    for ticket in tickets:
+        ticket.release()
+    assert (admission.admitted, admission.sized, admission.bytes_admitted) == (0, 0, 0)
+
+
+def test_the_service_calibrates_its_parse_speed_and_prices_the_uploads_it_admitted(
+    tiny_checkpoint, monkeypatch, real_midi_files
+):
+    from musicrel.codec import EventCodec
+    from musicrel.primer import prepare_primer
+    from server import continuations
+
+    release = threading.Event()
+
+    def held(codec, data, **kwargs):  # the parser is busy: nothing leaves the queue bound
+        release.wait(30)
+        raise InvalidMidiError("not MIDI", code="not_midi")
+
+    monkeypatch.setattr(continuations, "prepare_primer", held)
+    big = MOTIF + b"\0" * 1_500_000
+    with serve(tiny_checkpoint, max_queue=2, retry_after_s=99) as (client, service):
+        admission = service.admission
+        real = max(real_midi_files, key=lambda p: p.stat().st_size).read_bytes()
+        start = time.perf_counter()
+        prepare_primer(EventCodec(), real)
+        real_rate = (time.perf_counter() - start) / len(real)
+        calibrated = admission.parse_s_per_byte
+        assert real_rate / 3 < calibrated < 3 * real_rate, (calibrated, real_rate)
+        threads = [threading.Thread(target=post, args=(client, big), kwargs=FAST) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: _parsing(client) == 2)
+        assert admission.drain.seconds_per_job is None  # nothing has left: the cold case
+        assert admission.sized == 2 and admission.bytes_admitted > 3_000_000  # each Content-Length counted
+        refused = post(client, **FAST)
+        expected = math.ceil(admission.bytes_admitted * admission.parse_s_per_byte)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == str(max(1, expected))
+        release.set()
+        for thread in threads:
+            thread.join(30)
+        assert admission.bytes_admitted == 0
 
 
 def test_a_finished_continuation_is_not_held_behind_uploads_being_parsed(tiny_checkpoint, monkeypatch):
@@ -408,3 +500,120 @@ def test_a_multipart_body_without_its_closing_boundary_is_called_truncated(clien
 def client(tiny_checkpoint):
     with serve(tiny_checkpoint, batch_window_ms=0) as (client, _):
         yield client
+
+
+# ---- the suite's abuse cases: bodies, fields, content types and parameters a client should not send -------
+
+
+def test_a_never_ending_chunked_body_is_413_once_past_the_cap_and_no_more_is_read(tiny_checkpoint):
+    chunk = b"x" * 4096
+    with serve(tiny_checkpoint, max_upload_bytes=64 * 1024) as (client, service):
+        read = 0
+
+        head = multipart(**FAST).split(b"MThd")[0]  # a well-formed form up to the file's first byte
+
+        async def endless():  # ... whose file part never ends
+            nonlocal read
+            read += 1
+            return {"type": "http.request", "body": head if read == 1 else chunk, "more_body": True}
+
+        status, _, after = call(client, endless)
+        assert status == 413 and after < 1.0, (status, after)
+        assert read <= 64 * 1024 // len(chunk) + 2  # memory bounded: the cap and one chunk, not the stream
+        assert uploads_middleware(client).uploading == 0
+        assert metric(service, "musicrel_parse_seconds_count") == 0
+
+
+def test_thousands_of_fields_are_400_quickly(client):
+    fields = {f"f{i}": "1" for i in range(5000)}
+    headers = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
+    start = time.monotonic()
+    response = client.post("/v1/continuations", content=multipart(**fields, **FAST), headers=headers)
+    assert response.status_code == 400, response.text
+    assert time.monotonic() - start < 5
+    assert "fields" in error_of(response)["message"].lower()
+    assert post(client, **FAST).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/json", b'{"file": "TVRoZA==", "seconds": 1}'),
+        ("text/plain", b"MThd"),
+        ("application/x-www-form-urlencoded", b"file=MThd&seconds=1"),
+        ("multipart/form-data", multipart(**FAST)),  # no boundary parameter
+        ("multipart/form-data; boundary=other", multipart(**FAST)),  # not the body's boundary
+        ("application/octet-stream", MOTIF),
+        (None, MOTIF),
+    ],
+)
+def test_a_wrong_content_type_is_a_4xx_naming_the_problem(client, content_type, body):
+    headers = {"content-type": content_type} if content_type else {}
+    response = client.post("/v1/continuations", content=body, headers=headers)
+    assert response.status_code in (400, 415, 422), (response.status_code, response.text)
+    assert error_of(response)["code"] in ("bad_request", "invalid_request")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seconds", "1e308"), ("seconds", "-0"), ("seconds", "0x10"), ("seconds", "1" * 5000),
+        ("seed", "-1"), ("seed", str(2**64)), ("seed", "1.5"), ("num_samples", "100000"),
+        ("top_k", "0"), ("top_p", "1.0000001"), ("temperature", "-1"), ("tracks", "0," * 300),
+        ("tracks", "99999"), ("include_primer", "maybe"), ("primer_seconds", "1e400"),
+    ],
+)  # fmt: skip
+def test_hostile_parameters_are_422_naming_the_field(client, field, value):
+    response = post(client, **{**FAST, field: value})
+    assert response.status_code == 422, (field, value, response.text)
+    error = error_of(response)
+    assert error["code"] in ("invalid_request", "no_such_track") and len(error["message"]) < 500
+    if error["code"] == "invalid_request":
+        assert error["field"] == field
+
+
+def test_extreme_but_valid_sampling_fails_no_request_of_its_batch(tiny_checkpoint):
+    """temperature 1e-45 and top_p 1e-46 are in bounds: the sampler once turned them into index -1, and the
+    decoding step failed every request of the batch with a 500 (schemathesis found it)."""
+    with serve(tiny_checkpoint, batch_window_ms=1500) as (client, _):
+        fields = [{"temperature": "1e-45"}, {"top_p": "1e-46"}, {}]
+        responses = _together(lambda i: post(client, json=True, seconds="1", seed=str(i), **fields[i]), 3)
+        assert [r.status_code for r in responses] == [200, 200, 200], [r.text for r in responses]
+        assert max(r.json()["batch"]["requests"] for r in responses) > 1  # they really shared a batch
+        assert all(r.json()["new_tokens"] > 0 for r in responses)
+
+
+def _together(fn, n: int) -> list:
+    from tests.server.test_api import _concurrently
+
+    return _concurrently(fn, n)
+
+
+# ---- faults ----------------------------------------------------------------------------------------------
+
+
+def test_a_parse_that_hangs_costs_its_own_request_not_the_server(tiny_checkpoint, monkeypatch):
+    """One parse thread, and a parse that never returns: its request gets 504 at the request deadline and the
+    thread's place is given back, so the next upload is parsed (before, both waited for ever)."""
+    from server import continuations
+
+    hang = threading.Event()
+    parse = continuations.prepare_primer
+
+    def prepare(codec, data, **kwargs):
+        if data.startswith(b"MThd-hang"):
+            hang.wait(60)
+        return parse(codec, data, **kwargs)
+
+    monkeypatch.setattr(continuations, "prepare_primer", prepare)
+    with serve(tiny_checkpoint, parse_threads=1, request_timeout_s=1.5) as (client, _):
+        try:
+            start = time.monotonic()
+            hung = post(client, b"MThd-hang", **FAST)
+            assert hung.status_code == 504 and error_of(hung)["code"] == "timeout", hung.text
+            assert time.monotonic() - start < 5
+            start = time.monotonic()
+            assert post(client, **FAST).status_code == 200  # the only parse thread is still stuck
+            assert time.monotonic() - start < 5
+        finally:
+            hang.set()

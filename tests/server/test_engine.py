@@ -153,3 +153,41 @@ def test_an_engine_that_cannot_load_says_why(tiny_checkpoint):
         assert response.status_code == 503
         assert "loading the checkpoint failed" in error_of(response)["message"]
         assert not service.batcher.ready.is_set()
+
+
+def test_a_client_that_leaves_frees_its_row_for_the_next_request(tiny_checkpoint):
+    """One row in the batch: the request that leaves holds it with 600 s of music to go; the next request can
+    only run once the cancel has freed that row."""
+    with serve(
+        tiny_checkpoint, engine="process", batch_window_ms=0, disconnect_poll_s=0.02, max_seconds=600,
+        max_batch_rows=1, request_timeout_s=60,
+    ) as (client, service):  # fmt: skip
+        messages = post_then_leave(client, {"seconds": "600"}, lambda: started(service))
+        assert messages[0]["status"] == 499
+        response = post(client, json=True, **FAST)
+        assert response.status_code == 200, response.text
+        assert response.json()["batch"] == {"requests": 1, "rows": 1}  # decoded alone: the row was free
+        assert metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1
+
+
+def test_a_dead_engine_fails_only_the_requests_it_was_decoding(tiny_checkpoint):
+    """One row: the first request decodes, the second waits in the engine's queue. The engine is killed:
+    the first is 503, the second never started and is served by the replacement."""
+    with serve(tiny_checkpoint, engine="process", max_seconds=600, max_batch_rows=1, batch_window_ms=0) as (
+        client,
+        service,
+    ):
+        answers: dict = {}
+        running = threading.Thread(target=lambda: answers.update(a=post(client, seconds="600")))
+        running.start()
+        wait_for(lambda: started(service), 30)
+        queued = threading.Thread(target=lambda: answers.update(b=post(client, json=True, **FAST)))
+        queued.start()
+        wait_for(lambda: service.batcher.queue_depth == 1, 30)
+        first = service.batcher._process
+        first.kill()
+        running.join(30)
+        queued.join(90)
+        assert answers["a"].status_code == 503 and "engine" in error_of(answers["a"])["message"]
+        assert answers["b"].status_code == 200, answers["b"].text
+        assert service.batcher._process is not first and service.batcher.queue_depth == 0

@@ -125,3 +125,34 @@ def test_metrics_add_up_over_workers(tiny_checkpoint, tmp_path):
             text = httpx.get(f"{server.url}/metrics").text
             assert _sample(text, "musicrel_tokens_generated_total") == sum(tokens)
             assert _sample(text, "musicrel_batched_jobs_total") == 24
+
+
+def test_sigterm_under_load_loses_no_accepted_request(tiny_checkpoint, tmp_path):
+    """Eight requests in flight (held together by a 1.5 s batch window) when SIGTERM comes: every one is
+    answered 200 and the process exits 0; one sent after the signal is refused, never dropped."""
+    n = 8
+    with start_server(tiny_checkpoint, tmp_path, cli=True, MUSICREL_BATCH_WINDOW_MS="1500") as server:
+        answers: list = [None] * n
+
+        def continuation(i: int) -> None:
+            answers[i] = httpx.post(
+                f"{server.url}/v1/continuations",
+                files={"file": ("m.mid", MOTIF, "audio/midi")},
+                data={"seconds": "0.5", "seed": str(i)},
+                timeout=60,
+            )
+
+        threads = [threading.Thread(target=continuation, args=(i,)) for i in range(n)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 20
+        while f"musicrel_in_flight {n}.0" not in httpx.get(f"{server.url}/metrics").text:
+            assert time.monotonic() < deadline, "the requests never were all in flight"
+            time.sleep(0.02)
+        server.proc.send_signal(signal.SIGTERM)
+        late = httpx.post(f"{server.url}/v1/continuations", files={"file": ("m.mid", MOTIF, "audio/midi")})
+        assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+        for thread in threads:
+            thread.join(60)
+        assert [a.status_code for a in answers] == [200] * n, [a.text for a in answers]
+        assert server.proc.wait(30) == 0, server.log()[-3000:]

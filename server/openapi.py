@@ -1,0 +1,95 @@
+"""The OpenAPI document as this server accepts requests: schemathesis (tests/server/test_api_fuzz.py) found
+schema-valid forms refused with 422.
+
+- The operator's limits (MUSICREL_MAX_SECONDS, ...; checked in deps.py) are the form's bounds, not only the
+  fixed sanity bounds of the model: `seconds=320` was valid by the schema and refused by a server whose limit
+  is 60.
+- A form field cannot carry JSON null: an optional field is left out (or blank) to get its default, so the
+  form's copy of the parameters says `integer` where the model says `integer | null` (`seed=null` was valid
+  by the schema and refused as "unable to parse string as an integer"). The response keeps the model's own
+  schema, where null is a real value.
+- `tracks` has a pattern: the validator's rule ("merge", "all" or up to 64 indices below 1024, any case,
+  blanks stripped as `str.strip` does) as a regular expression; a schema without it let any 400 characters
+  through.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fastapi import FastAPI
+
+from server.settings import Settings
+
+CONTINUATIONS = ("/v1/continuations", "post")
+PARAMS = "ContinuationParams"
+# What str.strip() removes (str.isspace), spelled out: ECMA's \s differs (it has U+FEFF, lacks U+001C-1F).
+_BLANK = "[ \t\n\r\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*"
+_INDEX = f"{_BLANK}0*(?:[0-9]{{1,3}}|10[01][0-9]|102[0-3]){_BLANK}"
+TRACKS_PATTERN = f"^{_BLANK}(?:[Mm][Ee][Rr][Gg][Ee]|[Aa][Ll][Ll]|{_INDEX}(?:,{_INDEX}){{0,63}})?{_BLANK}$"
+
+
+def form_limits(settings: Settings, vocab_size: int | None) -> dict[str, float]:
+    """The largest value of each bounded field this server accepts (deps.get_params checks the same)."""
+    limits: dict[str, float] = {
+        "seconds": settings.max_seconds,
+        "primer_seconds": settings.max_primer_seconds,
+        "num_samples": min(settings.max_num_samples, settings.max_batch_rows),
+    }
+    if vocab_size is not None:
+        limits["top_k"] = vocab_size
+    return limits
+
+
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """`anyOf: [X, {type: null}]` as X, keeping the title, description and a non-null default."""
+    options = schema.get("anyOf")
+    if not options:
+        return schema
+    kept = [option for option in options if option.get("type") != "null"]
+    if len(kept) != 1:
+        return schema
+    out = {**{k: v for k, v in schema.items() if k not in ("anyOf", "default")}, **kept[0]}
+    if schema.get("default") is not None:
+        out["default"] = schema["default"]
+    return out
+
+
+def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]:
+    """`document` with the continuation form's own copy of the parameters, bounded by `limits`."""
+    document = copy.deepcopy(document)
+    components = document["components"]["schemas"]
+    path, method = CONTINUATIONS
+    content = document["paths"][path][method]["requestBody"]["content"]["multipart/form-data"]
+    body = components[content["schema"]["$ref"].rsplit("/", 1)[1]]
+    params = {name: _not_null(field) for name, field in components[PARAMS]["properties"].items()}
+    params["tracks"]["pattern"] = TRACKS_PATTERN
+    for name, limit in limits.items():
+        field = params[name]
+        for bound in ("maximum", "exclusiveMaximum"):
+            if bound in field and limit < field[bound]:
+                field.pop(bound)
+                field["maximum"] = limit
+    body.pop("allOf", None)
+    body["properties"] = {**params, **body["properties"]}
+    return document
+
+
+def install(app: FastAPI, settings: Settings, vocab_size: Any) -> None:
+    """Serve the tailored document. `vocab_size()` is the loaded codec's (top_k's bound), None before the
+    model is loaded: the document is cached only once it is known."""
+    cached: dict[str, Any] = {}
+    generate = app.openapi  # FastAPI's own, which caches its result in app.openapi_schema
+
+    def openapi() -> dict[str, Any]:
+        if cached:
+            return cached
+        document = generate()
+        size = vocab_size()
+        tailored = tailor(document, form_limits(settings, size))
+        if size is not None:
+            cached.update(tailored)
+        return tailored
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,91 @@
+"""schemathesis on the app's own OpenAPI, in-process, with every check it has: no 5xx, no response outside
+the schema, no schema-valid request refused, no invalid one accepted. A short run (a few examples per
+operation, positive and negative); `musicrel bench reliability --fuzz-api` is the long one against uvicorn.
+
+A schema cannot say "a Standard MIDI File": positive cases upload a real motif (with the generated fields),
+so any refusal is a failure; negative cases send what schemathesis makes of the file. The
+bytes themselves are fuzzed by tests/musicrel/test_parser_fuzz.py.
+
+schemathesis' pytest plugin breaks on pytest 9 (`Function._nodeid`), so its strategies are driven with plain
+hypothesis here."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.checks import CHECKS, load_all_checks
+from schemathesis.core.failures import FailureGroup
+
+from server.app import create_app
+from server.settings import Settings
+from tests.server.test_api import MOTIF
+
+# Per operation and mode: about 45 s for the file on 2 shared cores. The long run sets more
+# (`musicrel bench reliability --fuzz-api N`).
+EXAMPLES = int(os.environ.get("MUSICREL_FUZZ_EXAMPLES", "10"))
+
+
+@pytest.fixture  # one app per test: schemathesis' plugin ends the app's lifespan as each test ends
+def schema(tiny_checkpoint):
+    load_all_checks()
+    # The tiny model's 256-token context keeps even the longest continuation cheap.
+    app = create_app(Settings(checkpoint=tiny_checkpoint, engine="thread", batch_window_ms=0))
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+def operations(schema) -> list:
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+def with_motif(case):
+    """The file a real motif, and any track index its only instrument, 0: which indices exist depends on the
+    file, which the schema cannot say either (422 no_such_track)."""
+    if isinstance(case.body, dict) and "file" in case.body:
+        case.body["file"] = MOTIF
+        if isinstance(case.body.get("tracks"), str):
+            case.body["tracks"] = re.sub("[0-9]+", "0", case.body["tracks"])
+    return case
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
+def test_every_operation_passes_every_check(schema, mode):
+    checks = CHECKS.get_all()
+    assert len(checks) >= 10  # all of them, not a default subset
+    failures: list[str] = []
+    unsatisfiable: list[str] = []
+    calls = 0
+    for operation in operations(schema):
+        strategy = operation.as_strategy(mode)
+        if mode == GenerationMode.POSITIVE:
+            strategy = strategy.map(with_motif)
+
+        @given(case=strategy)
+        @settings(
+            max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
+        def run(case) -> None:
+            nonlocal calls
+            calls += 1
+            try:
+                case.call_and_validate(checks=checks)
+            except FailureGroup as group:  # collected, so one run reports every operation that fails
+                failures.append(f"{case.operation.label}: {group}")
+
+        try:
+            run()
+        except Unsatisfiable:  # no parameters and no body: nothing can be made invalid
+            unsatisfiable.append(operation.label)
+    assert "POST /v1/continuations" not in unsatisfiable
+    assert calls >= EXAMPLES  # the run really sent requests
+    assert not failures, "\n\n".join(failures[:5])
+
+
+def test_the_continuation_route_is_in_the_fuzzed_schema(schema):
+    labels = {operation.label for operation in operations(schema)}
+    assert "POST /v1/continuations" in labels and "GET /v1/model" in labels

@@ -11,6 +11,9 @@ music, the `seconds` that follow the reference, scored against it (the ceiling; 
 Per piece, a system's scores are averaged over its seeds, and every figure gets a bootstrap interval over
 pieces. The per-piece values are kept (aligned by piece, None where a system has no value) so two systems can
 be compared on the same pieces (`musicrel.metrics.paired_difference`).
+
+A little over 450 lines: `evaluate_continuations` is one loop over systems and pieces whose pieces, baselines
+and report fields share the same indices; the statistics and the report live in metrics.py and report.py.
 """
 
 from __future__ import annotations

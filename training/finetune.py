@@ -190,6 +190,8 @@ def finetune(
         save_last=True,
         filename="best-{step}",
     )
+    # strict=False: a run resumed from the checkpoint written at a validation ends that "epoch" with no batch
+    # left, and so with no val_nll to check (Lightning would raise).
     trainer = L.Trainer(
         max_steps=fc.max_steps,
         max_epochs=-1,
@@ -199,7 +201,11 @@ def finetune(
         precision=precision or default_precision(),
         gradient_clip_val=1.0,
         num_sanity_val_steps=0,
-        callbacks=[best, EarlyStopping("val_nll", mode="min", patience=fc.patience), _Estimate()],
+        callbacks=[
+            best,
+            EarlyStopping("val_nll", mode="min", patience=fc.patience, strict=False),
+            _Estimate(),
+        ],
         logger=CSVLogger(work, name="logs"),
         default_root_dir=work,
         enable_progress_bar=progress,

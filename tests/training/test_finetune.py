@@ -93,3 +93,15 @@ def test_config_is_validated():
         FinetuneConfig(max_steps=0)
     with pytest.raises(ConfigError, match="lr"):
         FinetuneConfig(lr=0)
+
+
+def test_an_interrupted_run_resumes_from_its_last_checkpoint(base, pattern_midi_dir, tmp_path):
+    out = tmp_path / "mine"
+    cfg = dict(lr=3e-3, warmup_steps=2, val_every=4, batch_size=4, patience=10)
+    first = finetune(base, [pattern_midi_dir], out, config=FinetuneConfig(max_steps=8, **cfg),
+                     accelerator="cpu", progress=False)  # fmt: skip
+    assert first["steps"] == 8 and (out.with_name("mine.work") / "checkpoints" / "last.ckpt").is_file()
+    again = finetune(base, [pattern_midi_dir], out, config=FinetuneConfig(max_steps=12, **cfg),
+                     accelerator="cpu", progress=False, resume=True)  # fmt: skip
+    assert again["steps"] == 12  # went on from step 8, not from 0
+    assert again["nll_before"] == first["nll_before"]  # the same base and held-out files

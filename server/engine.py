@@ -218,7 +218,8 @@ class EngineProcess:
                 self._deaths = 0
                 with self._lock:  # before ready is set, so they keep their place ahead of new submissions
                     for job in self._resend:
-                        self._send_locked(("job", job.id, job.primer, job.params, job.deadline))
+                        stream = job.on_progress is not None
+                        self._send_locked(("job", job.id, job.primer, job.params, job.deadline, stream))
                     self._resend = []
                 self.ready.set()
             elif kind == "failed":

@@ -36,7 +36,14 @@ GPU_HAS = ("torch", "lightning", "safetensors", "numpy", "triton", "matplotlib")
 GPU_PYTHON = "3.12"
 GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # musicrel's requirements that only `musicrel serve` imports.
-SERVER_ONLY = ("fastapi", "uvicorn", "python-multipart", "pydantic-settings", "prometheus-client")
+SERVER_ONLY = (
+    "fastapi",
+    "fastapi-offline",
+    "uvicorn",
+    "python-multipart",
+    "pydantic-settings",
+    "prometheus-client",
+)
 SPLITS = ("train", "val", "test")
 DATA_FILES = ("manifest.json", *(f"{s}{suffix}.npy" for s in SPLITS for suffix in ("", "_offsets")))
 # Markers are evaluated for the GPU machine, not for this one.

@@ -20,14 +20,37 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from musicrel.controls import CHORD_QUALITIES, MAX_BIAS, MAX_CHORDS, SCALES, STRENGTHS
 from server.settings import Settings
 
-CONTINUATIONS = ("/v1/continuations", "post")
+CONTINUATIONS = (("/v1/continuations", "post"), ("/v1/continuations/stream", "post"))
 PARAMS = "ContinuationParams"
 # What str.strip() removes (str.isspace), spelled out: ECMA's \s differs (it has U+FEFF, lacks U+001C-1F).
 _BLANK = "[ \t\n\r\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*"
 _INDEX = f"{_BLANK}0*(?:[0-9]{{1,3}}|10[01][0-9]|102[0-3]){_BLANK}"
 TRACKS_PATTERN = f"^{_BLANK}(?:[Mm][Ee][Rr][Gg][Ee]|[Aa][Ll][Ll]|{_INDEX}(?:,{_INDEX}){{0,63}})?{_BLANK}$"
+
+
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else re_escape(c) for c in word)
+
+
+def re_escape(text: str) -> str:
+    return "".join("\\" + c if c in r"\^$.|?*+()[]{}/-" else c for c in text)
+
+
+# The controls' text fields, as musicrel.controls parses them (its tables are the one source), in the subset
+# of regular expressions both Python and ECMA read alike (ASCII blanks only; the parser takes more).
+_SP = "[ \t]*"
+_NOTE = "[A-Ga-g][#b]?"
+_QUALITY = "(?:" + "|".join(re_escape(q) for q in sorted(CHORD_QUALITIES, key=len, reverse=True)) + ")"
+_DURATION = "(?:[1-5]?[0-9](?:\\.[0-9]{0,3})?|60(?:\\.0{0,3})?)b?"  # > 0 checked below, <= 60 s
+_CHORD = f"[A-G][#b]?{_QUALITY}(?:/{_NOTE})?(?::(?!0*(?:\\.0*)?b?(?:[ ,|]|$)){_DURATION})?"
+CHORDS_PATTERN = f"^(?: *|[ ,|]*{_CHORD}(?:[ ,|]+{_CHORD}){{0,{MAX_CHORDS - 1}}}[ ,|]*)$"  # blank: unset
+_SCALE = "(?:" + "|".join(_any_case(name) for name in sorted(SCALES, key=len, reverse=True)) + ")"
+KEY_PATTERN = f"^{_SP}(?:{_any_case('auto')}|{_NOTE}{_SP}(?::{_SP}{_SCALE})?){_SP}$"
+_WORDS = "|".join(_any_case(word) for word in STRENGTHS)
+STRENGTH_PATTERN = f"^{_SP}(?:{_WORDS}|1?[0-9](?:\\.[0-9]*)?|{int(MAX_BIAS)}(?:\\.0*)?){_SP}$"
 
 
 def form_limits(settings: Settings, vocab_size: int | None) -> dict[str, float]:
@@ -60,19 +83,27 @@ def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]
     """`document` with the continuation form's own copy of the parameters, bounded by `limits`."""
     document = copy.deepcopy(document)
     components = document["components"]["schemas"]
-    path, method = CONTINUATIONS
-    content = document["paths"][path][method]["requestBody"]["content"]["multipart/form-data"]
-    body = components[content["schema"]["$ref"].rsplit("/", 1)[1]]
     params = {name: _not_null(field) for name, field in components[PARAMS]["properties"].items()}
     params["tracks"]["pattern"] = TRACKS_PATTERN
+    for name, pattern in (
+        ("chords", CHORDS_PATTERN),
+        ("key", KEY_PATTERN),
+        ("key_strength", STRENGTH_PATTERN),
+        ("chord_strength", STRENGTH_PATTERN),
+    ):
+        if name in params:
+            params[name]["pattern"] = pattern
     for name, limit in limits.items():
         field = params[name]
         for bound in ("maximum", "exclusiveMaximum"):
             if bound in field and limit < field[bound]:
                 field.pop(bound)
                 field["maximum"] = limit
-    body.pop("allOf", None)
-    body["properties"] = {**params, **body["properties"]}
+    for path, method in CONTINUATIONS:  # the plain and the streaming route take the same form
+        content = document["paths"][path][method]["requestBody"]["content"]["multipart/form-data"]
+        body = components[content["schema"]["$ref"].rsplit("/", 1)[1]]
+        body.pop("allOf", None)
+        body["properties"] = {**copy.deepcopy(params), **body["properties"]}
     return document
 
 

@@ -63,6 +63,14 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorResponse, "description": "loading (not_ready) or shutting down (draining)"},
     504: {"model": ErrorResponse, "description": "past MUSICREL_REQUEST_TIMEOUT_S (timeout)"},
 }
+# The stream route's own media type is NDJSON; its errors (before the job is queued) are plain JSON.
+JSON_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {
+        "description": spec["description"],
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+    }
+    for status, spec in ERRORS.items()
+}
 CLIENT_CLOSED = 499  # nginx's code for "the client went away"; nobody receives it, the metrics count it
 
 
@@ -105,7 +113,7 @@ async def create_continuation(
             "JSON response, every sample's MIDI in base64) or `error` (status and the error body the plain "
             "endpoint would have answered). Failures before the job is queued are plain JSON errors.",
         },
-        **ERRORS,
+        **JSON_ERRORS,
     },
 )
 async def stream_continuation(

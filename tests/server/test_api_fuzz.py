@@ -45,11 +45,15 @@ def operations(schema) -> list:
 
 def with_motif(case):
     """The file a real motif, and any track index its only instrument, 0: which indices exist depends on the
-    file, which the schema cannot say either (422 no_such_track)."""
+    file, which the schema cannot say either (422 no_such_track); low_note <= high_note."""
     if isinstance(case.body, dict) and "file" in case.body:
         case.body["file"] = MOTIF
         if isinstance(case.body.get("tracks"), str):
             case.body["tracks"] = re.sub("[0-9]+", "0", case.body["tracks"])
+        # Nor can it say that the lowest note is at most the highest (422 empty_range).
+        low, high = case.body.get("low_note"), case.body.get("high_note")
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            case.body["low_note"], case.body["high_note"] = high, low
     return case
 
 

@@ -23,8 +23,13 @@ from fastapi import FastAPI
 from musicrel.controls import CHORD_QUALITIES, MAX_BIAS, MAX_CHORDS, SCALES, STRENGTHS
 from server.settings import Settings
 
-CONTINUATIONS = (("/v1/continuations", "post"), ("/v1/continuations/stream", "post"))
-PARAMS = "ContinuationParams"
+# Each form route and the model its fields come from: the plain and the streaming continuation take the same
+# form, /v1/motifs the part of it that decides the primer.
+FORMS = (
+    ("/v1/continuations", "post", "ContinuationParams"),
+    ("/v1/continuations/stream", "post", "ContinuationParams"),
+    ("/v1/motifs", "post", "MotifParams"),
+)
 # What str.strip() removes (str.isspace), spelled out: ECMA's \s differs (it has U+FEFF, lacks U+001C-1F).
 _BLANK = "[ \t\n\r\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*"
 _INDEX = f"{_BLANK}0*(?:[0-9]{{1,3}}|10[01][0-9]|102[0-3]){_BLANK}"
@@ -79,13 +84,11 @@ def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]:
-    """`document` with the continuation form's own copy of the parameters, bounded by `limits`."""
-    document = copy.deepcopy(document)
-    components = document["components"]["schemas"]
-    params = {name: _not_null(field) for name, field in components[PARAMS]["properties"].items()}
-    params["tracks"]["pattern"] = TRACKS_PATTERN
+def _form_fields(schema: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]:
+    """The form's copy of a parameter model's fields: not nullable, with patterns, bounded by `limits`."""
+    params = {name: _not_null(field) for name, field in schema["properties"].items()}
     for name, pattern in (
+        ("tracks", TRACKS_PATTERN),
         ("chords", CHORDS_PATTERN),
         ("key", KEY_PATTERN),
         ("key_strength", STRENGTH_PATTERN),
@@ -94,16 +97,24 @@ def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]
         if name in params:
             params[name]["pattern"] = pattern
     for name, limit in limits.items():
-        field = params[name]
+        field = params.get(name)
         for bound in ("maximum", "exclusiveMaximum"):
-            if bound in field and limit < field[bound]:
+            if field is not None and bound in field and limit < field[bound]:
                 field.pop(bound)
                 field["maximum"] = limit
-    for path, method in CONTINUATIONS:  # the plain and the streaming route take the same form
+    return params
+
+
+def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]:
+    """`document` with each form route's own copy of its parameters, bounded by `limits`."""
+    document = copy.deepcopy(document)
+    components = document["components"]["schemas"]
+    for path, method, model in FORMS:
+        params = _form_fields(components[model], limits)
         content = document["paths"][path][method]["requestBody"]["content"]["multipart/form-data"]
         body = components[content["schema"]["$ref"].rsplit("/", 1)[1]]
         body.pop("allOf", None)
-        body["properties"] = {**copy.deepcopy(params), **body["properties"]}
+        body["properties"] = {**params, **body["properties"]}
     return document
 
 

@@ -715,3 +715,17 @@ def test_the_motifs_route_is_in_the_openapi_schema(client):
         "/PreparedMotif"
     )
     assert {"413", "422", "429", "503"} <= set(operation["responses"])
+
+
+def test_every_form_route_documents_the_rules_its_fields_are_checked_by(client):
+    """A form documented looser than it is checked is what the API fuzz reports as a valid request refused
+    (a random `tracks` string on /v1/motifs, before its form was tailored like the continuations')."""
+    from server.openapi import TRACKS_PATTERN
+
+    spec = client.get("/openapi.json").json()
+    for path in ("/v1/continuations", "/v1/continuations/stream", "/v1/motifs"):
+        ref = spec["paths"][path]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"]
+        fields = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+        assert fields["tracks"]["pattern"] == TRACKS_PATTERN, path
+        assert fields["primer_seconds"]["maximum"] <= Settings().max_primer_seconds, path
+        assert "file" in fields, path

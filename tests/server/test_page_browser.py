@@ -326,6 +326,7 @@ FIRST_NOTE_GOAL_MS = 300.0
 # first request's connection set-up; the bound leaves room for this loaded machine (README, "Streaming").
 FIRST_CONTINUE_BOUND_MS = 600.0
 LATENCY_RUNS = 5
+LATENCY_SECONDS = 20
 
 
 def _stream_timeline(page) -> dict:
@@ -414,7 +415,9 @@ def _latency_runs(page, path: Path, runs: int) -> list[dict]:
         f"\nprepared {path.name}: {prepared['ms']:.0f} ms on the page (parse {prepared['parse_ms']:.0f}, "
         f"prefill {prepared['prefill_ms']:.0f})"
     )
-    page.fill("#seconds", "6")
+    # Long enough that generating it takes several times the first note's latency, even on an idle machine
+    # (6 s of a sparse continuation was generated in 216 ms on the shipped model).
+    page.fill("#seconds", str(LATENCY_SECONDS))
     out = []
     for seed in range(runs):
         page.fill("#seed", str(seed))
@@ -457,7 +460,7 @@ def test_first_note_latency_on_the_shipped_model(browser, shipped_server, motif_
         context.close()
     record_property("first_note_latency_ms", measured)
     for name, m in measured.items():
-        # Played while generating: the first note sounds long before the last one is generated.
-        assert m["rerolls"]["heard"] < m["rerolls"]["result"] - 500, name
+        # Played while generating: the first note sounds before half the continuation is generated.
+        assert m["rerolls"]["heard"] < m["rerolls"]["result"] / 2, (name, m["rerolls"])
         assert m["rerolls"]["heard"] <= FIRST_NOTE_GOAL_MS, (name, m["rerolls"])
         assert m["first"]["heard"] <= FIRST_CONTINUE_BOUND_MS, (name, m["first"])

@@ -131,6 +131,7 @@ def _available_bytes() -> int:
 
 def _time_interleaved(fns: dict, repeats: int) -> dict[str, float]:
     """Median seconds of each (what they return is a tensor, not a timing: dropped)."""
+
     def timed(fn):
         def run() -> None:
             fn()

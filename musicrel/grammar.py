@@ -18,7 +18,15 @@ import torch
 from torch import Tensor
 
 from musicrel.codec import open_pitches, shift_steps
-from musicrel.controls import DENSITY_KI, DENSITY_KP, DENSITY_MAX_BIAS, DENSITY_WINDOW, RowControls
+from musicrel.controls import (
+    DENSITY_CHORD,
+    DENSITY_KI,
+    DENSITY_KP,
+    DENSITY_MAX_BIAS,
+    DENSITY_SHIFT_TILT,
+    DENSITY_WINDOW,
+    RowControls,
+)
 
 # A note the model never closes is closed by the grammar after the motif's longest note times HOLD_FACTOR,
 # within these bounds. Measured note lengths (codec.to_notes, sustain pedal applied): 99.9th percentile 8.0 s
@@ -48,8 +56,9 @@ class Grammar:
     - controls (rows given `RowControls`): key, chord and range biases/masks move probability among the
       note-ons only, so they choose pitches, not how many notes; the chord is the one sounding at the row's
       time (the progression repeats); a polyphony cap masks the note-ons of silent pitches while the row
-      sounds that many; density adds one bias to every note-on, set after each token by a
-      proportional-integral loop on the log of the notes per second so far (`_steer_density`).
+      sounds that many; density sets one bias per row after each token, a proportional-integral loop on
+      the log of the recent notes per second (`_steer_density`), which moves the note-ons, the waiting and
+      the length of the gaps (`_steer`; why, in musicrel.controls).
     """
 
     def __init__(
@@ -67,6 +76,9 @@ class Grammar:
         self.shift0 = int(codec.time_shift_offset)
         self.steps_per_token = torch.as_tensor(shift_steps(codec), device=device)  # (V,) long
         self.max_shift = int(self.steps_per_token.max())
+        self.shift_seconds = self.steps_per_token[self.shift0 : self.shift0 + self.max_shift].float() * (
+            float(codec.config.step_ms) / 1000.0
+        )  # (max_shift,)
         V = len(self.steps_per_token)
         self.allowed = torch.ones(V, dtype=torch.bool, device=device)
         for special in (codec.pad_id, codec.bos_id, codec.eos_id):
@@ -112,7 +124,7 @@ class Grammar:
         self.density_on = t(~np.isnan(target))  # (B,) bool
         self.log_target = t(np.log(np.where(np.isnan(target), 1.0, target)), torch.float32)  # (B,)
         self.density_start = t(start, torch.float32)
-        self.note_bias = torch.where(self.density_on, self.density_start, 0.0)  # (B,) on every note-on logit
+        self.density_bias = torch.where(self.density_on, self.density_start, 0.0)  # (B,) nats, see _steer
         self.integral = torch.zeros(B, dtype=torch.float32, device=device)
         # notes in the last DENSITY_WINDOW seconds (decayed), as if the target had been met before the start
         self.recent = torch.where(self.density_on, self.log_target.exp() * DENSITY_WINDOW, 0.0)
@@ -145,7 +157,8 @@ class Grammar:
         return logits.masked_fill(~allowed, float("-inf"))
 
     def _steer(self, logits: Tensor) -> Tensor:
-        """The controls' biases and masks on the note-on logits (`logits` is this step's own tensor).
+        """The controls' biases and masks on the note-on logits, and density's on the time shifts (`logits`
+        is this step's own tensor).
 
         Key, chord and range move mass among the note-ons (the block is shifted back to its log-mass before
         them), so a key does not thin the music out and density alone sets how many notes; the polyphony cap
@@ -165,7 +178,19 @@ class Grammar:
             # Nothing to keep (no note-on had mass) or nothing left (every pitch masked): no shift.
             block = steered + torch.where(keep_mass.isfinite(), keep_mass, 0.0)[:, None]
         if self.any_density:
-            block = block + self.note_bias[:, None]
+            # Fewer notes: note-ons lose to everything else. More notes: waiting (the time shifts) loses to
+            # note events, note-offs as much as note-ons (a bias on note-ons alone struck new notes instead of
+            # closing old ones: they piled up), and not while a chord is being struck (that stacked 20-note
+            # clusters onto a sparse motif). The gap itself is chosen at the shift, where a note-on bias
+            # cannot reach (after a shift, with nothing to close, a note-on is all the model considers): the
+            # shifts are tilted toward longer ones when notes come too fast, shorter when too slow.
+            bias = self.density_bias  # (B,)
+            block = block + bias.clamp(max=0.0)[:, None]
+            struck_now = (self.onset == self.elapsed[:, None]).sum(dim=1)  # (B,) notes struck at this instant
+            wait = torch.where(struck_now >= DENSITY_CHORD, 0.0, -bias.clamp(min=0.0))  # (B,)
+            tilt = -DENSITY_SHIFT_TILT * bias  # (B,) nats per second of shift
+            shifts = slice(self.shift0, self.shift0 + self.max_shift)
+            logits[:, shifts] += wait[:, None] + tilt[:, None] * self.shift_seconds[None, :]
         if self.any_cap:
             # A note struck and released on this step still sounds for one step (the codec decodes it so).
             sounding = self.open | (self.onset == self.elapsed[:, None])  # (B, 128)
@@ -175,7 +200,7 @@ class Grammar:
         return logits
 
     def _steer_density(self, is_on: Tensor, dt: Tensor) -> None:
-        """After each token: the note-on bias from the recent notes per second (a PI loop on its log).
+        """After each token: the density bias from the recent notes per second (a PI loop on its log).
 
         The rate is the note count decayed over DENSITY_WINDOW seconds of music, which starts at the target:
         a burst is answered while it lasts, not paid back later by a gap (what a rate since the start did).
@@ -189,7 +214,7 @@ class Grammar:
         bias = (self.density_start + DENSITY_KP * error + DENSITY_KI * self.integral).clamp(
             -DENSITY_MAX_BIAS, DENSITY_MAX_BIAS
         )
-        self.note_bias = torch.where(self.density_on, bias, 0.0)
+        self.density_bias = torch.where(self.density_on, bias, 0.0)
 
     def _repair_orphans(self, logits: Tensor) -> Tensor:
         """Move the probability of each orphan note-off to the note-off of the nearest sounding pitch.
@@ -267,7 +292,7 @@ _GRAMMAR_ROWS = (
     "density_on",
     "log_target",
     "density_start",
-    "note_bias",
+    "density_bias",
     "integral",
     "recent",
 )

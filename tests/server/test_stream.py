@@ -166,7 +166,8 @@ def test_notes_arrive_while_generating_and_leaving_frees_the_rows(tiny_checkpoin
         status, events = drive(client, {"seconds": "60", "seed": "3"}, lambda ev: ev[-1:] and
                                ev[-1]["type"] == "note_on")  # fmt: skip
         assert status == 200
-        assert events[0]["type"] == "start" and events[-1]["type"] == "note_on"
+        # a few more events may land between the note the client waits for and its leaving (it polls)
+        assert events[0]["type"] == "start" and any(e["type"] == "note_on" for e in events)
         assert not any(e["type"] in ("result", "error") for e in events)
         wait_for(lambda: gate.results and gate.results[-1].stopped)
         result = gate.results[-1]

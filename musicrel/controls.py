@@ -48,7 +48,7 @@ DENSITY_KP = 3.0  # nats per unit of log-rate error
 DENSITY_KI = 2.0  # nats per (unit of log-rate error x second)
 DENSITY_MAX_BIAS = 8.0
 DENSITY_CHORD = 3  # notes struck at one instant, beyond which density asks for no more
-DENSITY_SHIFT_TILT = 1.5  # time-shift logits: nats per second of shift, per nat of note-on bias
+DENSITY_SHIFT_TILT = 1.5  # time-shift logits: nats per second of shift, per nat of density bias
 
 PITCH_CLASSES = {"C": 0, "D": 2, "E": 4, "F": 5, "G": 7, "A": 9, "B": 11}
 SCALES = {

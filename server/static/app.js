@@ -290,7 +290,7 @@ class Synth {
     this.live = null; // a stream being played as it arrives (startLive)
   }
 
-  ensureContext() {
+  ensureContext(resume = true) {
     if (!this.ctx) {
       const Ctx = window.AudioContext || window.webkitAudioContext;
       if (!Ctx) throw new Error("this browser has no Web Audio support");
@@ -304,7 +304,7 @@ class Synth {
       const ch = this.noise.getChannelData(0);
       for (let i = 0; i < len; i++) ch[i] = Math.random() * 2 - 1;
     }
-    if (this.ctx.state === "suspended") this.ctx.resume();
+    if (resume && this.ctx.state === "suspended") this.ctx.resume();
     return this.ctx;
   }
 
@@ -540,6 +540,7 @@ async function loadMotif(file, sourceLabel) {
     `${fmt(m.duration, 1)} s, ${m.noteTracks} track${m.noteTracks === 1 ? "" : "s"} with notes, ${Math.round(m.bpm)} bpm`;
   drawMotifOnly();
   prepareMotif();
+  warmAudio();
   $("continue").disabled = false;
   setStatus("Ready: press Continue.");
 }
@@ -562,6 +563,17 @@ function prepareMotif() {
       if (state.motifFile === file) state.preparedInfo = body && { ...body, ms: performance.now() - started };
       return body;
     });
+}
+
+// Opening the audio device holds the page 100-200 ms the first time: done while the user reads the roll, not
+// between Continue and the first note. Made outside a gesture, the context starts suspended; Continue resumes
+// it (browsers start audio only on a user's gesture).
+function warmAudio() {
+  try {
+    synth.ensureContext(false);
+  } catch {
+    // no Web Audio: Continue reports it
+  }
 }
 
 function resetResult() {

@@ -411,6 +411,9 @@ def _latency_runs(page, path: Path, runs: int) -> list[dict]:
     page.wait_for_function("window.musicrel.state.preparedInfo", timeout=GENERATION_TIMEOUT_MS)
     prepared = page.evaluate("window.musicrel.state.preparedInfo")
     assert prepared["cached"] is False and prepared["prefill_ms"] is not None
+    # The audio device is opened when the motif is chosen: opening it after Continue held the page 60-120 ms
+    # before it read the stream's first bytes.
+    assert page.evaluate("window.musicrel.synth.ctx !== null")
     print(
         f"\nprepared {path.name}: {prepared['ms']:.0f} ms on the page (parse {prepared['parse_ms']:.0f}, "
         f"prefill {prepared['prefill_ms']:.0f})"

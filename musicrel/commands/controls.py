@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from musicrel.commands import given
+
 CONTROL_FLAGS = ("program", "key", "key_strength", "chords", "chord_strength", "density", "low_note",
                  "high_note", "max_polyphony")  # fmt: skip
 
@@ -32,8 +34,8 @@ def controls_from_args(args):
     """The Controls the flags ask for (ControlError when they cannot be honoured), or None for no flag."""
     from musicrel.controls import Controls
 
-    given = {k: getattr(args, k) for k in CONTROL_FLAGS if getattr(args, k, None) is not None}
-    return Controls(**given) if given else None
+    options = given(args, *CONTROL_FLAGS)
+    return Controls(**options) if options else None
 
 
 def _evaluate_controls(args) -> int:

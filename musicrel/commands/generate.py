@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from musicrel.commands import given
 from musicrel.commands.codec import parse_tracks
 from musicrel.commands.controls import add_control_arguments, controls_from_args
 from musicrel.files import find_midi_files
@@ -229,25 +230,22 @@ def _evaluate(args) -> int:
     from musicrel.report import format_table, write_report
 
     # Options left out are not passed: their defaults live in evaluate_continuations and SamplingParams.
-    given = {
-        k: v
-        for k, v in (
-            ("motif_seconds", args.motif_seconds),
-            ("seconds", args.seconds),
-            ("limit", args.limit),
-            ("seed", args.seed),
-            ("seeds", args.seeds),
-            ("batch_size", args.batch_size),
-            ("split", args.split),
-            ("temperature", args.temperature),
-            ("top_k", args.top_k),
-            ("top_p", args.top_p),
-            ("systems", args.systems),
-            ("ngram_data", args.ngram_data),
-        )
-        if v is not None
-    }
-    report = evaluate_continuations(args.checkpoint, args.input, progress=not args.quiet, **given)
+    options = given(
+        args,
+        "motif_seconds",
+        "seconds",
+        "limit",
+        "seed",
+        "seeds",
+        "batch_size",
+        "split",
+        "temperature",
+        "top_k",
+        "top_p",
+        "systems",
+        "ngram_data",
+    )
+    report = evaluate_continuations(args.checkpoint, args.input, progress=not args.quiet, **options)
     print(format_table(report))
     if args.out:
         paths = write_report(report, args.out)

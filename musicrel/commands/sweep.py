@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from musicrel.commands import given
+
 
 def _floats(value: str) -> list[float]:
     try:
@@ -29,21 +31,10 @@ def _sweep(args) -> int:
     from musicrel.sweep import format_sweep, sweep_sampling, write_sweep
 
     _torch_setup(args)
-    given = {
-        k: v
-        for k, v in (
-            ("temperatures", args.temperatures),
-            ("top_ps", args.top_ps),
-            ("top_ks", args.top_ks),
-            ("split", args.split),
-            ("limit", args.limit),
-            ("seeds", args.seeds),
-            ("motif_seconds", args.motif_seconds),
-            ("seconds", args.seconds),
-        )
-        if v is not None
-    }
-    sweep = sweep_sampling(args.checkpoint, args.input, progress=not args.quiet, **given)
+    options = given(
+        args, "temperatures", "top_ps", "top_ks", "split", "limit", "seeds", "motif_seconds", "seconds"
+    )
+    sweep = sweep_sampling(args.checkpoint, args.input, progress=not args.quiet, **options)
     print(format_sweep(sweep))
     if args.out:
         paths = write_sweep(sweep, args.out)

@@ -77,7 +77,12 @@ def _motif() -> bytes:
     return buffer.getvalue()
 
 
-def _random_checkpoint(folder: Path) -> Path:
+# The tests' tiny model (tests/server/conftest.py): where what is measured is the service, not the model.
+TINY_MODEL = {"n_layers": 1, "d_model": 32, "n_heads": 2, "d_ff": 64, "max_seq_len": 256}
+
+
+def _random_checkpoint(folder: Path, **config) -> Path:
+    """A random model of the default ModelConfig size, or of `config`'s (e.g. TINY_MODEL)."""
     import torch
 
     from musicrel.checkpoint import save_model
@@ -87,7 +92,7 @@ def _random_checkpoint(folder: Path) -> Path:
 
     torch.manual_seed(0)
     codec = EventCodec()
-    save_model(MusicTransformer(ModelConfig(vocab_size=codec.vocab_size)), folder, codec=codec)
+    save_model(MusicTransformer(ModelConfig(vocab_size=codec.vocab_size, **config)), folder, codec=codec)
     return folder
 
 

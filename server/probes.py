@@ -5,7 +5,9 @@
 - burst: N clients at once posting the same real MIDI file; how long the 429s take to come back, the
   Retry-After they carry against the parse/queue/generation times the accepted requests really had, and what
   a refused client gets when it retries after Retry-After seconds;
-- load (--load 1,2,10), soak (--soak SECONDS) and the long API fuzz (--fuzz-api N): server/loadgen.py.
+- load (--load 1,2,10), soak (--soak SECONDS) and the long API fuzz (--fuzz-api N): server/loadgen.py;
+- the long generation fuzz (--fuzz-generation N): server/genfuzz.py, N requests steered into degenerate
+  outputs, on a tiny random model with a novelty index unless --checkpoint or --url says otherwise.
 Each of those runs alone (no trickle or burst unless asked for).
 """
 
@@ -56,6 +58,10 @@ def register(bench_sub) -> None:
     )
     p.add_argument("--max-in-flight", type=int, default=256, help="the load generator's bound")
     p.add_argument("--fuzz-api", type=int, default=0, help="schemathesis examples per operation and mode")
+    p.add_argument(
+        "--fuzz-generation", type=int, default=0, help="requests of the generation fuzz (server/genfuzz.py)"
+    )
+    p.add_argument("--fuzz-seed", type=int, default=0, help="the generation fuzz's seed")
     p.add_argument("--seconds", type=float, default=2.0, help="music per burst request")
     p.add_argument("--max-queue", type=int, default=64, help="MUSICREL_MAX_QUEUE of the started server")
     p.set_defaults(func=run)
@@ -186,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
         from server.loadgen import fuzz_api
 
         return fuzz_api(args.fuzz_api)
+    if args.fuzz_generation:
+        return _fuzz_generation(args)
     long_runs = bool(args.load or args.soak)
     if args.trickles is None:
         args.trickles = 0 if long_runs else 40
@@ -312,3 +320,43 @@ def _long_runs(args: argparse.Namespace, url: str, pid: int | None) -> None:
             f"{r['fds_at_warmup']} -> {r['fds_end']} (max {r['fds_max']})"
         )
         print(f"  RSS every 5 s (MiB): {r['rss_series_mib']}")
+
+
+def _fuzz_generation(args: argparse.Namespace) -> int:
+    """The generation fuzz against a real uvicorn: the counts by answer, then the failures; exit status 1
+    when any answer was a 5xx or wrong."""
+    import httpx
+
+    from musicrel.bench.codec import _default_dir
+    from server import genfuzz
+
+    files = genfuzz.motifs()
+    # The real files as well, when shared: their dense windows and many tracks reach other paths.
+    files.update({p.name: p.read_bytes() for p in sorted(_default_dir().glob("*.mid"))})
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.url is None and args.checkpoint is None:
+            from server.bench import TINY_MODEL, _random_checkpoint
+
+            tiny = _random_checkpoint(Path(tmp) / "tiny", **TINY_MODEL)
+            args.checkpoint = genfuzz.with_novelty_index(tiny, Path(tmp) / "ckpt")
+        start = time.monotonic()
+        with _server(args) as (url, _), httpx.Client(base_url=url, timeout=300) as client:
+
+            def progress(done: int, report) -> None:
+                if done % 100 == 0:
+                    took = time.monotonic() - start
+                    print(f"  {done} sent, {report.server_errors} server errors, {took:.0f} s")
+
+            report = genfuzz.run(client, args.fuzz_generation, args.fuzz_seed, files, progress)
+    took = time.monotonic() - start
+    print(
+        f"generation fuzz: {report.sent} requests (seed {args.fuzz_seed}, {len(files)} motifs) in "
+        f"{took:.0f} s; "
+        f"{report.server_errors} x 5xx, {len(report.failures)} failures, {report.empty_samples} samples of "
+        "fewer than two notes"
+    )
+    for status, count in sorted(report.statuses.items()):
+        print(f"  {status:<40} x{count}")
+    for failure in report.failures[:20]:
+        print(f"  FAIL {failure}")
+    return 1 if report.failures or report.server_errors else 0

@@ -130,7 +130,11 @@ class Copy(BaseModel):
 
     notes: int = Field(description="notes in the stretch (0: not even two notes in a row are shared)")
     seconds: float = Field(description="onset span of the stretch in the sample")
-    start_time: float = Field(description="where the stretch starts in the sample, in seconds")
+    # None when nothing is shared (a sample of fewer than two notes has no interval to share): a required
+    # float here failed the whole request with a 500, the sample's good siblings with it.
+    start_time: float | None = Field(
+        description="where the stretch starts in the sample, in seconds; null when notes is 0"
+    )
     source: str | None = Field(description="the training piece it occurs in (one of them)")
     source_sha256: str | None
     start_time_in_source: float | None

@@ -607,6 +607,31 @@ def test_samples_report_what_they_copied_when_the_checkpoint_ships_a_novelty_ind
     assert copy["notes"] == len(sample) and copy["occurrences"] == 1
 
 
+def test_a_sample_of_fewer_than_two_notes_has_no_copy_and_fails_nothing(tiny_checkpoint, tmp_path):
+    """Issue 23: its novelty record has no start time, which the response model refused: a 500 for the
+    whole request, the good samples with it, and an error line at the end of the stream."""
+    import json
+
+    from server.genfuzz import with_novelty_index
+
+    folder = with_novelty_index(tiny_checkpoint, tmp_path / "ckpt")
+    one_note = motif(1)
+    with serve(folder, batch_window_ms=0) as (indexed, _):
+        plain = post(indexed, one_note, json=True, seconds="0.01", seed="1", num_samples="4")
+        stream = indexed.post(
+            "/v1/continuations/stream",
+            files={"file": ("motif.mid", one_note, "audio/midi")},
+            data={"seconds": "0.01", "seed": "1"},
+        )
+    assert plain.status_code == 200, plain.text
+    short = [sample for sample in plain.json()["samples"] if sample["notes"] < 2]
+    assert short, "no sample of fewer than two notes: the test no longer reaches the case"
+    for sample in short:
+        assert sample["novelty"]["notes"] == 0 and sample["novelty"]["start_time"] is None
+    last = json.loads(stream.text.splitlines()[-1])
+    assert last["type"] == "result", last
+
+
 # ---- controls ------------------------------------------------------------------------------------
 
 

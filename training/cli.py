@@ -37,6 +37,7 @@ def register(subparsers) -> None:
 
 def _prepare(args) -> int:
     from musicrel.codec import CodecConfig, EventCodec
+    from musicrel.errors import ConfigError
     from training.prepare import MANIFEST, prepare
 
     overrides = {
@@ -45,15 +46,34 @@ def _prepare(args) -> int:
         if v is not None
     }
     codec = EventCodec(CodecConfig(**overrides))
-    m = prepare(args.sources, args.out, codec=codec, workers=args.workers, progress=not args.quiet)
-    c = m["counts"]
+    weights = {}
+    for item in args.weight:
+        name, sep, value = item.partition("=")
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ConfigError(f"--weight wants NAME=NUMBER, got {item!r}", code="bad_sources")
+    m = prepare(
+        args.sources, args.out, codec=codec, workers=args.workers, progress=not args.quiet, weights=weights
+    )
+    c, g = m["counts"], m["compositions"]
     print(
         f"found {c['found']} files: {c['duplicates']} duplicates, {c['encoded']} encoded "
         f"({c['newly_encoded']} new, {c['cached']} cached), {c['skipped']} skipped "
         f"{m['skipped_by_code'] or ''}".rstrip()
     )
+    print(
+        f"compositions: {g['groups']} groups, {g['files_in_multi_file_groups']} files in "
+        f"{g['multi_file_groups']} groups of versions (largest {g['largest_group']})"
+    )
     for split, info in m["splits"].items():
         print(f"  {split:5s} {info['pieces']:6d} pieces {info['stream_tokens']:10d} tokens")
+        if len(info["sources"]) > 1:
+            for name, r in info["sources"].items():
+                print(f"        {name:>14s} {r['pieces']:6d} pieces {r['event_tokens']:10d} tokens")
+    print("weights: " + ", ".join(f"{k} {v:g}" for k, v in m["weights"].items()))
     print(f"manifest: {args.out}/{MANIFEST}")
     return 0
 
@@ -171,7 +191,19 @@ def _register_rest(subparsers) -> None:
     from training.pack import PACK_LIMIT_BYTES
 
     p = subparsers.add_parser("prepare", help="encode MIDI files into a training data folder")
-    p.add_argument("sources", nargs="+", metavar="SRC", help="MIDI files or folders (searched recursively)")
+    p.add_argument(
+        "sources",
+        nargs="+",
+        metavar="[NAME=]SRC",
+        help="MIDI files, folders (searched recursively) or globs; NAME defaults to the folder's name",
+    )
+    p.add_argument(
+        "--weight",
+        action="append",
+        default=[],
+        metavar="NAME=W",
+        help="mixing weight of a source (default 1: every token alike; 0.5 halves how often it is seen)",
+    )
     p.add_argument("--out", required=True, help="data folder (re-runs reuse its cache)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
     p.add_argument("--pedal", choices=["extend", "events"], default=None, help="codec pedal handling")

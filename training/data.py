@@ -70,12 +70,20 @@ class CropDataset(Dataset):
         transpose: int = 3,
         stretch: tuple[float, ...] = STRETCH_FACTORS,
         augment: bool = True,
+        sources: list[tuple[int, int, float]] | None = None,
     ):
+        """`sources`: (start, end, weight) of each source's part of the stream; a crop's source is drawn with
+        probability proportional to weight x tokens (None: the whole stream, every token alike)."""
         if stream.size < 2:
             raise ConfigError("the training split has fewer than 2 tokens; prepare more data", code="no_data")
         self.stream, self.seq_len, self.codec = stream, seq_len, codec
         self.length, self.seed = max(1, int(length)), int(seed)
         self.transpose, self.stretch, self.augment = int(transpose), tuple(stretch), augment
+        parts = [(int(a), int(b), float(w)) for a, b, w in sources or [] if b > a and w > 0]
+        mass = np.array([(b - a) * w for a, b, w in parts])
+        # one part covering the stream draws exactly as before: same crops for the same seed
+        self.parts = parts if len(parts) > 1 else None
+        self.cum = np.cumsum(mass) / mass.sum() if self.parts else None
 
     def __len__(self) -> int:
         return self.length
@@ -85,7 +93,12 @@ class CropDataset(Dataset):
         rng = np.random.default_rng([self.seed, epoch, i])
         want = self.seq_len + 1
         take = want if not self.augment else int(want * _CROP_MARGIN) + 16
-        start = int(rng.integers(0, max(1, self.stream.size - want + 1)))
+        if self.parts is None:
+            start = int(rng.integers(0, max(1, self.stream.size - want + 1)))
+        else:
+            k = min(int(np.searchsorted(self.cum, rng.random(), side="right")), len(self.parts) - 1)
+            a, b, _ = self.parts[k]
+            start = int(rng.integers(a, max(a + 1, b - want + 1)))
         crop = np.asarray(self.stream[start : start + take], dtype=np.int64)
         if self.augment:
             semitones = int(rng.integers(-self.transpose, self.transpose + 1))

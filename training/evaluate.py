@@ -65,21 +65,44 @@ def evaluate(
             code="codec_mismatch",
         )
     stream, _ = load_split(data, split)
-    s = score_stream(
-        model, stream, codec.pad_id, seq_len=seq_len, batch_size=batch_size, max_windows=max_windows
-    )
-    if s["tokens"] == 0:
+    info = manifest["splits"][split]
+    # each source is scored on its own part of the stream (windows never mix two sources); the whole split's
+    # figures pool them. A single-source (or format-1) folder is one part.
+    parts = {name: (r["start"], r["end"], r["pieces"]) for name, r in info.get("sources", {}).items()}
+    if len(parts) < 2:
+        parts = {"all": (0, stream.size, info["pieces"])}
+    per_source = {}
+    for name, (a, b, pieces) in parts.items():
+        if b - a < 2:
+            continue
+        s = score_stream(
+            model, stream[a:b], codec.pad_id, seq_len=seq_len, batch_size=batch_size, max_windows=max_windows
+        )
+        per_source[name] = {**_figures(s), "pieces": pieces}
+    total = {k: sum(r[k] for r in per_source.values()) for k in ("windows", "tokens", "nll_sum", "correct")}
+    if total["tokens"] == 0:
         raise ConfigError(f"split {split!r} of {data} has no tokens to score", code="no_data")
-    nll = s["nll_sum"] / s["tokens"]
-    return {
+    result = {
         "split": split,
-        "pieces": manifest["splits"][split]["pieces"],
+        "pieces": info["pieces"],
+        **_figures(total),
+        "uniform_nll": math.log(codec.vocab_size),
+    }
+    if len(per_source) > 1 or "all" not in per_source:
+        result["sources"] = per_source
+    return result
+
+
+def _figures(s: dict) -> dict:
+    tokens = max(1, s["tokens"])
+    nll = s["nll_sum"] / tokens
+    return {
         "windows": s["windows"],
         "tokens": s["tokens"],
+        "nll_sum": s["nll_sum"],
         "nll": nll,
         "perplexity": math.exp(nll),
-        "accuracy": s["correct"] / s["tokens"],
-        "uniform_nll": math.log(codec.vocab_size),
+        "accuracy": s["correct"] / tokens,
     }
 
 
@@ -95,4 +118,12 @@ def format_table(r: dict) -> str:
         ("uniform NLL ln(V)", f"{r['uniform_nll']:.4f}"),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if "sources" in r:
+        lines.append("")
+        lines.append(f"{'source':<20s} {'pieces':>7s} {'tokens':>10s} {'NLL':>7s} {'accuracy':>8s}")
+        for name, x in r["sources"].items():
+            lines.append(
+                f"{name:<20s} {x['pieces']:>7d} {x['tokens']:>10d} {x['nll']:>7.4f} {x['accuracy']:>8.4f}"
+            )
+    return "\n".join(lines)

@@ -59,6 +59,7 @@ class MusicLM(L.LightningModule):
         min_lr_ratio: float = 0.1,
         label_smoothing: float = 0.0,
         compile: bool | None = None,
+        init_from: str | None = None,
     ):
         """
         Args:
@@ -70,11 +71,16 @@ class MusicLM(L.LightningModule):
                 the estimated steps of the run).
             label_smoothing: Optimised loss only; the logged NLL is always the plain cross-entropy.
             compile: torch.compile the model; None = only on a GPU.
+            init_from: A model folder (e.g. checkpoints/default) whose weights training starts from, so that
+                what it learnt is extended rather than relearnt; its shape and codec must be this run's.
+                A resumed run takes the weights of its Lightning checkpoint instead.
         """
         super().__init__()
         self.save_hyperparameters()
         self.cfg = ModelConfig.from_hparams(self.hparams)
         self.model = MusicTransformer(self.cfg)
+        if init_from:
+            self.model.load_state_dict(_weights_from(init_from, self.cfg, codec))
         self.val_nll = MeanMetric()
         self.val_acc = MeanMetric()
         self._last_step_time: float | None = None
@@ -160,6 +166,29 @@ class MusicLM(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
+    """The state dict of a model folder, refused (saying which settings differ) unless its shape and codec
+    are `cfg`'s and `codec`'s. Dropout and query chunking do not change the weights and may differ."""
+    from musicrel.checkpoint import load_model, read_config
+    from musicrel.errors import ConfigError
+
+    saved = read_config(folder)
+    free = {"dropout", "query_chunk_size"}
+    ours = {k: v for k, v in cfg.to_dict().items() if k not in free}
+    theirs = {k: v for k, v in saved["model"].items() if k not in free}
+    differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    if differ:
+        diff = ", ".join(f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in differ)
+        raise ConfigError(f"init_from {folder}: the model's shape differs ({diff})", code="shape_mismatch")
+    if codec is not None and saved.get("codec") != codec:
+        raise ConfigError(
+            f"init_from {folder}: the model was trained with other codec settings than the data's "
+            f"({saved.get('codec')} vs {codec})",
+            code="codec_mismatch",
+        )
+    return load_model(folder).state_dict()
+
+
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     """Linear warm-up to 1, then cosine decay to min_ratio at `total`, flat after."""
     if step < warmup:
@@ -204,7 +233,16 @@ class MusicDataModule(L.LightningDataModule):
         self.codec_config: dict = manifest["codec"]
         self.vocab_size: int = int(manifest["vocab_size"])
         self.pad_id: int = int(manifest["pad_id"])
+        self.manifest = manifest
         self._codec = None
+
+    def source_parts(self, split: str) -> list[tuple[int, int, float]] | None:
+        """(start, end, weight) of each source in the split's stream (None for a format-1 folder)."""
+        ranges = self.manifest["splits"][split].get("sources")
+        if not ranges:
+            return None
+        weights = self.manifest.get("weights", {})
+        return [(r["start"], r["end"], weights.get(name, 1.0)) for name, r in ranges.items()]
 
     @property
     def codec(self):
@@ -227,6 +265,7 @@ class MusicDataModule(L.LightningDataModule):
             transpose=hp.transpose,
             stretch=tuple(hp.stretch),
             augment=hp.augment,
+            sources=self.source_parts("train"),
         )
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
@@ -253,7 +292,8 @@ def default_precision() -> str:
 
 
 class MusicCLI(LightningCLI):
-    """LightningCLI with the links between data and model, and CSV + TensorBoard loggers by default."""
+    """LightningCLI with the links between data and model, CSV + TensorBoard loggers by default, and the
+    loss printed as it goes with the checkpoints' paths at the end (`TrainingProgress`)."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.max_seq_len", "data.seq_len")

@@ -11,12 +11,22 @@ Layout of OUT:
                               the encoded events (or the InvalidMidiError) of one file content, so that a
                               re-run (or a run with more sources) encodes nothing twice
 
+Sources are `[NAME=]PATH`: a file, a folder (searched recursively) or a glob (`asap/**/midi_score.mid`); NAME
+defaults to the folder's name. A file found by several sources belongs to the first. Each split's stream
+holds its pieces source by source, and the manifest records where each source's pieces lie
+(`splits.<split>.sources`) and its mixing `weights`: training draws a crop from a source with probability
+proportional to weight x tokens, so weight 1 everywhere samples every token alike, and weight 0.5 halves how
+often a source is seen.
+
 Files are identified by the sha256 of their bytes: duplicates (same bytes under another name) are counted and
-dropped, and the split is a function of the hash alone, so a file stays in its split when the corpus grows.
+dropped. Versions of one composition (performances of a piece, its score, a copy in another collection) are
+found from their notes (`training.compositions`) and a whole group goes to one split, chosen by the hash of
+its first member: a file with no other version keeps the split of its hash alone, as the corpus grows.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -29,17 +39,40 @@ import numpy as np
 
 from musicrel.errors import ConfigError, InvalidMidiError
 from musicrel.files import find_midi_files
+from training.compositions import CONTAINMENT, MIN_SHINGLES, NGRAM, group_versions, shingles
 
 SPLITS = ("train", "val", "test")
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # Percent of the hash space per split (train, val, test).
 SPLIT_PERCENT = (90, 5, 5)
 
 
+_GLOB_CHARS = set("*?[")
+
+
+def parse_source(spec: str) -> tuple[str, str]:
+    """`[NAME=]PATH` -> (name, path); the name defaults to the path's last folder or file stem."""
+    spec = str(spec)
+    name, sep, path = spec.partition("=")
+    if not sep or "/" in name or not name:
+        name, path = "", spec
+    if not name:
+        plain = Path(path.split("*")[0].rstrip("/") or ".")
+        name = plain.name if plain.is_dir() or not plain.suffix else plain.stem
+    return name, path
+
+
+def source_files(path: str) -> list[Path]:
+    """A file, a folder's MIDI files (recursive) or a glob's matches; resolved and sorted."""
+    if _GLOB_CHARS & set(path):
+        return sorted({Path(p).resolve() for p in glob.glob(path, recursive=True) if Path(p).is_file()})
+    return sorted({p.resolve() for p in find_midi_files(path)})
+
+
 def discover(sources) -> list[Path]:
     """Every MIDI file under the sources (files or folders, recursively), resolved, sorted, unique."""
-    return sorted({p.resolve() for src in sources for p in find_midi_files(src)})
+    return sorted({p for src in sources for p in source_files(parse_source(src)[1])})
 
 
 def codec_hash(codec) -> str:
@@ -123,9 +156,11 @@ def prepare(
     workers: int | None = None,
     progress: bool = True,
     split_percent: tuple[int, int, int] = SPLIT_PERCENT,
+    weights: dict[str, float] | None = None,
 ) -> dict:
-    """Encode every MIDI file under `sources` into OUT (see the module docstring); returns the manifest.
-    `split_percent` (train, val, test) is the share of the hash space per split; it sums to 100."""
+    """Encode every MIDI file under `sources` (`[NAME=]PATH` each) into OUT (see the module docstring);
+    returns the manifest. `split_percent` (train, val, test) is the share of the hash space per split; it sums
+    to 100. `weights` maps source names to mixing weights (default 1)."""
     from tqdm import tqdm
 
     from musicrel.codec import EventCodec
@@ -142,7 +177,20 @@ def prepare(
     cache_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
-    paths = discover(sources)
+    specs = [parse_source(src) for src in sources]
+    names = [name for name, _ in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two sources share a name: {names}; name them NAME=PATH", code="bad_sources")
+    weights = {name: 1.0 for name in names} | {k: float(v) for k, v in (weights or {}).items()}
+    if unknown := sorted(set(weights) - set(names)):
+        raise ConfigError(f"weights for unknown sources {unknown} (sources: {names})", code="bad_sources")
+    if any(not w >= 0 for w in weights.values()) or not any(weights[n] > 0 for n in names):
+        raise ConfigError(f"weights must be >= 0 and one > 0, got {weights}", code="bad_sources")
+    source_of: dict[Path, str] = {}
+    for name, path in specs:
+        for f in source_files(path):
+            source_of.setdefault(f, name)  # a file found by several sources belongs to the first
+    paths = sorted(source_of)
     first_path: dict[str, Path] = {}
     duplicates = []
     for path in tqdm(paths, desc="hashing", unit="file", disable=not progress, leave=False):
@@ -195,7 +243,14 @@ def prepare(
         for sha, r in sorted(results.items(), key=lambda kv: str(first_path[kv[0]]))
         if r[0] in ("skipped", "cached_skip")
     ]
-    splits = assign_splits(usable, split_percent)
+    source = {sha: source_of[first_path[sha]] for sha in usable}
+    order = {name: i for i, name in enumerate(names)}
+    usable.sort(key=lambda sha: (order[source[sha]], sha))
+    grouping = group_versions([shingles(codec, np.load(cache_dir / f"{sha}.npy")) for sha in usable])
+    groups = grouping.members()
+    key_of = {g: min(usable[i] for i in members) for g, members in groups.items()}
+    by_key = assign_splits(sorted(key_of.values()), split_percent)
+    splits = {usable[i]: by_key[key_of[g]] for i, g in enumerate(grouping.group)}
     manifest = {
         "format_version": FORMAT_VERSION,
         "codec": codec.config.to_dict(),
@@ -204,7 +259,8 @@ def prepare(
         "pad_id": codec.pad_id,
         "bos_id": codec.bos_id,
         "eos_id": codec.eos_id,
-        "sources": [str(Path(s).resolve()) for s in sources],
+        "sources": [{"name": name, "path": path, "weight": weights[name]} for name, path in specs],
+        "weights": {name: weights[name] for name in names},
         "split_percent": dict(zip(SPLITS, split_percent, strict=True)),
         "counts": {
             "found": len(paths),
@@ -216,6 +272,7 @@ def prepare(
             "cached": sum(r[0] in ("cached", "cached_skip") for r in results.values()),
         },
         "skipped_by_code": {},
+        "compositions": _composition_report(grouping, usable, first_path, splits),
         "splits": {},
         "skipped": skipped,
         "duplicates": duplicates,
@@ -225,17 +282,51 @@ def prepare(
 
     for split in SPLITS:
         members = [sha for sha in usable if splits[sha] == split]
-        files = [{"path": str(first_path[sha]), "sha256": sha} for sha in members]
+        files = [{"path": str(first_path[sha]), "sha256": sha, "source": source[sha]} for sha in members]
         key = hashlib.sha256((chash + split + ",".join(members)).encode()).hexdigest()
         info = _write_split(out_dir, split, members, cache_dir, codec, key)
         for f, n in zip(files, info.pop("piece_tokens"), strict=True):
             f["tokens"] = n
+        info["sources"] = _source_ranges(files, names)
         manifest["splits"][split] = {**info, "files": files}
         if split == "train":
-            manifest["novelty"] = _write_novelty(out_dir, members, first_path, sources, cache_dir, codec, key)
+            manifest["novelty"] = _write_novelty(
+                out_dir, members, first_path, [p for _, p in specs], cache_dir, codec, key
+            )
     manifest["seconds"] = round(time.perf_counter() - start, 2)
     _write_json(out_dir / MANIFEST, manifest)
     return manifest
+
+
+def _source_ranges(files: list[dict], names: list[str]) -> dict[str, dict]:
+    """Where each source's pieces lie in a split's stream ([start, end) in tokens; they are contiguous)."""
+    out, pos = {}, 0
+    for name in names:
+        mine = [f for f in files if f["source"] == name]
+        size = sum(f["tokens"] + 2 for f in mine)
+        tokens = size - 2 * len(mine)
+        out[name] = {"pieces": len(mine), "event_tokens": tokens, "start": pos, "end": pos + size}
+        pos += size
+    return out
+
+
+def _composition_report(grouping, usable: list[str], first_path: dict, splits: dict) -> dict:
+    """The groups of versions found (those of more than one file), listed with their paths and split."""
+    groups = [m for m in grouping.members().values() if len(m) > 1]
+    groups.sort(key=lambda m: (-len(m), str(first_path[usable[m[0]]])))
+    return {
+        "method": "top-voice interval n-grams, MinHash LSH + exact containment (training.compositions)",
+        "settings": {"ngram": NGRAM, "containment": CONTAINMENT, "min_shingles": MIN_SHINGLES},
+        "files": len(usable),
+        "groups": len(grouping.members()),
+        "multi_file_groups": len(groups),
+        "files_in_multi_file_groups": sum(len(m) for m in groups),
+        "largest_group": max((len(m) for m in groups), default=1),
+        "near_duplicate_pairs": len(grouping.pairs),
+        "multi_file": [
+            {"split": splits[usable[m[0]]], "files": [str(first_path[usable[i]]) for i in m]} for m in groups
+        ],
+    }
 
 
 def _write_split(out_dir: Path, split: str, members: list[str], cache_dir: Path, codec, key: str) -> dict:

@@ -13,7 +13,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import pretty_midi
@@ -44,6 +44,7 @@ class ContinuationResult:
     timings: dict
     stopped: bool = False  # should_stop ended this job early
     controls: dict | None = None  # what params.controls applied (the key detected, ...), for the metadata
+    warnings: list = field(default_factory=list)  # controls that pull apart (a chord outside the key, ...)
 
 
 @dataclass(eq=False)
@@ -473,6 +474,7 @@ class DecodeBatch:
             },
             stopped=job.stopped,
             controls=applied,
+            warnings=list(job.controls.warnings) if job.controls is not None else [],
         )
 
 

@@ -323,6 +323,7 @@ class Controls:
 
         pitch_bias = np.zeros(128, dtype=np.float32)
         applied: dict = {}
+        warnings: list[str] = []
         if self.program is not None:
             applied["program"] = self.program
             applied["instrument"] = gm_program_name(self.program)
@@ -369,6 +370,8 @@ class Controls:
                 ],
                 chord_strength=self.chord_strength,
             )
+            if key is not None:
+                warnings += chords_outside_key(chords, key)
         start_bias = 0.0
         if self.density is not None:
             rate = _motif_rate(primer)
@@ -385,7 +388,23 @@ class Controls:
             density_start=start_bias,
             program=self.program,
             applied=applied,
+            warnings=warnings,
         )
+
+
+def chords_outside_key(chords: list[Chord], key: tuple[int, str]) -> list[str]:
+    """A warning per chord with tones outside the key's scale: the two controls pull apart (under "only"
+    both, such a chord's outside tones cannot sound at all). Allowed, since a borrowed chord is music, but
+    said: a typo in the key or the chords otherwise steers in silence."""
+    from musicrel.metrics import PITCH_NAMES
+
+    scale, out = scale_pitch_classes(key), []
+    for chord in dict.fromkeys(c.symbol for c in chords):  # each symbol once, in order
+        outside = sorted(parse_chord(chord) - scale)
+        if outside:
+            notes = ", ".join(PITCH_NAMES[pc] for pc in outside)
+            out.append(f"chord {chord} has {notes} outside the key {key_label(key)}")
+    return out
 
 
 def _check_range_meets_key(controls: Controls, key: tuple[int, str]) -> None:
@@ -420,6 +439,7 @@ class RowControls:
     density_start: float  # the note-on bias the density loop starts from
     program: int | None
     applied: dict  # what was applied, for the output's metadata
+    warnings: list[str] = dataclasses.field(default_factory=list)  # controls that pull apart (allowed)
 
 
 # ----------------------------------------------------------------------------------------------------------

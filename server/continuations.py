@@ -289,6 +289,8 @@ def as_json(c: Continuation) -> ContinuationResponse:
         samples=[sample for _, sample in c.rendered],
         new_tokens=int(result.new_tokens),
         stopped=bool(result.stopped),
+        controls=result.controls,
+        warnings=list(result.warnings),
         timings=c.timings,
         batch=BatchInfo(requests=c.job.batch_jobs, rows=c.job.batch_rows),
     )

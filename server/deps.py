@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated
 
 from fastapi import Depends, Form, Request
+from pydantic import BaseModel
 
-from server.errors import ApiError
+from server.errors import ApiError, limit_message
+from server.openapi import form_limits
 from server.schemas import ContinuationParams, MotifParams
 from server.service import Service
 from server.settings import Settings
@@ -26,22 +29,29 @@ def get_settings(service: ServiceDep) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_params(
-    form: Annotated[ContinuationParams, Form()], settings: SettingsDep, service: ServiceDep
+async def refuse_unknown_fields(request: Request, model: type[BaseModel]) -> None:
+    """422 naming the first form field `model` does not have: a typo (`temprature`) silently did nothing.
+    (The model itself cannot forbid extras: FastAPI hands it the `file` part too.) The form is parsed
+    already, so reading it again costs nothing."""
+    known = set(model.model_fields) | {"file"}
+    unknown = [name for name in await request.form() if name not in known]
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else f" (fields: {', '.join(sorted(known))})"
+        raise ApiError(422, "invalid_request", f"{name}: no such field{hint}", field=name)
+
+
+async def get_params(
+    form: Annotated[ContinuationParams, Form()], settings: SettingsDep, service: ServiceDep, request: Request
 ) -> ContinuationParams:
     """The form fields, checked against the operator's limits on top of the schema's fixed bounds."""
-    limits = (
-        ("seconds", form.seconds, settings.max_seconds),
-        ("primer_seconds", form.primer_seconds, settings.max_primer_seconds),
-        ("num_samples", form.num_samples, min(settings.max_num_samples, settings.max_batch_rows)),
-    )
-    if service.codec is not None:
-        limits += (("top_k", form.top_k or 0, service.codec.vocab_size),)
-    for name, value, limit in limits:
+    await refuse_unknown_fields(request, ContinuationParams)
+    limits = form_limits(settings, service.codec.vocab_size if service.codec is not None else None)
+    for name, limit in limits.items():
+        value = getattr(form, name) or 0
         if value > limit:
-            raise ApiError(
-                422, "invalid_request", f"{name}: must be at most {limit:g} on this server", field=name
-            )
+            raise ApiError(422, "invalid_request", limit_message(name, limit), field=name)
     # Controls that cannot be honoured whatever the motif (a bad chord symbol, low above high) are refused
     # before the upload is parsed; those that depend on it ("auto" key, key and range) when it is.
     form.controls()
@@ -51,10 +61,13 @@ def get_params(
 ParamsDep = Annotated[ContinuationParams, Depends(get_params)]
 
 
-def get_motif_params(form: Annotated[MotifParams, Form()], settings: SettingsDep) -> ContinuationParams:
+async def get_motif_params(
+    form: Annotated[MotifParams, Form()], settings: SettingsDep, request: Request
+) -> ContinuationParams:
     """A motif's fields, as the continuation fields they stand for (the rest at their defaults)."""
+    await refuse_unknown_fields(request, MotifParams)
     if form.primer_seconds > settings.max_primer_seconds:
-        message = f"primer_seconds: must be at most {settings.max_primer_seconds:g} on this server"
+        message = limit_message("primer_seconds", settings.max_primer_seconds)
         raise ApiError(422, "invalid_request", message, field="primer_seconds")
     return ContinuationParams(primer_seconds=form.primer_seconds, tracks=form.tracks)
 

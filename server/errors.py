@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from musicrel.controls import ControlError
 from musicrel.errors import CheckpointError, MusicrelError
+from server.openapi import form_limits
 
 log = logging.getLogger("musicrel.server")
 
@@ -94,14 +95,22 @@ def library_field(exc: MusicrelError) -> str | None:
     return "chords" if word == "chord" else word
 
 
-def _validation_response(exc: RequestValidationError) -> JSONResponse:
+def limit_message(name: str, limit: float) -> str:
+    return f"{name}: must be at most {limit:g} on this server"
+
+
+def _validation_response(exc: RequestValidationError, limits: dict[str, float]) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}
     # loc is ("body", "seconds") or ("query", ...): the client knows the field by its bare name.
     loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "header", "path")]
     field = ".".join(loc) or None
     message = first.get("msg", "invalid request").removeprefix("Value error, ")
-    if field:
+    if field in limits and first.get("type") in ("less_than_equal", "less_than"):
+        # Above the schema's fixed bound is above the operator's tighter one too: say the one that holds
+        # ("seconds=1e6" was told "<= 600" by a server whose limit is 60).
+        message = limit_message(field, limits[field])
+    elif field:
         message = f"{field}: {message}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more)"
@@ -124,7 +133,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_response(exc)
+        service = request.app.state.service
+        vocab = service.codec.vocab_size if service.codec is not None else None
+        return _validation_response(exc, form_limits(service.settings, vocab))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

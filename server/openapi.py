@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from musicrel.controls import CHORD_QUALITIES, MAX_BIAS, MAX_CHORDS, SCALES, STRENGTHS
+from musicrel.controls import CHORD_QUALITIES, MAX_BIAS, MAX_CHORDS, SCALES, STRENGTHS, gm_program_names
 from server.settings import Settings
 
 # Each form route and the model its fields come from: the plain and the streaming continuation take the same
@@ -56,6 +56,8 @@ _SCALE = "(?:" + "|".join(_any_case(name) for name in sorted(SCALES, key=len, re
 KEY_PATTERN = f"^{_SP}(?:{_any_case('auto')}|{_NOTE}{_SP}(?::{_SP}{_SCALE})?){_SP}$"
 _WORDS = "|".join(_any_case(word) for word in STRENGTHS)
 STRENGTH_PATTERN = f"^{_SP}(?:{_WORDS}|1?[0-9](?:\\.[0-9]*)?|{int(MAX_BIAS)}(?:\\.0*)?){_SP}$"
+_NAMES = "|".join(_any_case(name) for name in sorted(gm_program_names(), key=len, reverse=True))
+PROGRAM_NAME_PATTERN = f"^{_BLANK}(?:{_NAMES}){_BLANK}$"
 
 
 def form_limits(settings: Settings, vocab_size: int | None) -> dict[str, float]:
@@ -96,6 +98,12 @@ def _form_fields(schema: dict[str, Any], limits: dict[str, float]) -> dict[str, 
     ):
         if name in params:
             params[name]["pattern"] = pattern
+    if "program" in params:  # a number or a name (schemas.ContinuationParams._program_name)
+        number = {k: v for k, v in params["program"].items() if k not in ("title", "description", "default")}
+        params["program"] = {
+            **{k: v for k, v in params["program"].items() if k in ("title", "description")},
+            "anyOf": [number, {"type": "string", "pattern": PROGRAM_NAME_PATTERN}],
+        }
     for name, limit in limits.items():
         field = params.get(name)
         for bound in ("maximum", "exclusiveMaximum"):
@@ -115,6 +123,7 @@ def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]
         body = components[content["schema"]["$ref"].rsplit("/", 1)[1]]
         body.pop("allOf", None)
         body["properties"] = {**params, **body["properties"]}
+        body["additionalProperties"] = False  # deps.refuse_unknown_fields
     return document
 
 

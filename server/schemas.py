@@ -17,6 +17,7 @@ _D = SamplingParams
 _C = Controls
 
 MAX_SEED = 2**32 - 1
+PROGRAMS_BY_NAME = {name.lower(): program for program, name in enumerate(gm_program_names())}
 MAX_TRACKS = 64
 
 
@@ -51,7 +52,11 @@ class ContinuationParams(BaseModel):
     # Controls (musicrel.controls): empty leaves that aspect to the model. Text fields are checked by the
     # library (ControlError: unknown_chord, unknown_key, empty_range, invalid_controls -> 422).
     program: int | None = Field(
-        _C.program, ge=0, le=127, description="General MIDI program of the output; empty: the motif's"
+        _C.program,
+        ge=0,
+        le=127,
+        description='General MIDI program of the output, by number or by name ("Violin", any case); empty: '
+        "the motif's",
     )
     key: str | None = Field(
         _C.key,
@@ -86,6 +91,19 @@ class ContinuationParams(BaseModel):
     def _empty_is_none(cls, value: Any) -> Any:
         # HTML forms send an empty string for a field left blank.
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("program", mode="before")
+    @classmethod
+    def _program_name(cls, value: Any) -> Any:
+        # The command line takes names; so does the form. Exact names only (any case, blanks around): the
+        # OpenAPI document spells the rule out as a pattern (server/openapi.py), which a looser match
+        # (pretty_midi ignores every non-alphanumeric) could not be.
+        if isinstance(value, str) and value.strip() and not value.strip().lstrip("+-").isdigit():
+            program = PROGRAMS_BY_NAME.get(value.strip().lower())
+            if program is None:
+                raise ValueError(f"{value.strip()!r} is not a General MIDI instrument name or number 0-127")
+            return program
+        return value
 
     @field_validator("tracks")
     @classmethod
@@ -184,6 +202,15 @@ class ContinuationResponse(BaseModel):
     samples: list[Sample]
     new_tokens: int
     stopped: bool = Field(description="true when generation stopped early (deadline)")
+    controls: dict[str, Any] | None = Field(
+        None,
+        description="what the controls applied: the key `auto` found (key, key_detected), the program and "
+        "its instrument name, each chord's length in seconds, ...; null when no control was set",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="settings honoured that pull against each other, e.g. a chord with notes outside the key",
+    )
     timings: Timings
     batch: BatchInfo
 

@@ -74,6 +74,8 @@ def run_jobs(model, codec, items, params, primer_seconds: float, tracks, novelty
             )
             if result.controls is not None:  # what was applied to this motif (the key detected, ...)
                 record["controls"] = result.controls
+            if result.warnings:  # controls that pull apart (a chord outside the key)
+                record["warnings"] = result.warnings
             if novelty is not None:  # the generated notes alone: the motif may itself be a training piece
                 record["novelty"] = [
                     novelty_report(novelty, codec.decode_notes(tk))["longest_copy"] for tk in result.tokens

@@ -24,6 +24,7 @@ from musicrel.controls import (
     Controls,
     chord_at,
     chord_tone_share,
+    chords_outside_key,
     gm_program_names,
     in_scale_share,
     parse_chord,
@@ -117,6 +118,19 @@ def test_chord_durations_in_seconds_beats_and_default_bar():
     primer = motif(tempo=120.0)  # a beat is 0.5 s
     applied = Controls(chords="C:2 G:4b Am").resolve(primer, CODEC.config.step_ms).applied["chords"]
     assert [c["seconds"] for c in applied] == [2.0, 2.0, 2.0]
+
+
+def test_chords_outside_the_key_are_warned_about_not_refused():
+    primer = motif(tempo=120.0)
+    inside = Controls(key="C:major", chords="C:1 Am:1 G7:1").resolve(primer, CODEC.config.step_ms)
+    assert inside.warnings == []
+    row = Controls(key="C:major", chords="C:1 E:1 C:1 Bb/Ab:1").resolve(primer, CODEC.config.step_ms)
+    assert row.warnings == [  # each symbol once, naming the tones outside
+        "chord E has Ab outside the key C:major",
+        "chord Bb/Ab has Ab, Bb outside the key C:major",
+    ]
+    assert len(row.chord_ends) == 4  # still applied as asked
+    assert chords_outside_key(parse_chords("E"), parse_key("E:major")) == []
 
 
 @pytest.mark.parametrize(
@@ -274,6 +288,10 @@ def test_controls_are_recorded_and_the_program_applied(model):
     result = generate_batch(model, CODEC, [(motif(shift=9), params)])[0]  # A major scale
     assert result.controls["key"] == "A:major" and result.controls["key_detected"] is True
     assert result.controls["instrument"] == "Violin" and result.controls["program"] == 40
+    assert result.warnings == [
+        "chord Am has C outside the key A:major",
+        "chord F has C, F outside the key A:major",
+    ]
     pm = result.midis[0]
     assert pm.instruments[0].program == 40
     texts = [t.text for t in pm.text_events]

@@ -265,6 +265,36 @@ def test_out_of_range_field_is_422(client, field, value):
     assert error["field"] == field and field in error["message"]
 
 
+@pytest.mark.parametrize(("value", "limit"), [("1e6", "60"), ("61", "60"), ("601", "60")])
+def test_a_field_above_the_servers_limit_is_told_that_limit(client, value, limit):
+    """Above the schema's fixed bound (600) the message said "<= 600" while this server stops at 60."""
+    error = error_of(post(client, seconds=value))
+    assert (
+        error["field"] == "seconds" and error["message"] == f"seconds: must be at most {limit} on this server"
+    )
+    error = error_of(post(client, num_samples="100"))
+    assert error["field"] == "num_samples" and "at most 4 on this server" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "hint"),
+    [
+        ("/v1/continuations", "temprature", "did you mean temperature?"),
+        ("/v1/continuations/stream", "chord", "did you mean chords?"),
+        ("/v1/motifs", "seconds", "did you mean primer_seconds?"),
+        ("/v1/continuations", "zzz", "fields: "),
+    ],
+)
+def test_an_unknown_form_field_is_refused_by_name(client, path, field, hint):
+    """A typo silently did nothing (the continuation ran at the default temperature)."""
+    response = client.post(path, files={"file": ("m.mid", MOTIF, "audio/midi")}, data={**FAST, field: "1"}
+                           if path != "/v1/motifs" else {field: "1"})  # fmt: skip
+    assert response.status_code == 422, response.text
+    error = error_of(response)
+    assert error["code"] == "invalid_request" and error["field"] == field
+    assert error["message"].startswith(f"{field}: no such field") and hint in error["message"]
+
+
 def test_missing_file_is_422(client):
     response = client.post("/v1/continuations", data={"seconds": "1"})
     assert response.status_code == 422 and error_of(response) | {"message": ""} == {
@@ -651,6 +681,33 @@ def test_controls_steer_and_are_echoed(client):
     assert any(t.text.startswith("musicrel controls=") for t in pm.text_events)
 
 
+@pytest.mark.parametrize("name", ["Violin", " violin ", "VIOLIN", "40"])
+def test_program_by_general_midi_name_or_number(client, name):
+    body = post(client, json=True, program=name, seconds="2", seed="7").json()
+    assert body["settings"]["program"] == 40 and body["controls"]["instrument"] == "Violin"
+    pm = pretty_midi.PrettyMIDI(io.BytesIO(base64.b64decode(body["samples"][0]["midi_base64"])))
+    assert pm.instruments[0].program == 40
+
+
+@pytest.mark.parametrize("name", ["Violinn", "Vio lin", "-1"])
+def test_an_unknown_program_name_is_422_naming_the_field(client, name):
+    response = post(client, program=name, **FAST)
+    assert response.status_code == 422 and error_of(response)["field"] == "program", response.text
+
+
+def test_the_json_answer_says_what_the_controls_applied_and_warns_of_clashes(client):
+    fields = {"key": "auto", "chords": "C:0.5 E:0.5", "seconds": "1", "seed": "2"}
+    body = post(client, json=True, **fields).json()
+    key = body["controls"]["key"]
+    assert body["controls"]["key_detected"] is True and ":" in key  # the key `auto` found
+    assert [c["chord"] for c in body["controls"]["chords"]] == ["C", "E"]
+    assert body["warnings"] and all(w.endswith(f"outside the key {key}") for w in body["warnings"])
+    plain = post(client, json=True, **FAST).json()
+    assert plain["controls"] is None and plain["warnings"] == []
+    calm = post(client, json=True, key="C:major", chords="C:0.5 G:0.5", **FAST).json()
+    assert calm["warnings"] == [] and calm["controls"]["key"] == "C:major"
+
+
 @pytest.mark.parametrize(
     ("fields", "code", "field"),
     [
@@ -754,3 +811,13 @@ def test_every_form_route_documents_the_rules_its_fields_are_checked_by(client):
         assert fields["tracks"]["pattern"] == TRACKS_PATTERN, path
         assert fields["primer_seconds"]["maximum"] <= Settings().max_primer_seconds, path
         assert "file" in fields, path
+        assert spec["components"]["schemas"][ref.rsplit("/", 1)[1]]["additionalProperties"] is False
+    import re
+
+    program = spec["components"]["schemas"]["Body_create_continuation_v1_continuations_post"]["properties"][
+        "program"
+    ]
+    number, name = program["anyOf"]
+    assert number["maximum"] == 127 and number["type"] == "integer"
+    assert re.match(name["pattern"], " violin ") and re.match(name["pattern"], "fx 1 (RAIN)")
+    assert not re.match(name["pattern"], "Violinn") and not re.match(name["pattern"], "40")

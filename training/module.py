@@ -317,6 +317,12 @@ class MusicCLI(LightningCLI):
                 root, name=config["run_name"], version=csv.version, default_hp_metric=False
             )
             kwargs["logger"] = [csv, tb]
+        # The loss as it goes and, at the end, where the checkpoints went (training/progress.py).
+        from training.progress import TrainingProgress
+
+        given = trainer.get("callbacks")
+        given = [] if given is None else list(given) if isinstance(given, list) else [given]
+        kwargs["callbacks"] = [*given, TrainingProgress()]
         return super().instantiate_trainer(**kwargs)
 
 

@@ -212,8 +212,8 @@ def test_missing_corrupt_and_other_version_files_raise_typed_errors(index, tmp_p
 
 def test_query_speed_on_a_corpus_sized_index():
     """2 M notes in 2,000 pieces (the prepared music21 train split has ~1 M). The goal, < 50 ms for a 20 s
-    continuation against the full training data, is measured in the README; here a bound generous enough for
-    a loaded machine, which a per-note Python loop or a linear scan would still miss."""
+    continuation against the full training data, is measured in docs/EVALUATION.md; here a bound generous
+    enough for a loaded machine, which a per-note Python loop or a linear scan would still miss."""
     rng = np.random.default_rng(7)
     n, piece = 2_000_000, 1000
     pitch = 40 + np.cumsum(rng.integers(-5, 6, n)) % 40

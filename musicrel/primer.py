@@ -5,8 +5,9 @@ motif's tempo and program.
 
 from __future__ import annotations
 
+import collections
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pretty_midi
@@ -25,9 +26,10 @@ class Primer:
     start_time: float  # seconds in the source file where the primer window starts
     end_time: float  # seconds in the source file where the motif ends (last note-off): continuation starts
     tempo: float  # bpm: the motif's first tempo
-    program: int  # the motif's first non-drum program
+    program: int  # the output's instrument: see `motif_program`
     notes: list  # pretty_midi.Note in the primer window (times in the source file)
     motif_notes: list = field(default_factory=list)  # every note of the motif (times in the source file)
+    program_reason: str = "given"  # why `program`, in words (`motif_program`)
 
 
 def _codec_for_tracks(codec, tracks):
@@ -129,16 +131,39 @@ def prepare_primer(
     _, tempi = pm.get_tempo_changes()
     tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
     end_time = max(n.end for n in notes)
-    return primer_at_cut(
-        codec, notes, end_time, primer_seconds, max_tokens, tempo=tempo, program=_first_program(pm, tracks)
-    )
+    primer = primer_at_cut(codec, notes, end_time, primer_seconds, max_tokens, tempo=tempo)
+    program, reason = motif_program(pm, tracks, primer.start_time, primer.end_time)
+    return replace(primer, program=program, program_reason=reason)
 
 
-def _first_program(pm, tracks) -> int:
+CLEAR_SHARE = 0.5  # a program playing more than this share of the window's notes is the motif's instrument
+
+
+def motif_program(pm, tracks, start: float, end: float) -> tuple[int, str]:
+    """The General MIDI program the continuation is played on, and why in words: the program that plays
+    most of the notes struck in the primer window [start, end) of the tracks read (drums aside), if it plays
+    more than CLEAR_SHARE of them; else piano (0). The first track's program made a merged pop song "FX 1
+    (rain)" and a piano piece with a vocal line "Choir Aahs"; a merge of a band, where no part has half the
+    notes, is read back on the instrument most songs are reduced to."""
     instruments = pm.instruments
     if isinstance(tracks, list | tuple):
         instruments = [instruments[i] for i in tracks if isinstance(i, int) and 0 <= i < len(instruments)]
-    return next((int(i.program) for i in instruments if not i.is_drum), 0)
+    counts: collections.Counter[int] = collections.Counter()
+    for inst in instruments:
+        if not inst.is_drum:
+            counts[int(inst.program)] += sum(start <= n.start < end for n in inst.notes)
+    counts = +counts  # programs that strike no note in the window are not candidates
+    total = sum(counts.values())
+    if not total:
+        return 0, "no notes struck in the window: piano"
+    program, notes = counts.most_common(1)[0]
+    name = pretty_midi.program_to_instrument_name(program)
+    if len(counts) == 1:
+        return program, f"{name} plays every note of the motif"
+    share = notes / total
+    if share > CLEAR_SHARE:
+        return program, f"{name} plays {share:.0%} of the motif's notes"
+    return 0, f"no instrument plays more than half of the motif's notes ({name}: {share:.0%}): piano"
 
 
 def default_max_primer_tokens(model) -> int:

@@ -19,6 +19,7 @@ from fastapi import UploadFile
 from fastapi.responses import Response
 
 from musicrel.batch import ContinuationResult
+from musicrel.controls import gm_program_name
 from musicrel.novelty import novelty_report
 from musicrel.primer import Primer, default_max_primer_tokens, prepare_primer
 from musicrel.sampling import SamplingParams
@@ -30,6 +31,7 @@ from server.schemas import (
     ContinuationParams,
     ContinuationResponse,
     Copy,
+    InstrumentInfo,
     PreparedMotif,
     PrimerInfo,
     Sample,
@@ -136,8 +138,20 @@ def primer_info(primer: Primer, tokens: int) -> PrimerInfo:
         end_time=float(primer.end_time),
         tempo=float(primer.tempo),
         program=int(primer.program),
+        instrument=gm_program_name(primer.program),
+        program_reason=primer.program_reason,
         notes=len(primer.notes),
     )
+
+
+def instrument_info(primer: Primer, applied: dict | None) -> InstrumentInfo:
+    """The instrument the samples are written with: the program field's when set, else the motif's."""
+    if applied and "program" in applied:
+        return InstrumentInfo(
+            program=applied["program"], name=applied["instrument"], reason="the program field"
+        )
+    program = int(primer.program)
+    return InstrumentInfo(program=program, name=gm_program_name(program), reason=primer.program_reason)
 
 
 def submit(
@@ -289,6 +303,7 @@ def as_json(c: Continuation) -> ContinuationResponse:
         samples=[sample for _, sample in c.rendered],
         new_tokens=int(result.new_tokens),
         stopped=bool(result.stopped),
+        instrument=instrument_info(primer, result.controls),
         controls=result.controls,
         warnings=list(result.warnings),
         timings=c.timings,

@@ -177,8 +177,16 @@ class PrimerInfo(BaseModel):
     start_time: float = Field(description="where the motif starts in the uploaded file, in seconds")
     end_time: float
     tempo: float
-    program: int
+    program: int = Field(description="the motif's instrument: General MIDI program of the output by default")
+    instrument: str = Field(description="that program's General MIDI name")
+    program_reason: str = Field(description="why that program, in words (the share of notes it plays)")
     notes: int
+
+
+class InstrumentInfo(BaseModel):
+    program: int = Field(description="General MIDI program the samples are written with")
+    name: str
+    reason: str = Field(description='why: "the program field", or the motif\'s (see primer.program_reason)')
 
 
 class Timings(BaseModel):
@@ -202,6 +210,7 @@ class ContinuationResponse(BaseModel):
     samples: list[Sample]
     new_tokens: int
     stopped: bool = Field(description="true when generation stopped early (deadline)")
+    instrument: InstrumentInfo = Field(description="the instrument the samples are played on")
     controls: dict[str, Any] | None = Field(
         None,
         description="what the controls applied: the key `auto` found (key, key_detected), the program and "

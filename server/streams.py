@@ -39,9 +39,9 @@ from musicrel.primer import Primer
 from musicrel.streaming import NoteEvent, NoteStream
 from server.admission import Ticket
 from server.batcher import Job, WorkerStoppedError
-from server.continuations import as_json, finish, parse_upload, submit
+from server.continuations import as_json, finish, parse_upload, primer_info, submit
 from server.errors import ApiError, describe
-from server.schemas import ContinuationParams, PrimerInfo
+from server.schemas import ContinuationParams
 from server.service import Service
 
 log = logging.getLogger("musicrel.server")
@@ -100,11 +100,7 @@ class ContinuationStream:
         return b"".join(out)
 
     def _start_event(self) -> bytes:
-        p = self.primer
-        primer = PrimerInfo(
-            tokens=len(p.tokens), start_time=float(p.start_time), end_time=float(p.end_time),
-            tempo=float(p.tempo), program=int(p.program), notes=len(p.notes),
-        )  # fmt: skip
+        primer = primer_info(self.primer, len(self.primer.tokens))
         return _line({
             "type": "start", "seed": self.params.seed, "settings": self.params.model_dump(mode="json"),
             "primer": primer.model_dump(mode="json"), "samples": self.params.num_samples,

@@ -110,3 +110,68 @@ def test_tracks_select_notes_and_program():
     only = prepare_primer(CODEC, pm, 30.0, tracks=[2])
     assert merged.program == 24 and only.program == 56
     assert {n.pitch for n in only.notes} == {40} and 40 in {n.pitch for n in merged.notes}
+
+
+def _band(parts: list[tuple[int, int]], drums: int = 0) -> pretty_midi.PrettyMIDI:
+    """One track per (program, notes), each a run of 0.25 s notes from time 0; `drums` drum hits first."""
+    pm = pretty_midi.PrettyMIDI()
+    kit = pretty_midi.Instrument(program=0, is_drum=True)
+    kit.notes = [pretty_midi.Note(90, 36, 0.1 * i, 0.1 * i + 0.05) for i in range(drums)]
+    pm.instruments.append(kit)
+    for k, (program, count) in enumerate(parts):
+        inst = pretty_midi.Instrument(program=program)
+        inst.notes = [pretty_midi.Note(80, 50 + 7 * k, 0.25 * i, 0.25 * i + 0.2) for i in range(count)]
+        pm.instruments.append(inst)
+    return pm
+
+
+@pytest.mark.parametrize(
+    ("parts", "tracks", "program", "reason"),
+    [
+        (
+            [(52, 3), (0, 40)],
+            "merge",
+            0,
+            "Acoustic Grand Piano plays 93% of the motif's notes",
+        ),  # choir + piano
+        (
+            [(122, 2), (33, 10), (25, 12), (48, 12)],
+            "merge",
+            0,
+            "no instrument plays more than half",
+        ),  # a band
+        ([(122, 2), (33, 10), (25, 12)], [3], 25, "plays every note"),  # one track chosen
+        ([(40, 12)], "merge", 40, "Violin plays every note"),
+    ],
+)
+def test_the_motifs_instrument_is_the_one_that_plays_most_of_its_notes(parts, tracks, program, reason):
+    """Issue 23: the first track's program made a merged pop song "FX 1 (rain)" and a piano piece with a
+    vocal line "Choir Aahs". Drums (100 hits here) count for nothing."""
+    primer = prepare_primer(CODEC, _band(parts, drums=100), 30.0, tracks=tracks)
+    assert primer.program == program
+    assert reason in primer.program_reason, primer.program_reason
+
+
+def test_the_instrument_is_counted_in_the_window_read():
+    pm = _band([(40, 40)])
+    late = pretty_midi.Instrument(program=73)  # a flute that plays only in the last 2 s
+    late.notes = [pretty_midi.Note(80, 80, 8.0 + 0.1 * i, 8.05 + 0.1 * i) for i in range(20)]
+    pm.instruments.append(late)
+    assert prepare_primer(CODEC, pm, 30.0).program == 40  # 40 violin notes against 20 flute notes
+    assert prepare_primer(CODEC, pm, 1.5).program == 73  # the window holds the flute alone
+
+
+def test_real_merged_songs_are_read_as_their_main_instrument_or_piano(real_midi_files):
+    """Every real file gets a program that plays more than half the window's notes, or piano."""
+    for path in real_midi_files:
+        primer = prepare_primer(CODEC, path, 30.0)
+        pm = pretty_midi.PrettyMIDI(str(path))
+        window = [
+            inst.program
+            for inst in pm.instruments
+            if not inst.is_drum
+            for n in inst.notes
+            if primer.start_time <= n.start < primer.end_time
+        ]
+        share = window.count(primer.program) / len(window)
+        assert share > 0.5 or (primer.program == 0 and "piano" in primer.program_reason), path.name

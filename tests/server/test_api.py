@@ -689,6 +689,23 @@ def test_program_by_general_midi_name_or_number(client, name):
     assert pm.instruments[0].program == 40
 
 
+def test_the_answer_names_the_instrument_and_why(client):
+    """The motif's: the program that plays most of its notes (here a choir line over a piano part)."""
+    choir_over_piano = motif(12, programs=(0, 52))  # as many choir notes as piano ones: no clear one
+    piano = motif(12, programs=(0,))
+    body = post(client, choir_over_piano, json=True, **FAST).json()
+    assert (
+        body["instrument"]["program"] == 0
+        and "no instrument plays more than half" in body["instrument"]["reason"]
+    )
+    assert body["primer"]["instrument"] == "Acoustic Grand Piano"
+    body = post(client, piano, json=True, program="Violin", **FAST).json()
+    assert body["instrument"] == {"program": 40, "name": "Violin", "reason": "the program field"}
+    assert body["primer"]["program"] == 0 and "plays every note" in body["primer"]["program_reason"]
+    prepared = prepare(client, motif(12, programs=(71,))).json()
+    assert prepared["primer"]["instrument"] == "Clarinet"
+
+
 @pytest.mark.parametrize("name", ["Violinn", "Vio lin", "-1"])
 def test_an_unknown_program_name_is_422_naming_the_field(client, name):
     response = post(client, program=name, **FAST)

@@ -100,6 +100,7 @@ def _figures(s: dict) -> dict:
         "windows": s["windows"],
         "tokens": s["tokens"],
         "nll_sum": s["nll_sum"],
+        "correct": s["correct"],
         "nll": nll,
         "perplexity": math.exp(nll),
         "accuracy": s["correct"] / tokens,

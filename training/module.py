@@ -124,14 +124,26 @@ class MusicLM(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._last_step_time = None
 
-    def validation_step(self, batch, batch_idx):
+    def setup(self, stage: str) -> None:
+        # one validation loader per source of a multi-source folder: its NLL is logged as val_nll/<source>
+        names = getattr(self.trainer.datamodule, "val_sources", None) if self._trainer else None
+        self.val_source_names = list(names or [])
+        self.val_source_nll = torch.nn.ModuleList(MeanMetric() for _ in self.val_source_names)
+
+    def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
         _, nll, acc, n = self._loss(batch)
         self.val_nll.update(nll, weight=n)
         self.val_acc.update(acc, weight=n)
+        if getattr(self, "val_source_nll", None):
+            self.val_source_nll[dataloader_idx].update(nll, weight=n)
 
     def on_validation_epoch_end(self) -> None:
         if self.val_nll.update_count == 0:
             return
+        for name, metric in zip(self.val_source_names, getattr(self, "val_source_nll", []), strict=False):
+            if metric.update_count:
+                self.log(f"val_nll/{name}", metric.compute())
+            metric.reset()
         nll = self.val_nll.compute()
         self.log("val_nll", nll, prog_bar=True)  # MeanMetric.compute() already syncs ranks
         self.log("val_ppl", torch.exp(nll))
@@ -278,11 +290,29 @@ class MusicDataModule(L.LightningDataModule):
             persistent_workers=False,
         )
 
+    @property
+    def val_sources(self) -> list[str]:
+        """The sources with validation tokens, one loader each (empty: one loader over the whole split)."""
+        ranges = self.manifest["splits"]["val"].get("sources") or {}
+        names = [name for name, r in ranges.items() if r["end"] - r["start"] >= 2]
+        return names if len(names) > 1 else []
+
     def val_dataloader(self):
         hp = self.hparams
         stream, _ = load_split(hp.data_dir, "val")
-        ds = WindowDataset(np.asarray(stream), hp.seq_len, self.pad_id, limit=hp.val_windows)
-        return torch.utils.data.DataLoader(ds, batch_size=hp.batch_size, num_workers=hp.num_workers)
+        stream = np.asarray(stream)
+
+        def loader(part, limit):
+            ds = WindowDataset(part, hp.seq_len, self.pad_id, limit=limit)
+            return torch.utils.data.DataLoader(ds, batch_size=hp.batch_size, num_workers=hp.num_workers)
+
+        names = self.val_sources
+        if not names:
+            return loader(stream, hp.val_windows)
+        # val_windows is shared out among the sources: the first windows of the stream would be one source's
+        ranges = self.manifest["splits"]["val"]["sources"]
+        each = None if hp.val_windows is None else max(1, hp.val_windows // len(names))
+        return [loader(stream[ranges[n]["start"] : ranges[n]["end"]], each) for n in names]
 
 
 def default_precision() -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -30,6 +31,8 @@ class Primer:
     notes: list  # pretty_midi.Note in the primer window (times in the source file)
     motif_notes: list = field(default_factory=list)  # every note of the motif (times in the source file)
     program_reason: str = "given"  # why `program`, in words (`motif_program`)
+    requested_seconds: float | None = None  # the primer_seconds asked for
+    cropped: bool = False  # the token cap (max_tokens) started the window later than requested_seconds
 
 
 def _codec_for_tracks(codec, tracks):
@@ -89,7 +92,7 @@ def primer_at_cut(
     if not notes:
         raise GenerationError("no notes before the cut", code="no_notes")
     first_start = min(n.start for n in notes)
-    start = max(first_start, cut - float(primer_seconds))
+    start = asked_start = max(first_start, cut - float(primer_seconds))
     tokens = _window_tokens(codec, notes, start, cut)
     step = codec.config.step_ms / 1000.0
     for _ in range(64):
@@ -99,8 +102,9 @@ def primer_at_cut(
         elapsed = np.cumsum(np.asarray(codec.time_advance)[tokens])
         start += max(float(elapsed[len(tokens) - max_tokens - 1]), step)
         tokens = _window_tokens(codec, notes, start, cut)
+    cropped = start > asked_start
     if max_tokens is not None and len(tokens) > max_tokens:  # e.g. one huge chord: keep the tail as is
-        tokens = tokens[-max_tokens:]
+        tokens, cropped = tokens[-max_tokens:], True
     elif start <= first_start and (max_tokens is None or len(tokens) < max_tokens):
         # The window holds the whole motif: mark a piece start, as training streams do ([bos] piece [eos]).
         tokens = np.concatenate([[codec.bos_id], tokens])
@@ -117,20 +121,41 @@ def primer_at_cut(
             if n.end > start
         ],
         motif_notes=clipped,
+        requested_seconds=float(primer_seconds),
+        cropped=cropped,
     )
 
 
 def prepare_primer(
-    codec, midi, primer_seconds: float = PRIMER_SECONDS, tracks="merge", max_tokens: int | None = None
+    codec,
+    midi,
+    primer_seconds: float = PRIMER_SECONDS,
+    tracks="merge",
+    max_tokens: int | None = None,
+    motif_end: float | None = None,
 ):
-    """The last `primer_seconds` of the motif (path, bytes or PrettyMIDI) as primer tokens, ending at its last
-    note-off (InvalidMidiError for unusable MIDI); see `primer_at_cut`."""
+    """The `primer_seconds` before the motif's end as primer tokens (InvalidMidiError for unusable MIDI); see
+    `primer_at_cut`. The motif ends at `motif_end` seconds of the file (notes sounding there stay open), by
+    default, or when that is later, at its last note-off: a whole piece is otherwise continued after its
+    final cadence. GenerationError (no_notes) when no note starts before `motif_end`."""
+    if motif_end is not None and (
+        isinstance(motif_end, bool) or not isinstance(motif_end, int | float) or not 0 < motif_end < math.inf
+    ):
+        raise GenerationError(f"motif_end must be seconds > 0, got {motif_end!r}", code="invalid_params")
     codec = _codec_for_tracks(codec, tracks)
     pm = codec.read(midi)
     notes = codec.to_notes(pm)
     _, tempi = pm.get_tempo_changes()
     tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
     end_time = max(n.end for n in notes)
+    if motif_end is not None and motif_end < end_time:
+        if not any(n.start < motif_end for n in notes):
+            first = min(n.start for n in notes)
+            raise GenerationError(
+                f"motif_end {motif_end:g} s: no note starts before it (the first starts at {first:.2f} s)",
+                code="no_notes",
+            )
+        end_time = float(motif_end)
     primer = primer_at_cut(codec, notes, end_time, primer_seconds, max_tokens, tempo=tempo)
     program, reason = motif_program(pm, tracks, primer.start_time, primer.end_time)
     return replace(primer, program=program, program_reason=reason)

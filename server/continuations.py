@@ -59,7 +59,7 @@ def _ms(seconds: float) -> float:
 
 
 def primer_key(data: bytes, params: ContinuationParams) -> tuple:
-    return (hashlib.sha256(data).digest(), params.primer_seconds, params.tracks)
+    return (hashlib.sha256(data).digest(), params.primer_seconds, params.motif_end, params.tracks)
 
 
 async def parse_upload(service: Service, file: UploadFile, params: ContinuationParams) -> Primer:
@@ -83,6 +83,7 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
         primer_seconds=params.primer_seconds,
         tracks=params.track_selection(),
         max_tokens=default_max_primer_tokens(service.model),
+        motif_end=params.motif_end,
     )
     # Abandoned on cancel (the request's deadline): a parse that hangs then costs its own request and a
     # thread, not a place in the parse limiter for every later upload.
@@ -106,8 +107,8 @@ async def prepare_motif(
     is_disconnected: Callable[[], Awaitable[bool]],
 ) -> PreparedMotif | None:
     """Parse the motif and prefill its primer now, so that a continuation of it (the same bytes,
-    primer_seconds and tracks) finds both in the caches (MUSICREL_PRIMER_CACHE, least recently used first
-    out) and starts decoding at once. None when the client left."""
+    primer_seconds, motif_end and tracks) finds both in the caches (MUSICREL_PRIMER_CACHE, least recently
+    used first out) and starts decoding at once. None when the client left."""
     start = time.monotonic()
     data = await file.read()
     await file.seek(0)
@@ -136,6 +137,8 @@ def primer_info(primer: Primer, tokens: int) -> PrimerInfo:
         tokens=int(tokens),
         start_time=float(primer.start_time),
         end_time=float(primer.end_time),
+        requested_seconds=float(primer.requested_seconds or primer.end_time - primer.start_time),
+        cropped=bool(primer.cropped),
         tempo=float(primer.tempo),
         program=int(primer.program),
         instrument=gm_program_name(primer.program),

@@ -69,7 +69,9 @@ async def get_motif_params(
     if form.primer_seconds > settings.max_primer_seconds:
         message = limit_message("primer_seconds", settings.max_primer_seconds)
         raise ApiError(422, "invalid_request", message, field="primer_seconds")
-    return ContinuationParams(primer_seconds=form.primer_seconds, tracks=form.tracks)
+    return ContinuationParams(
+        primer_seconds=form.primer_seconds, motif_end=form.motif_end, tracks=form.tracks
+    )
 
 
 MotifParamsDep = Annotated[ContinuationParams, Depends(get_motif_params)]

@@ -5,8 +5,9 @@ for what empties a sample: samples with fewer than two notes failed every reques
 (the novelty record had no start time) and schemathesis never got there. Here every case is a request the
 server must answer without a 5xx: tiny `seconds` and primers, near-zero density, extreme temperatures and
 nucleus masses, every control (key and chords that disagree, one-pitch ranges, a polyphony of one),
-motifs of one note or one chord, on the three answers (MIDI, JSON, NDJSON stream). Run it against a
-checkpoint that ships a novelty index (`with_novelty_index`), or that path is never taken.
+motifs of one note or one chord, motifs cut anywhere (`motif_end`), on the three answers (MIDI, JSON,
+NDJSON stream). Run it against a checkpoint that ships a novelty index (`with_novelty_index`), or that
+path is never taken.
 
 `run` takes any httpx.Client (a TestClient in the test suite, a real server in `musicrel bench reliability
 --fuzz-generation N`); the cases come from one seeded `random.Random`, so a failure is replayed by its seed
@@ -118,6 +119,7 @@ def case(rng: random.Random, limits: dict[str, float], motif_names: list[str]) -
     maybe("num_samples", 0.5, list(range(1, int(limits.get("num_samples", 4)) + 1)))
     maybe("include_primer", 0.2, ["true", "false"])
     maybe("primer_seconds", 0.3, [0.01, 0.05, 0.5, 2, 30, limits.get("primer_seconds", 120)])
+    maybe("motif_end", 0.25, [0.01, 0.1, 0.5, 1, 3, 20, 3600])  # before the first note: 422 no_notes
     maybe("tracks", 0.15, ["merge", "0", "all"])
     maybe("program", 0.3, [0, 40, 127, gm_program_name(rng.randrange(128)), "violin", ""])
     if rng.random() < 0.35:

@@ -138,8 +138,9 @@ async def prepare_motif(
     file: Annotated[UploadFile, File(description=FILE_DESCRIPTION, json_schema_extra=FILE_SCHEMA)],
 ) -> Any:
     """What the page sends when a motif is chosen, before Continue is pressed: the continuations of the same
-    file with the same `primer_seconds` and `tracks` then skip parsing and prefill (the server keeps the last
-    `MUSICREL_PRIMER_CACHE` motifs, least recently used out first). Admitted, bounded and drained as a
+    file with the same `primer_seconds`, `motif_end` and `tracks` then skip parsing and prefill (the server
+    keeps the last `MUSICREL_PRIMER_CACHE` motifs, least recently used out first). Its answer says what the
+    model will read of the file (`primer`), before anything is generated. Admitted, bounded and drained as a
     continuation is; a motif already prepared costs nothing (`cached`)."""
     prepared = await continuations.prepare_motif(
         service, file, params, request.scope.get(ADMISSION_TICKET), request.is_disconnected

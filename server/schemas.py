@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from musicrel.codec import CodecConfig
 from musicrel.controls import MAX_DENSITY, Controls, gm_program_names
 from musicrel.primer import PRIMER_SECONDS
 from musicrel.sampling import SamplingParams
@@ -40,6 +41,13 @@ class ContinuationParams(BaseModel):
     )
     primer_seconds: float = Field(
         PRIMER_SECONDS, gt=0, le=3600, description="how much of the upload's end is read as the motif"
+    )
+    motif_end: float | None = Field(
+        None,
+        gt=0,
+        le=CodecConfig.max_seconds,
+        description="where the motif ends in the upload, in seconds: the continuation starts there, and the "
+        "primer is the primer_seconds before it; empty: at the last note",
     )
     include_primer: bool = Field(
         _D.include_primer, description="return the motif followed by the continuation"
@@ -85,7 +93,7 @@ class ContinuationParams(BaseModel):
 
     @field_validator(
         "top_k", "seed", "program", "key", "chords", "density", "low_note", "high_note", "max_polyphony",
-        mode="before",
+        "motif_end", mode="before",
     )  # fmt: skip
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
@@ -173,9 +181,18 @@ class Sample(BaseModel):
 
 
 class PrimerInfo(BaseModel):
+    """What the model reads of the upload: the window [start_time, end_time) of the file."""
+
     tokens: int
-    start_time: float = Field(description="where the motif starts in the uploaded file, in seconds")
-    end_time: float
+    start_time: float = Field(description="where the window read starts in the uploaded file, in seconds")
+    end_time: float = Field(
+        description="where the motif ends (motif_end, or the last note): generation starts"
+    )
+    requested_seconds: float = Field(description="the primer_seconds asked for")
+    cropped: bool = Field(
+        description="true when the window is shorter than primer_seconds because the model reads at most so "
+        "many tokens (a dense motif): start_time moved later"
+    )
     tempo: float
     program: int = Field(description="the motif's instrument: General MIDI program of the output by default")
     instrument: str = Field(description="that program's General MIDI name")
@@ -230,9 +247,11 @@ class MotifParams(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     primer_seconds: float = ContinuationParams.model_fields["primer_seconds"]
+    motif_end: float | None = ContinuationParams.model_fields["motif_end"]
     tracks: str = ContinuationParams.model_fields["tracks"]
 
     _tracks = field_validator("tracks")(ContinuationParams._tracks.__func__)
+    _empty_is_none = field_validator("motif_end", mode="before")(ContinuationParams._empty_is_none.__func__)
 
 
 class PreparedMotif(BaseModel):

@@ -35,7 +35,9 @@ def _write_midi(pm, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def run_jobs(model, codec, items, params, primer_seconds: float, tracks, novelty=None) -> list[dict]:
+def run_jobs(
+    model, codec, items, params, primer_seconds: float, tracks, novelty=None, motif_end: float | None = None
+) -> list[dict]:
     """Continue the motifs of `items` ((motif path, output paths) pairs) in ONE batch; write the outputs and
     return one record per motif. Unreadable motifs get an error record and do not stop the others. With a
     novelty index, each sample's longest stretch shared with the training data is in the record."""
@@ -49,7 +51,12 @@ def run_jobs(model, codec, items, params, primer_seconds: float, tracks, novelty
         record = {"input": str(motif)}
         try:
             primer = prepare_primer(
-                codec, motif, primer_seconds, tracks, max_tokens=default_max_primer_tokens(model)
+                codec,
+                motif,
+                primer_seconds,
+                tracks,
+                max_tokens=default_max_primer_tokens(model),
+                motif_end=motif_end,
             )
         except MusicrelError as exc:
             record.update(status="error", error={"code": exc.code, "message": str(exc)})
@@ -58,6 +65,13 @@ def run_jobs(model, codec, items, params, primer_seconds: float, tracks, novelty
         else:
             jobs.append((primer, params))
             ready.append((record, outputs))
+            record["primer"] = {  # what the model read of the file, and the instrument it plays on
+                "start_time": round(primer.start_time, 3),
+                "end_time": round(primer.end_time, 3),
+                "cropped": primer.cropped,
+                "program": primer.program,
+                "program_reason": primer.program_reason,
+            }
         records.append(record)
     if jobs:
         for (record, outputs), result in zip(ready, generate_batch(model, codec, jobs), strict=True):
@@ -105,7 +119,9 @@ def _lightning_predict(model, codec, todo, params, args, novelty) -> list[dict] 
             self.model = model
 
         def predict_step(self, batch, batch_idx):
-            return run_jobs(self.model, codec, batch, params, args.primer_seconds, args.tracks, novelty)
+            return run_jobs(
+                self.model, codec, batch, params, args.primer_seconds, args.tracks, novelty, args.motif_end
+            )
 
     loader = DataLoader(Motifs(todo), batch_size=args.batch_size, collate_fn=list, shuffle=False)
     trainer = L.Trainer(
@@ -193,7 +209,9 @@ def _generate(args) -> int:
         with tqdm(total=len(todo), unit="motif", disable=args.quiet, file=sys.stderr) as bar:
             for i in range(0, len(todo), args.batch_size):
                 batch = todo[i : i + args.batch_size]
-                done += run_jobs(model, codec, batch, params, args.primer_seconds, args.tracks, novelty)
+                done += run_jobs(
+                    model, codec, batch, params, args.primer_seconds, args.tracks, novelty, args.motif_end
+                )
                 bar.update(len(batch))
     records += done
 
@@ -208,6 +226,7 @@ def _generate(args) -> int:
         "settings": {
             **dataclasses.asdict(params),
             "primer_seconds": args.primer_seconds,
+            "motif_end": args.motif_end,
             "tracks": args.tracks,
             "batch_size": args.batch_size,
             "devices": args.devices,
@@ -285,6 +304,12 @@ def register(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap on tokens per continuation")
     p.add_argument("--primer-seconds", type=float, default=None, help="seconds of the motif the model reads")
+    p.add_argument(
+        "--motif-end",
+        type=float,
+        default=None,
+        help="where each motif ends, in seconds (default: its last note)",
+    )
     p.add_argument("--include-primer", action="store_true", help="output = motif + continuation")
     p.add_argument(
         "--tracks", type=parse_tracks, default="merge", help="'merge' or instrument indices, e.g. 0,2"

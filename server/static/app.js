@@ -159,10 +159,11 @@ class PianoRoll {
     new ResizeObserver(() => this.draw()).observe(canvas);
   }
 
-  set(layers, boundary, shadeUntil = null) {
+  set(layers, boundary, shadeUntil = null, shadeFrom = null) {
     this.layers = layers;
     this.boundary = boundary;
     this.shadeUntil = shadeUntil; // seconds before the primer window: drawn dimmed
+    this.shadeFrom = shadeFrom; // seconds after the motif's end (motif_end): drawn dimmed too
     this.playhead = null;
     this.draw();
   }
@@ -257,6 +258,16 @@ class PianoRoll {
       ctx.textAlign = "left";
       ctx.textBaseline = "top";
       if (x(this.shadeUntil) - left > 150) ctx.fillText("before the primer window", left + 6, top + 4);
+    }
+    if (this.shadeFrom != null && x(this.shadeFrom) < left + pw) {
+      ctx.fillStyle = color("--roll-bg");
+      ctx.globalAlpha = 0.7;
+      ctx.fillRect(x(this.shadeFrom), top, left + pw - x(this.shadeFrom), ph);
+      ctx.globalAlpha = 1;
+      ctx.fillStyle = color("--muted");
+      ctx.textAlign = "left";
+      ctx.textBaseline = "top";
+      if (left + pw - x(this.shadeFrom) > 150) ctx.fillText("after the motif's end", x(this.shadeFrom) + 6, top + 4);
     }
     if (this.boundary != null) {
       ctx.strokeStyle = color("--text");
@@ -490,11 +501,29 @@ function showError(message, code) {
 function clearError() { $("error").hidden = true; $("error").replaceChildren(); }
 
 function motifWindow(motif, primerSeconds) {
-  // Same rule as the server's prepare_primer: the last primer_seconds of the pitched notes.
+  // The server's answer to POST /v1/motifs when it is for these settings (it also knows the token cap);
+  // until then the same rule as its prepare_primer: the primer_seconds before motif_end (or the last note).
+  const info = state.preparedInfo;
+  if (info && info.motifEnd === $("motif_end").value.trim() && info.primerSeconds === $("primer_seconds").value)
+    return { start: info.primer.start_time, end: info.primer.end_time };
   const pitched = motif.notes.filter((n) => !n.drum);
   if (!pitched.length) return { start: 0, end: 0 };
-  const end = Math.max(...pitched.map((n) => n.end));
+  const last = Math.max(...pitched.map((n) => n.end));
+  const asked = Number($("motif_end").value);
+  const end = $("motif_end").value.trim() && asked > 0 ? Math.min(asked, last) : last;
   return { start: Math.max(Math.min(...pitched.map((n) => n.start)), end - primerSeconds), end };
+}
+
+// What the model reads, in words, once the server has said (POST /v1/motifs).
+function describePrimerRead() {
+  const info = state.preparedInfo;
+  const p = info && info.primer;
+  if (!p) { $("primer-read").textContent = ""; return; }
+  const read = p.end_time - p.start_time;
+  const cap = p.cropped ? ` — only ${fmt(read, 1)} of the ${fmt(p.requested_seconds, 1)} s asked: the model ` +
+    `reads at most ${p.tokens} tokens of a motif this dense` : "";
+  $("primer-read").textContent = `The model reads ${fmt(p.start_time, 1)}–${fmt(p.end_time, 1)} s of the file ` +
+    `(${p.notes} notes) and continues from ${fmt(p.end_time, 1)} s on ${p.instrument}${cap}.`;
 }
 
 function rollLabel(motifNotes, contNotes, boundary) {
@@ -507,7 +536,8 @@ function rollLabel(motifNotes, contNotes, boundary) {
 function drawMotifOnly() {
   if (!state.motif) { roll.set([], null); return; }
   const win = motifWindow(state.motif, Number($("primer_seconds").value) || 0);
-  roll.set([{ notes: state.motif.notes, color: "--motif" }], null, win.start);
+  const last = Math.max(0, ...state.motif.notes.map((n) => n.end));
+  roll.set([{ notes: state.motif.notes, color: "--motif" }], null, win.start, win.end < last - 1e-6 ? win.end : null);
   $("roll").setAttribute("aria-label", rollLabel(state.motif.notes, [], 0));
   for (const id of ["play-all", "play-motif"]) $(id).disabled = !state.motif.notes.length;
   $("play-cont").disabled = true;
@@ -553,14 +583,23 @@ function prepareMotif() {
   const fd = new FormData();
   fd.append("file", state.motifFile, state.motifFile.name);
   fd.append("primer_seconds", $("primer_seconds").value);
+  const motifEnd = $("motif_end").value.trim();
+  if (motifEnd) fd.append("motif_end", motifEnd);
   fd.append("tracks", ($("tracks").value.trim() || "merge").replace(/\s+/g, ""));
   const started = performance.now();
   const file = state.motifFile;
+  const primerSeconds = $("primer_seconds").value;
+  state.preparedInfo = null;
+  describePrimerRead();
   state.prepared = fetch("/v1/motifs", { method: "POST", body: fd })
     .then((r) => (r.ok ? r.json() : null))
     .catch(() => null)
     .then((body) => {
-      if (state.motifFile === file) state.preparedInfo = body && { ...body, ms: performance.now() - started };
+      if (state.motifFile === file) {
+        state.preparedInfo = body && { ...body, ms: performance.now() - started, motifEnd, primerSeconds };
+        describePrimerRead();
+        if (!state.samples.length) drawMotifOnly(); // the window the server will read, marked on the roll
+      }
       return body;
     });
 }
@@ -704,7 +743,7 @@ function buildForm() {
   const fd = new FormData();
   fd.append("file", state.motifFile, state.motifFile.name);
   for (const id of ["seconds", "temperature", "top_p", "num_samples", "primer_seconds"]) fd.append(id, $(id).value);
-  for (const id of ["top_k", "seed", ...CONTROL_FIELDS]) if ($(id).value.trim() !== "") fd.append(id, $(id).value.trim());
+  for (const id of ["top_k", "seed", "motif_end", ...CONTROL_FIELDS]) if ($(id).value.trim() !== "") fd.append(id, $(id).value.trim());
   const tracks = $("tracks").value.trim() || "merge";
   fd.append("tracks", tracks.replace(/\s+/g, ""));
   fd.append("include_primer", $("include_primer").checked ? "true" : "false");
@@ -939,7 +978,7 @@ class LiveRoll {
     state.stream.startAt = performance.now();
     state.stream.seed = e.seed;
     const p = e.primer || {};
-    this.program = num(p.program) ?? 0;
+    this.program = num(e.settings && e.settings.program) ?? num(p.program) ?? 0; // the program field's, if set
     const winStart = num(p.start_time) ?? 0;
     this.boundary = (num(p.end_time) ?? 0) - winStart;
     if (synth.live) synth.live.offset = this.boundary;
@@ -1091,9 +1130,9 @@ $("play-all").addEventListener("click", () => play("all"));
 $("play-motif").addEventListener("click", () => play("motif"));
 $("play-cont").addEventListener("click", () => play("cont"));
 $("stop").addEventListener("click", () => { synth.stop(); roll.playhead = null; roll.draw(); $("stop").disabled = true; });
-$("primer_seconds").addEventListener("input", () => { if (!state.samples.length) drawMotifOnly(); });
+for (const id of ["primer_seconds", "motif_end"]) $(id).addEventListener("input", () => { if (!state.samples.length) drawMotifOnly(); });
 // Another primer window or track choice is another primer: prepare that one.
-for (const id of ["primer_seconds", "tracks"]) $(id).addEventListener("change", () => { if ($(id).checkValidity()) prepareMotif(); });
+for (const id of ["primer_seconds", "motif_end", "tracks"]) $(id).addEventListener("change", () => { if ($(id).checkValidity()) prepareMotif(); });
 $("volume").addEventListener("input", () => synth.setVolume(Number($("volume").value)));
 
 // --- server status ---

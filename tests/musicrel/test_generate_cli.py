@@ -144,6 +144,17 @@ def test_generate_control_flags_reach_the_outputs_and_summary(setup):
         assert all(50 <= n.pitch <= 80 for n in pm.instruments[0].notes)
 
 
+def test_generate_motif_end_and_what_was_read_are_in_the_summary(setup):
+    tmp_path, motifs = setup
+    out = tmp_path / "cut"
+    assert run(tmp_path, motifs, out, "--motif-end", "1.5", "--primer-seconds", "1") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    record = next(r for r in summary["files"] if r["status"] == "ok")
+    assert summary["settings"]["motif_end"] == 1.5
+    assert record["primer"]["end_time"] == 1.5 and record["primer"]["start_time"] == 0.5
+    assert record["primer"]["program"] == 11 and "every note" in record["primer"]["program_reason"]
+
+
 @pytest.mark.parametrize(
     "flags, code",
     [

@@ -175,3 +175,49 @@ def test_real_merged_songs_are_read_as_their_main_instrument_or_piano(real_midi_
         ]
         share = window.count(primer.program) / len(window)
         assert share > 0.5 or (primer.program == 0 and "piano" in primer.program_reason), path.name
+
+
+def test_motif_end_cuts_the_motif_there():
+    """Issue 23: a whole piece was continued after its final cadence; the user says where the motif ends."""
+    pm = make_motif(16, drums=False)  # notes every 0.25 s, each 0.35 s long: 0.0 .. 4.1 s
+    whole = prepare_primer(CODEC, pm, 30.0)
+    cut = prepare_primer(CODEC, pm, 30.0, motif_end=2.1)
+    assert whole.end_time == pytest.approx(4.1) and cut.end_time == pytest.approx(2.1)
+    assert max(n.start for n in cut.notes) < 2.1 and len(cut.notes) == 9  # onsets 0.0 .. 2.0
+    assert max(n.end for n in cut.motif_notes) == pytest.approx(2.1)  # the note sounding at 2.1 stays open
+    assert len(cut.tokens) < len(whole.tokens)
+    short = prepare_primer(CODEC, pm, 1.0, motif_end=2.1)
+    assert short.start_time == pytest.approx(1.1) and short.requested_seconds == 1.0 and not short.cropped
+    beyond = prepare_primer(CODEC, pm, 30.0, motif_end=100.0)  # later than the last note: the last note
+    assert beyond.end_time == whole.end_time and np.array_equal(beyond.tokens, whole.tokens)
+
+
+@pytest.mark.parametrize("motif_end", [0.0, -1.0, float("nan"), float("inf"), True, "3"])
+def test_a_bad_motif_end_has_its_code(motif_end):
+    from musicrel.errors import GenerationError
+
+    with pytest.raises(GenerationError) as err:
+        prepare_primer(CODEC, make_motif(8), 30.0, motif_end=motif_end)
+    assert err.value.code == "invalid_params"
+
+
+def test_a_motif_end_before_every_note_is_no_notes():
+    from musicrel.errors import GenerationError
+
+    with pytest.raises(GenerationError, match="first starts at 5.00 s") as err:
+        prepare_primer(CODEC, make_motif(8, offset=5.0, drums=False), 30.0, motif_end=4.0)
+    assert err.value.code == "no_notes"
+
+
+def test_a_window_shortened_by_the_token_cap_says_so(real_midi_files):
+    """A dense song's "30 s" was 5 s of it, silently: the primer says it was cropped, and how much it read."""
+    cropped = []
+    for path in real_midi_files:
+        primer = prepare_primer(CODEC, path, 30.0, max_tokens=384)
+        assert primer.requested_seconds == 30.0
+        asked_start = max(min(n.start for n in primer.motif_notes), primer.end_time - 30.0)
+        assert primer.cropped == (primer.start_time > asked_start + 1e-9 or len(primer.tokens) == 384)
+        if primer.cropped:
+            cropped.append(primer.end_time - primer.start_time)
+    assert cropped and all(seconds < 30.0 for seconds in cropped)
+    assert not prepare_primer(CODEC, real_midi_files[0], 30.0).cropped  # no cap, no crop

@@ -793,6 +793,34 @@ def test_a_prepared_motif_is_not_parsed_again_by_its_continuations(client, monke
     assert post(client, data, primer_seconds="5", **FAST).status_code == 200 and parses == [1, 1]
 
 
+def test_motif_end_says_where_the_continuation_starts_and_the_answer_says_what_was_read(client):
+    data = motif(13)  # onsets every 0.2 s: 0.0 .. 2.4 s
+    prepared = prepare(client, data, motif_end="1.1", primer_seconds="0.5").json()["primer"]
+    assert prepared["end_time"] == pytest.approx(1.1) and prepared["start_time"] == pytest.approx(0.6)
+    assert prepared["requested_seconds"] == 0.5 and prepared["cropped"] is False and prepared["notes"] == 3
+    body = post(client, data, json=True, motif_end="1.1", primer_seconds="0.5", **FAST).json()
+    assert body["primer"] | {"tokens": 0} == prepared | {"tokens": 0}
+    assert body["settings"]["motif_end"] == 1.1
+    whole = post(client, data, json=True, **FAST).json()["primer"]  # another primer, not the cached one
+    assert whole["end_time"] == pytest.approx(2.58) and whole["start_time"] == 0.0
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "3601", "nan", "end"])
+def test_a_bad_motif_end_is_422_naming_the_field(client, value):
+    error = error_of(post(client, motif_end=value, **FAST))
+    assert error["code"] == "invalid_request" and error["field"] == "motif_end"
+
+
+def test_a_motif_end_before_the_first_note_is_no_notes(client):
+    late = io.BytesIO()
+    pm = pretty_midi.PrettyMIDI()
+    pm.instruments.append(pretty_midi.Instrument(program=0))
+    pm.instruments[0].notes.append(pretty_midi.Note(80, 60, 5.0, 6.0))
+    pm.write(late)
+    response = post(client, late.getvalue(), motif_end="2", **FAST)
+    assert response.status_code == 422 and error_of(response)["code"] == "no_notes", response.text
+
+
 @pytest.mark.parametrize(
     ("data", "fields", "code", "field"),
     [

@@ -84,7 +84,7 @@ def test_every_input_has_a_label(tags):
 
 
 NUMBER_FIELDS = ["seconds", "temperature", "top_k", "top_p", "seed", "num_samples", "primer_seconds"]
-NUMBER_FIELDS += ["density", "low_note", "high_note", "max_polyphony"]
+NUMBER_FIELDS += ["density", "low_note", "high_note", "max_polyphony", "motif_end"]
 
 
 @pytest.mark.parametrize("name", NUMBER_FIELDS)

@@ -115,15 +115,26 @@ class Piece:
     key: tuple[int, str] | None  # the motif's key
 
 
-def held_out_files(folder: Path, split: str = "test") -> list[Path]:
-    """The `split` files of a prepared data folder (its manifest.json), else every MIDI file under folder."""
+def held_out_files(folder: Path, split: str = "test", source: str | None = None) -> list[Path]:
+    """The `split` files (a comma list: `test,val`) of a prepared data folder (its manifest.json), those of
+    one `source` of a multi-source folder if given; else every MIDI file under folder."""
     manifest = folder / "manifest.json"
     if not manifest.is_file():
+        if source is not None:
+            raise EvaluationError(f"a source needs a prepared data folder: {folder}", code="no_input")
         return find_midi_files(folder)
     splits = json.loads(manifest.read_text()).get("splits", {})
-    if split not in splits:
-        raise EvaluationError(f"{manifest} has no split {split!r} (has {sorted(splits)})", code="no_input")
-    return [Path(f["path"]) for f in splits[split].get("files", [])]
+    files = []
+    for name in split.split(","):
+        if name not in splits:
+            raise EvaluationError(f"{manifest} has no split {name!r} (has {sorted(splits)})", code="no_input")
+        files += splits[name].get("files", [])
+    if source is not None:
+        known = sorted({f.get("source") for info in splits.values() for f in info.get("files", [])} - {None})
+        if source not in known:
+            raise EvaluationError(f"{manifest} has no source {source!r} (has {known})", code="no_input")
+        files = [f for f in files if f.get("source") == source]
+    return [Path(f["path"]) for f in files]
 
 
 def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit: int | None):
@@ -338,6 +349,7 @@ def evaluate_continuations(
     top_p: float | None = None,
     systems: Sequence[str] | None = None,
     ngram_data=None,
+    source: str | None = None,
 ) -> dict:
     """Score the checkpoint's continuations of held-out pieces against the truth and the baselines.
 
@@ -345,7 +357,8 @@ def evaluate_continuations(
     `split` files are used: pieces the model never trained on. temperature/top_k/top_p: the model's sampling
     settings (None: SamplingParams' defaults). systems: names from SYSTEMS (default all). ngram_data: the
     prepared folder whose train split the n-gram is fitted on (default: input_dir when it is one; else the
-    n-gram is left out and the report says why). Returns the report (see README: layout)."""
+    n-gram is left out and the report says why). source: only that source's pieces of a multi-source
+    prepared folder. Returns the report (see docs/EVALUATION.md: layout)."""
     if not (motif_seconds > 0 and seconds > 0):
         raise EvaluationError("motif_seconds and seconds must be > 0", code="invalid_params")
     for name, value in (("seeds", seeds), ("batch_size", batch_size)):
@@ -379,7 +392,7 @@ def evaluate_continuations(
             scores["copied_notes"] = float(novelty.longest_match(notes).notes)
         return scores
 
-    files = held_out_files(input_dir, split)
+    files = held_out_files(input_dir, split, source)
     pieces, skipped = load_pieces(model, codec, files, motif_seconds, seconds, limit)
     if not pieces:
         raise EvaluationError(f"no usable pieces in {input_dir} (skipped: {skipped})", code="no_input")
@@ -451,6 +464,7 @@ def evaluate_continuations(
         "checkpoint": str(checkpoint),
         "input": str(input_dir),
         "split": split if (input_dir / "manifest.json").is_file() else None,
+        "source": source,
         "motif_seconds": motif_seconds,
         "seconds": seconds,
         "seed": seed,

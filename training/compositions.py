@@ -13,8 +13,7 @@ melodic n-grams is shared.
   pair is confirmed on the exact sets: `containment` = shared / smaller set >= `CONTAINMENT`, which also
   matches an excerpt with its whole.
 - An n-gram found in more than `MAX_FILES_PER_SHINGLE` files is a common figure (a scale, a repeated note),
-  not
-  a composition's: it is dropped before comparing, or a folk tune would be "contained" in every long
+  not a composition's: it is dropped before comparing, or a folk tune would be "contained" in every long
   performance and chain them all into one group (measured: a group of 586 files without this rule).
 - Groups are the connected components of confirmed pairs. Files with fewer than `MIN_SHINGLES` shingles (a
   short folk tune, a drum loop) are left alone: their few n-grams are too common to tell a version by.

@@ -82,7 +82,10 @@ class CropDataset(Dataset):
         parts = [(int(a), int(b), float(w)) for a, b, w in sources or [] if b > a and w > 0]
         mass = np.array([(b - a) * w for a, b, w in parts])
         # one part covering the stream draws exactly as before: same crops for the same seed
-        self.parts = parts if len(parts) > 1 else None
+        whole = len(parts) == 1 and parts[0][:2] == (0, stream.size)
+        if sources is not None and not parts:
+            raise ConfigError("no source of the training split has tokens and a weight > 0", code="no_data")
+        self.parts = None if sources is None or whole else parts
         self.cum = np.cumsum(mass) / mass.sum() if self.parts else None
 
     def __len__(self) -> int:

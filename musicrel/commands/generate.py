@@ -144,12 +144,25 @@ def _lightning_predict(model, codec, todo, params, args, novelty) -> list[dict] 
     return list({r["input"]: r for r in records}.values())
 
 
-def _torch_setup(args) -> None:
-    """Threads for torch (the OpenMP spin count is set by musicrel.cli before torch loads)."""
+def _torch_setup(args, rows: int = 8) -> str:
+    """Threads for torch: --threads, else as many as the CPUs left free by other processes allow for `rows`
+    decoding rows (musicrel.threads; torch's default, one per core, took 75-93 s instead of 3.6 s beside a
+    busy process). Says what it chose (on stderr unless --quiet). The OpenMP spin count is set by
+    musicrel.cli before torch loads."""
     import torch
+
+    from musicrel.threads import choose_threads
 
     if args.threads:
         torch.set_num_threads(args.threads)
+        said = f"{args.threads} torch thread{'s' if args.threads != 1 else ''} (--threads)"
+    else:
+        choice = choose_threads(rows)
+        torch.set_num_threads(choice.threads)
+        said = str(choice)
+    if not getattr(args, "quiet", False):
+        print(f"musicrel {args.command}: {said}", file=sys.stderr)
+    return said
 
 
 def _novelty_index(args):
@@ -162,7 +175,6 @@ def _novelty_index(args):
 
 
 def _generate(args) -> int:
-    _torch_setup(args)
     from tqdm import tqdm
 
     from musicrel.checkpoint import load_codec, load_model
@@ -185,6 +197,7 @@ def _generate(args) -> int:
         print(f"musicrel generate: no .mid/.midi files in {root}", file=sys.stderr)
         return 2
     started = time.perf_counter()
+    threads = _torch_setup(args, rows=min(len(motifs), args.batch_size) * args.num_samples)
     model = load_model(args.checkpoint)
     codec = load_codec(args.checkpoint)
     novelty = _novelty_index(args)
@@ -232,6 +245,7 @@ def _generate(args) -> int:
             "devices": args.devices,
             "accelerator": args.accelerator,
             "novelty_index": novelty and {"pieces": len(novelty.names), "notes": novelty.notes},
+            "threads": threads,
         },
         "counts": counts,
         "seconds_total": round(time.perf_counter() - started, 3),
@@ -265,6 +279,7 @@ def _evaluate(args) -> int:
         "top_p",
         "systems",
         "ngram_data",
+        "source",
     )
     report = evaluate_continuations(args.checkpoint, args.input, progress=not args.quiet, **options)
     print(format_table(report))
@@ -317,7 +332,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=4, help="motifs generated together")
     p.add_argument("--devices", type=_positive_int, default=None, help="spread over N devices (Lightning)")
     p.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "mps", "auto"], default=None)
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--threads", type=_positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
+    )
     p.add_argument(
         "--novelty",
         default=None,
@@ -343,7 +360,8 @@ def register(subparsers) -> None:
         required=True,
         help="folder of held-out MIDI files, or a prepared data folder (manifest.json)",
     )
-    e.add_argument("--split", default=None, help="split of a prepared data folder")
+    e.add_argument("--split", default=None, help="split of a prepared data folder (a comma list: test,val)")
+    e.add_argument("--source", default=None, help="only this source's pieces of a multi-source folder")
     e.add_argument("--motif-seconds", type=float, default=None)
     e.add_argument("--seconds", type=float, default=None, help="length of the continuation and reference")
     e.add_argument("--limit", type=_positive_int, default=None, help="use at most N pieces")
@@ -367,6 +385,8 @@ def register(subparsers) -> None:
     )
     e.add_argument("--batch-size", type=_positive_int, default=None, help="pieces generated together")
     e.add_argument("--out", default=None, help="write report.json, metrics.png and pianorolls.png here")
-    e.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+    e.add_argument(
+        "--threads", type=_positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
+    )
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=_evaluate)

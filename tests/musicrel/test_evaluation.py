@@ -243,6 +243,26 @@ def test_held_out_files_reads_a_prepared_split(tmp_path):
     assert err.value.code == "no_input"
 
 
+def test_held_out_files_of_several_splits_and_one_source(tmp_path):
+    def f(name, source):
+        return {"path": f"/data/{name}.mid", "sha256": name, "tokens": 5, "source": source}
+
+    splits = {
+        "train": {"files": [f("t", "pop")]},
+        "val": {"files": [f("v1", "pop"), f("v2", "piano")]},
+        "test": {"files": [f("x1", "piano"), f("x2", "pop")]},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps({"splits": splits}))
+    names = [p.stem for p in held_out_files(tmp_path, "test,val", source="pop")]
+    assert names == ["x2", "v1"]
+    assert [p.stem for p in held_out_files(tmp_path, "test,val")] == ["x1", "x2", "v1", "v2"]
+    with pytest.raises(EvaluationError, match="no source 'jazz'") as err:
+        held_out_files(tmp_path, "test", source="jazz")
+    assert err.value.code == "no_input"
+    with pytest.raises(EvaluationError, match="prepared data folder"):
+        held_out_files(tmp_path / "nowhere", source="pop")
+
+
 # ---------------------------------------------------------------------------------------------- end to end
 
 

@@ -148,3 +148,20 @@ def test_ranks_share_an_epoch_without_overlap_and_resume_per_rank():
     assert sorted(shares[0] + shares[1]) == list(range(30, 40)) and len(ranks[0]) == 5
     ranks[1].start = 2  # rank 1 had consumed 2 examples
     assert list(ranks[1]) == shares[1][2:]
+
+
+def test_crops_come_from_each_source_in_proportion_to_weight_times_tokens():
+    stream = np.arange(40_000)  # a crop's first value is its start: [0, 10k) is source a, [10k, 40k) b
+    parts = [(0, 10_000, 3.0), (10_000, 40_000, 1.0)]  # masses 30k and 30k: half each
+    ds = CropDataset(stream, 16, CODEC, length=2000, seed=0, augment=False, sources=parts)
+    starts = np.array([int(ds[i]["inputs"][0]) for i in range(2000)])
+    assert 0.45 < float(np.mean(starts < 10_000)) < 0.55
+    assert all(s + 17 <= 10_000 for s in starts[starts < 10_000])  # a crop never runs into the next source
+    zero = CropDataset(
+        stream, 16, CODEC, 500, augment=False, sources=[(0, 10_000, 0.0), (10_000, 40_000, 1.0)]
+    )
+    assert min(int(zero[i]["inputs"][0]) for i in range(500)) >= 10_000
+    # one part covering the stream draws exactly the crops of no parts at all
+    one = CropDataset(stream, 16, CODEC, 50, seed=2, augment=False, sources=[(0, 40_000, 1.0)])
+    plain = CropDataset(stream, 16, CODEC, 50, seed=2, augment=False)
+    assert all(torch.equal(one[i]["inputs"], plain[i]["inputs"]) for i in range(50))

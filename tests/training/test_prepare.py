@@ -98,3 +98,120 @@ def test_missing_source_and_unprepared_folder(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_split(tmp_path, "train")
     assert err.value.code == "not_prepared"
+
+
+def _tune_file(path, seed: int, transpose: int = 0, jitter: float = 0.0):
+    """A MIDI file of a random tune (seed), optionally transposed and with onset jitter (another version)."""
+    import pretty_midi
+
+    rng = np.random.default_rng(seed)
+    pitches = 60 + np.cumsum(rng.choice([-5, -3, -2, -1, 1, 2, 3, 4, 7], size=80)) % 24
+    pm = pretty_midi.PrettyMIDI()
+    inst = pretty_midi.Instrument(0)
+    for i, p in enumerate(pitches):
+        t = max(0.0, i * 0.3 + (rng.uniform(-jitter, jitter) if jitter else 0.0))
+        inst.notes.append(pretty_midi.Note(80, int(p) + transpose, t, t + 0.25))
+    pm.instruments.append(inst)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pm.write(str(path))
+    return path
+
+
+@pytest.fixture()
+def two_corpora(tmp_path):
+    """folk/: 6 tunes; piano/: 8 tunes, each a folder of a score and two performances (one transposed)."""
+    for i in range(6):
+        _tune_file(tmp_path / "folk" / f"tune{i}.mid", seed=100 + i)
+    for i in range(8):
+        _tune_file(tmp_path / "piano" / f"piece{i}" / "score.mid", seed=i)
+        _tune_file(tmp_path / "piano" / f"piece{i}" / "perf1.mid", seed=i, jitter=0.02)
+        _tune_file(tmp_path / "piano" / f"piece{i}" / "perf2.mid", seed=i, transpose=2, jitter=0.03)
+    return tmp_path
+
+
+def test_sources_are_named_weighted_and_laid_out_one_after_another(two_corpora, tmp_path):
+    root = two_corpora
+    m = prepare(
+        [f"scores={root}/piano/**/score.mid", str(root / "piano"), f"folk={root / 'folk'}"],
+        tmp_path / "data",
+        workers=1,
+        progress=False,
+        weights={"folk": 0.5},
+    )
+    assert [s["name"] for s in m["sources"]] == ["scores", "piano", "folk"]
+    assert m["weights"] == {"scores": 1.0, "piano": 1.0, "folk": 0.5}
+    files = [f for info in m["splits"].values() for f in info["files"]]
+    by_source = {}
+    for f in files:
+        by_source.setdefault(f["source"], []).append(f["path"].rsplit("/", 1)[1])
+    # a file found by two sources belongs to the first: the scores are not also "piano"
+    assert sorted(set(by_source["scores"])) == ["score.mid"] and len(by_source["scores"]) == 8
+    assert sorted(set(by_source["piano"])) == ["perf1.mid", "perf2.mid"] and len(by_source["folk"]) == 6
+    for split, info in m["splits"].items():
+        stream, offsets = load_split(tmp_path / "data", split)
+        pos = 0
+        for name, r in info["sources"].items():
+            mine = [f for f in info["files"] if f["source"] == name]
+            assert r["start"] == pos and r["pieces"] == len(mine)
+            assert r["event_tokens"] == sum(f["tokens"] for f in mine)
+            pos = r["end"]
+        assert pos == stream.size
+
+
+def test_versions_of_a_composition_share_a_split(two_corpora, tmp_path):
+    m = prepare([two_corpora / "piano", two_corpora / "folk"], tmp_path / "data", workers=1, progress=False)
+    split_of_file = {f["path"]: s for s, info in m["splits"].items() for f in info["files"]}
+    for i in range(8):
+        folder = str(two_corpora / "piano" / f"piece{i}")
+        assert len({s for p, s in split_of_file.items() if p.startswith(folder + "/")}) == 1
+    c = m["compositions"]
+    assert c["multi_file_groups"] == 8 and c["largest_group"] == 3 and c["files_in_multi_file_groups"] == 24
+    assert c["groups"] == 8 + 6
+    assert all(len({p.rsplit("/", 2)[1] for p in g["files"]}) == 1 for g in c["multi_file"])
+
+
+@pytest.mark.parametrize(
+    "sources, weights, match",
+    [
+        (["a=X", "a=Y"], None, "share a name"),
+        (["a=X"], {"b": 1}, "unknown sources"),
+        (["a=X"], {"a": -1}, ">= 0"),
+        (["a=X"], {"a": 0}, "one > 0"),
+    ],
+)
+def test_bad_sources_and_weights_are_refused(two_corpora, tmp_path, sources, weights, match):
+    sources = [
+        s.replace("X", str(two_corpora / "folk")).replace("Y", str(two_corpora / "piano")) for s in sources
+    ]
+    with pytest.raises(ConfigError, match=match) as err:
+        prepare(sources, tmp_path / "data", workers=1, progress=False, weights=weights)
+    assert err.value.code == "bad_sources"
+
+
+def test_prepare_cli_takes_named_sources_and_weights(two_corpora, tmp_path, capsys):
+    from musicrel.cli import main
+
+    out = tmp_path / "data"
+    rc = main(
+        [
+            "prepare",
+            f"folk={two_corpora / 'folk'}",
+            str(two_corpora / "piano"),
+            "--weight",
+            "folk=3",
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "groups of versions (largest 3)" in text and "weights: folk 3, piano 1" in text
+    assert rc == 0 and json.loads((out / "manifest.json").read_text())["weights"] == {
+        "folk": 3.0,
+        "piano": 1.0,
+    }
+    assert main(["prepare", str(two_corpora / "folk"), "--weight", "folk", "--out", str(out)]) == 2
+    assert "NAME=NUMBER" in capsys.readouterr().err

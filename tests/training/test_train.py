@@ -140,3 +140,48 @@ def test_export_rejects_a_non_checkpoint(tmp_path, capsys):
     bad.write_bytes(b"not a checkpoint")
     assert main(["export", str(bad), "--out", str(tmp_path / "m")]) == 2
     assert "invalid_checkpoint" in capsys.readouterr().err
+
+
+def test_init_from_starts_from_a_model_folder_and_refuses_another_shape(runs, tmp_path, tiny_data):
+    from musicrel.errors import ConfigError
+    from training.module import MusicLM
+
+    a, _, _ = runs
+    assert main(["export", str(a / "checkpoints" / "last.ckpt"), "--out", str(tmp_path / "m")]) == 0
+    hp = {k: v for k, v in _load(a / "checkpoints" / "last.ckpt")["hyper_parameters"].items()}
+    hp = {k: v for k, v in hp.items() if not k.startswith("_")}
+    base = load_model(tmp_path / "m")
+    module = MusicLM(**{**hp, "init_from": str(tmp_path / "m"), "dropout": 0.3})  # dropout may differ
+    for (name, p), q in zip(module.model.state_dict().items(), base.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+    with pytest.raises(ConfigError, match=r"d_model .* there") as err:
+        MusicLM(**{**hp, "init_from": str(tmp_path / "m"), "d_model": hp["d_model"] * 2})
+    assert err.value.code == "shape_mismatch"
+    other_codec = {**hp["codec"], "velocity_bins": 16}
+    with pytest.raises(ConfigError) as err:
+        MusicLM(**{**hp, "codec": other_codec, "init_from": str(tmp_path / "m")})
+    assert err.value.code == "codec_mismatch"
+
+
+def test_multi_source_data_validates_each_source_and_evaluates_each(pattern_midi_dir, tmp_path, capsys):
+    from training.prepare import prepare
+
+    data = tmp_path / "data"
+    low, high = f"low={pattern_midi_dir}/pattern_[0-3].mid", f"high={pattern_midi_dir}"
+    m = prepare([low, high], data, workers=1, progress=False, split_percent=(40, 30, 30))
+    assert all(r["pieces"] for r in m["splits"]["val"]["sources"].values())  # both sources have val pieces
+    version = _train(data, tmp_path / "runs", "--trainer.max_steps", "6", "--data.val_windows", "4")
+    with open(version / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val_nll")]
+    assert rows and all(float(rows[-1][f"val_nll/{s}"]) > 0 for s in ("low", "high"))
+    assert main(["export", str(version / "checkpoints" / "last.ckpt"), "--out", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "m"), "--data", str(data), "--split", "val"]) == 0
+    table = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[-2:]}
+    assert set(rows) == {"low", "high"}
+    pooled = float(next(line.split()[-1] for line in table.splitlines() if line.startswith("NLL")))
+    per = {s: (int(r[2]), float(r[3])) for s, r in rows.items()}
+    assert pooled == pytest.approx(
+        sum(n * x for n, x in per.values()) / sum(n for n, _ in per.values()), abs=1e-3
+    )

@@ -186,6 +186,15 @@ def _evaluate(args) -> int:
     return 0
 
 
+def _curves(args) -> int:
+    from training.curves import curves
+
+    print(curves(args.runs, out=args.out))
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _register_rest(subparsers) -> None:
     from musicrel.checkpoint import MAX_SHARD_BYTES, WEIGHT_DTYPES  # no torch: cheap at start-up
     from training.pack import PACK_LIMIT_BYTES
@@ -280,6 +289,17 @@ def _register_rest(subparsers) -> None:
     p.add_argument("--no-wheels", action="store_true", help="data and scripts only (no network)")
     p.add_argument("--max-mib", type=float, default=PACK_LIMIT_BYTES / 2**20, help="size limit (%(default)g)")
     p.set_defaults(func=_pack_gpu)
+
+    p = subparsers.add_parser(
+        "curves",
+        help="validation NLL against training time of several runs, per source (table + plot)",
+        description="Each run is LABEL=RUN_DIR[+RUN_DIR...]:SECONDS_PER_STEP: its Lightning version "
+        "folder(s) and its step time measured alone (musicrel bench train), so that runs slowed by other "
+        "work compare at equal compute.",
+    )
+    p.add_argument("runs", nargs="+", metavar="LABEL=DIR:S")
+    p.add_argument("--out", default=None, help="write the plot here (PNG)")
+    p.set_defaults(func=_curves)
 
     p = subparsers.add_parser("evaluate", help="NLL / perplexity / accuracy of a model on a prepared split")
     p.add_argument("--checkpoint", required=True, help="model folder (config.json + model.safetensors)")

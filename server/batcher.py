@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from musicrel.threads import CpuSampler, ThreadChoice, choose_threads, cpu_budget
 from server.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -34,6 +35,15 @@ if TYPE_CHECKING:
     from musicrel.sampling import SamplingParams
 
 log = logging.getLogger("musicrel.server")
+
+THREADS_RECHECK_S = 5.0  # how often "auto" threads look at the machine again while decoding
+
+
+def generation_threads(rows: int, sampler: CpuSampler | None = None) -> ThreadChoice:
+    """The worker's torch threads under MUSICREL_TORCH_THREADS=auto: musicrel.threads' choice for `rows`
+    rows, keeping one CPU for request handling (multipart, MIDI parsing and writing, HTTP) when there are
+    two or more: on a 2-core machine one thread, the count measured fastest there (settings.py)."""
+    return choose_threads(rows, reserve=1.0 if cpu_budget() >= 2 else 0.0, sampler=sampler)
 
 
 class QueueFullError(Exception):
@@ -189,15 +199,18 @@ class Batcher:
         primer_cache: int = 0,
         decoder: Callable[..., Any] | None = None,
         warmup: Callable[[Any], None] | None = None,
-        torch_threads: int | None = None,
+        torch_threads: int | str | None = None,
         on_dequeue: Callable[[int, int], None] | None = None,
     ) -> None:
         """`decoder(model, codec, max_rows, primer_cache=...)` makes the running batch (DecodeBatch when
         None; tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker
         is ready. `torch_threads` is set in the worker thread itself: OpenMP's thread count is per calling
-        thread, so setting it elsewhere would not reach the thread that generates."""
+        thread, so setting it elsewhere would not reach the thread that generates. "auto": see
+        `generation_threads`, chosen again every THREADS_RECHECK_S while decoding."""
         self.model = model
         self.torch_threads = torch_threads
+        self._cpu = CpuSampler()  # the machine's load since the last thread choice
+        self._threads_checked = 0.0
         self.codec = codec
         self.metrics = metrics
         self.max_queue = max_queue
@@ -277,10 +290,7 @@ class Batcher:
         return decoder(self.model, self.codec, self.max_batch_rows, primer_cache=self.primer_cache)
 
     def _run(self) -> None:
-        if self.torch_threads is not None:
-            import torch
-
-            torch.set_num_threads(self.torch_threads)
+        self._set_threads(self.max_batch_rows)
         try:
             batch = self._new_batch()
             if self._warmup is not None:
@@ -362,8 +372,24 @@ class Batcher:
             self._running[job_id] = job
             self.metrics.queue_seconds.observe(start - job.enqueued_at)
 
+    def _set_threads(self, rows: int) -> None:
+        if self.torch_threads is None:
+            return
+        import torch
+
+        if self.torch_threads != "auto":
+            torch.set_num_threads(int(self.torch_threads))
+            return
+        choice = generation_threads(rows, self._cpu)
+        self._threads_checked = time.monotonic()
+        if choice.threads != torch.get_num_threads():
+            log.info("generation: %s", choice)
+            torch.set_num_threads(choice.threads)
+
     def _step(self, batch: Any) -> Any:
         """One decoding step; delivers the jobs that finished. Returns the batch to go on with."""
+        if self.torch_threads == "auto" and time.monotonic() - self._threads_checked > THREADS_RECHECK_S:
+            self._set_threads(len(batch.rows))
         live, rows = batch.live_jobs, len(batch.rows)
         for job_id in live:
             job = self._running[job_id]

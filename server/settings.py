@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,8 +25,13 @@ class Settings(BaseSettings):
     # Generation runs on a worker thread, where several OpenMP threads measured up to 2x SLOWER than one on a
     # 2-core machine (in the engine process too: 752 vs 1,004 tokens/s at concurrency 8, the same serially),
     # as they compete with request handling for the cores (`musicrel bench serve --torch-threads N` measures
-    # yours); raise it on a machine with many free cores. None keeps torch's default (one per core).
-    torch_threads: int | None = Field(1, ge=1, le=256, description="torch.set_num_threads for generation")
+    # yours). "auto": the CPUs other processes leave free, less one for request handling, at most one per two
+    # rows (musicrel.threads; re-checked every few seconds while decoding, so a neighbour that starts later
+    # is met): 1 on that machine, more on one with free cores. A number fixes it; None keeps torch's
+    # default (one per core, whatever else runs).
+    torch_threads: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] | None = Field(
+        "auto", description="torch.set_num_threads for generation"
+    )
 
     # Bodies beyond this are refused with 413 before any multipart parsing.
     max_upload_bytes: int = Field(2_000_000, ge=1024)

@@ -35,7 +35,12 @@ def register(bench_sub) -> None:
         default=None,
         help="checkpoint folder (default: checkpoints/default if present, else a default-size random model)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: chosen as musicrel generate does)",
+    )
     parser.add_argument("--tokens", type=int, default=64, help="tokens decoded per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (the median counts)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
@@ -65,9 +70,15 @@ def run(args) -> int:
     from musicrel.model import MusicTransformer
     from musicrel.primer import Primer
     from musicrel.sampling import SamplingParams
+    from musicrel.threads import choose_threads
 
     if args.threads:
         torch.set_num_threads(args.threads)
+        chosen = "--threads"
+    else:  # what `musicrel generate` would choose for the largest batch measured here (8 rows)
+        choice = choose_threads(8)
+        torch.set_num_threads(choice.threads)
+        chosen = f"chosen: {choice}"
     device = torch.device(args.device)
     checkpoint = args.checkpoint or (
         DEFAULT_CHECKPOINT if (DEFAULT_CHECKPOINT / "config.json").is_file() else None
@@ -241,7 +252,8 @@ def run(args) -> int:
         f"musicrel bench generate: {source}; {cfg.n_layers} layers, d_model {cfg.d_model}, "
         f"{cfg.n_heads} heads, "
         f"attention {cfg.attention}, max_seq_len {cfg.max_seq_len}, {model.num_parameters() / 1e6:.1f} M "
-        f"params; device {device}, torch threads {torch.get_num_threads()}, {n} tokens per measurement, "
+        f"params; device {device}, torch threads {torch.get_num_threads()} ({chosen}), {n} tokens per "
+        "measurement, "
         f"median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
         f"OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}"
     )

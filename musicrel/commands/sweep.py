@@ -64,6 +64,8 @@ def register(subparsers) -> None:
     s.add_argument("--limit", type=_positive_int, default=None, help="use at most N pieces")
     s.add_argument("--seeds", type=_positive_int, default=None, help="continuations per piece and setting")
     s.add_argument("--out", default=None, help="write sweep.json and sweep.png here")
-    s.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+    s.add_argument(
+        "--threads", type=_positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
+    )
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=_sweep)

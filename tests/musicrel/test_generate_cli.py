@@ -99,6 +99,29 @@ def test_bench_generate_smoke(setup, capsys):
     # The tiny model's window (128) is too short for the long prefixes: a 1024-window stand-in is measured.
     assert "decode @ prefix 1024" in out and "max_seq_len 1024 (random weights)" in out
     assert "batch 8 vs 1" in out and "real-time factor, b=1" in out
+    assert "torch threads" in out and "(chosen: " in out and "CPUs available" in out  # what it chose, and why
+
+
+def test_bench_neighbour_smoke(setup, capsys):
+    """musicrel generate alone and beside a CPU-bound process, side by side: the table, the threads each run
+    chose and the ratio (speed itself is never asserted in tests)."""
+    tmp_path, _ = setup
+    argv = ["bench", "neighbour", "--checkpoint", str(tmp_path / "ckpt"), "--seconds", "0.2", "--rounds", "1",
+            "--motifs", "1", "--num-samples", "1", "--neighbours", "1"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "alone" in out and "beside a neighbour" in out and "torch thread" in out
+    assert "beside a neighbour / alone: " in out and "(goal <= 2x)" in out
+
+
+def test_generate_says_how_many_threads_it_chose(setup, capsys):
+    tmp_path, motifs = setup
+    assert main(["generate", "--checkpoint", str(tmp_path / "ckpt"), "--input", str(motifs), "--out",
+                 str(tmp_path / "o"), "--seconds", "0.5", "--seed", "1"]) == 0  # fmt: skip
+    said = [line for line in capsys.readouterr().err.splitlines() if "torch thread" in line]
+    assert said and said[0].startswith("musicrel generate: ") and "CPUs available" in said[0]
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["settings"]["threads"] in said[0]
 
 
 def test_generate_reports_what_each_sample_copied_from_the_index_beside_the_checkpoint(setup):

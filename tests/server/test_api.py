@@ -609,6 +609,35 @@ def test_torch_threads_apply_in_the_generation_thread(tiny_checkpoint, threads):
     torch.set_num_threads(before)
 
 
+def test_auto_torch_threads_are_chosen_in_the_generation_thread(tiny_checkpoint, monkeypatch):
+    """The default: the worker asks musicrel.threads, for its batch's rows, keeping a CPU for requests."""
+    import torch
+
+    import server.batcher as batcher
+    from musicrel.threads import ThreadChoice
+
+    asked: list = []
+
+    def choose(rows, reserve=0.0, sampler=None, sample_s=0.1):
+        asked.append((threading.current_thread().name, rows, reserve))
+        return ThreadChoice(3, 4.0, 0.5, rows, reserve)
+
+    monkeypatch.setattr(batcher, "choose_threads", choose)
+    monkeypatch.setattr(batcher, "cpu_budget", lambda: 4.0)
+    seen: list = []
+
+    def decoder(model, codec, max_rows, **options):
+        seen.append(torch.get_num_threads())
+        return DecodeBatch(model, codec, max_rows, **options)
+
+    before = torch.get_num_threads()
+    assert Settings().torch_threads == "auto"
+    with serve(tiny_checkpoint, decoder=decoder, max_batch_rows=8) as (client, _):
+        assert post(client, **FAST).status_code == 200
+    assert asked[0] == ("musicrel-generation", 8, 1.0) and seen[0] == 3
+    torch.set_num_threads(before)
+
+
 def test_samples_report_what_they_copied_when_the_checkpoint_ships_a_novelty_index(
     client, tiny_checkpoint, tmp_path
 ):

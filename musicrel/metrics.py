@@ -70,6 +70,9 @@ METRICS = (
     Metric("polyphony_max", "max polyphony", "reference", intrinsic=True),
     Metric("repetition", f"repeated {REPEAT_N}-grams", "reference", intrinsic=True),
     Metric("held_share", f"notes held > {HELD_SECONDS:g} s", "reference", intrinsic=True),
+    # A note still sounding when the window ends: a model that forgets to close notes holds many (a chord
+    # hanging to the end), the truth a few (whatever is sounding at an arbitrary instant).
+    Metric("sounding_at_end", "notes sounding at the end", "reference", intrinsic=True),
     # The longest stretch (notes) shared with a training piece, transposition-invariant (musicrel.novelty):
     # the truth's figure is what held-out music shares with the training data by chance.
     Metric("copied_notes", "longest copy from train (notes)", "reference", intrinsic=True, index=True),
@@ -205,6 +208,13 @@ def held_share(notes, seconds: float = HELD_SECONDS) -> float:
     return float(np.mean([n.end - n.start > seconds for n in notes]))
 
 
+def sounding_at_end(notes, seconds: float) -> float:
+    """Share of notes (clipped to the window) still sounding at its end `seconds` (NaN for no notes)."""
+    if not notes:
+        return math.nan
+    return float(np.mean([n.end >= seconds - 1e-3 for n in notes]))
+
+
 def grammar_errors(codec, tokens, sounding: np.ndarray | None = None) -> dict[str, int]:
     """Counts of grammar violations in a generated token stream (`GRAMMAR_ERRORS`: note-offs of pitches not
     sounding, special tokens, ids outside the vocabulary) and, for information, of re-strikes ("restrike": a
@@ -239,6 +249,7 @@ def describe(notes, seconds: float, key: tuple[int, str] | None) -> dict[str, fl
         "polyphony_max": float(max_poly),
         "repetition": repetition(notes),
         "held_share": held_share(notes),
+        "sounding_at_end": sounding_at_end(notes, seconds),
     }
 
 

@@ -43,6 +43,7 @@ from musicrel.metrics import (
     pitch_range,
     polyphony,
     repetition,
+    sounding_at_end,
     velocity_histogram,
 )
 from musicrel.model import MusicTransformer
@@ -162,6 +163,14 @@ def test_held_share():
     assert held_share([N(60, 0, 4.0)]) == 0.0  # longer than 4 s, not as long
     assert math.isnan(held_share([]))
     assert describe(notes, 5.0, None)["held_share"] == 0.25
+
+
+def test_sounding_at_end():
+    notes = [N(60, 0, 5), N(62, 0, 1), N(64, 4.5, 5.0), N(65, 2, 3)]  # two still sound when the 5 s end
+    assert sounding_at_end(notes, 5.0) == 0.5
+    assert sounding_at_end(notes, 10.0) == 0.0
+    assert math.isnan(sounding_at_end([], 5.0))
+    assert describe(notes, 5.0, None)["sounding_at_end"] == 0.5
 
 
 def test_grammar_errors_counts_each_kind():

@@ -51,7 +51,8 @@ class FinetuneConfig:
     augment: bool = True
     transpose: int = 3
     seed: int = 1234
-    # validation windows per check (None: all): a big corpus' 4.5 M held-out tokens took 10 min a check
+    # windows per validation and per before/after figure (None: all): a big corpus' 4.5 M held-out tokens
+    # took 10 min a check
     val_windows: int | None = 256
 
     def __post_init__(self):
@@ -60,6 +61,8 @@ class FinetuneConfig:
             low = 0 if name == "warmup_steps" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.val_windows is not None and (isinstance(self.val_windows, bool) or not self.val_windows >= 1):
+            raise ConfigError(f"val_windows must be an integer >= 1 or None, got {self.val_windows!r}")
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < 1):
             raise ConfigError(f"lr must be in (0, 1), got {self.lr!r}")
         if not 0 <= self.transpose <= 12:
@@ -214,7 +217,7 @@ def finetune(
         enable_model_summary=False,
         log_every_n_steps=1,
     )
-    before = {s: evaluate(base, data, split=s)["nll"] for s in ("val", "test")}
+    before = {s: evaluate(base, data, split=s, max_windows=fc.val_windows)["nll"] for s in ("val", "test")}
     start = time.perf_counter()
     L.seed_everything(fc.seed, verbose=False)
     trainer.fit(lm, datamodule=dm, ckpt_path=str(last) if resume else None)
@@ -222,7 +225,7 @@ def finetune(
     chosen = best.best_model_path or str(last)
 
     export_checkpoint(chosen, out)
-    after = {s: evaluate(out, data, split=s)["nll"] for s in ("val", "test")}
+    after = {s: evaluate(out, data, split=s, max_windows=fc.val_windows)["nll"] for s in ("val", "test")}
     summary = {
         "base": {"path": str(base), "weights_sha256": base_sha},
         "data": {"sources": [str(s) for s in sources], **data_summary(prepared["manifest"])},

@@ -93,6 +93,23 @@ def test_config_is_validated():
         FinetuneConfig(max_steps=0)
     with pytest.raises(ConfigError, match="lr"):
         FinetuneConfig(lr=0)
+    with pytest.raises(ConfigError, match="val_windows"):
+        FinetuneConfig(val_windows=0)
+
+
+def test_validation_and_the_before_after_figures_are_capped(base, pattern_midi_dir, tmp_path, monkeypatch):
+    import training.finetune as ft
+
+    seen = []
+
+    def spy(real, key):
+        return lambda *a, **k: seen.append(k[key]) or real(*a, **k)
+
+    monkeypatch.setattr(ft, "evaluate", spy(ft.evaluate, "max_windows"))
+    monkeypatch.setattr(ft, "MusicDataModule", spy(ft.MusicDataModule, "val_windows"))
+    cfg = FinetuneConfig(max_steps=2, val_every=2, batch_size=2, val_windows=1)
+    finetune(base, [pattern_midi_dir], tmp_path / "m", config=cfg, accelerator="cpu", progress=False)
+    assert seen == [1, 1, 1, 1, 1]  # the data module, then NLL before and after on val and test
 
 
 def test_an_interrupted_run_resumes_from_its_last_checkpoint(base, pattern_midi_dir, tmp_path):

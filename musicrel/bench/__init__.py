@@ -11,6 +11,7 @@ BENCH_MODULES = (
     "musicrel.bench.neighbour",
     "server.bench",
     "server.probes",
+    "training.bench",
 )
 
 

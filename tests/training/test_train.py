@@ -127,12 +127,17 @@ def test_evaluate_prints_the_table(runs, tmp_path, tiny_data, capsys):
     assert 0 < nll < 5.0 and "perplexity" in out and "accuracy" in out
 
 
-def test_train_help_is_lightning_cli_help(capsys):
+def test_train_help_is_lightning_cli_help(capsys, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
     with pytest.raises(SystemExit) as exc:
         main(["train", "--help"])
+    torch.set_num_threads(before)
     assert exc.value.code == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "--trainer.max_steps" in out and "--model.n_layers" in out and "--data.data_dir" in out
+    assert "musicrel train: " in captured.err and "CPUs available" in captured.err  # the threads it chose
 
 
 def test_export_rejects_a_non_checkpoint(tmp_path, capsys):

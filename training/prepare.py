@@ -70,11 +70,6 @@ def source_files(path: str) -> list[Path]:
     return sorted({p.resolve() for p in find_midi_files(path)})
 
 
-def discover(sources) -> list[Path]:
-    """Every MIDI file under the sources (files or folders, recursively), resolved, sorted, unique."""
-    return sorted({p for src in sources for p in source_files(parse_source(src)[1])})
-
-
 def codec_hash(codec) -> str:
     """Short hash of the codec settings: token caches are only reused by an identical codec."""
     text = json.dumps(codec.config.to_dict(), sort_keys=True)

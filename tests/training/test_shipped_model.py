@@ -1,4 +1,5 @@
-"""The model shipped in checkpoints/default loads and predicts real music better than chance."""
+"""The model shipped in checkpoints/default loads, names what it learned from, and predicts real music it
+never saw far better than chance."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def test_shipped_folder_is_complete_and_small():
     assert {"config.json", "model.safetensors", "MODEL_CARD.md"} <= {p.name for p in SHIPPED.iterdir()}
     assert (SHIPPED / "model.safetensors").stat().st_size <= 30 * 1024 * 1024
     card = (SHIPPED / "MODEL_CARD.md").read_text()
-    assert "musicrel train --config configs/default.yaml" in card and "absolute" in card
+    assert "musicrel train --config configs/cpu-real.yaml" in card and "absolute" in card
+    # the corpora it saw, where to get them, and the licence that carries to the model
+    for name in ("POP909", "ASAP", "piano-midi.de", "GiantMIDI", "music21", "CC BY-NC-SA 4.0"):
+        assert name in card, name
 
 
 def test_shipped_model_scores_real_files_below_uniform(real_midi_dir):
@@ -28,4 +32,5 @@ def test_shipped_model_scores_real_files_below_uniform(real_midi_dir):
         stream = np.concatenate([[codec.bos_id], tokens, [codec.eos_id]])
         s = score_stream(model, stream, codec.pad_id, batch_size=4)
         nll = s["nll_sum"] / s["tokens"]
-        assert math.isfinite(nll) and nll < math.log(codec.vocab_size) - 1.0, (name, nll)
+        # uniform guessing is 5.97; the music21-only model scored 4.0-5.0 on these, this one about 2.5
+        assert math.isfinite(nll) and nll < 3.5, (name, nll)

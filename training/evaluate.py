@@ -54,7 +54,7 @@ def evaluate(
     seq_len: int | None = None,
 ) -> dict:
     from musicrel.checkpoint import load_codec, load_model
-    from training.prepare import load_manifest, load_split
+    from training.prepare import load_manifest, load_split, source_ranges
 
     model, codec = load_model(checkpoint), load_codec(checkpoint)
     manifest = load_manifest(data)
@@ -68,16 +68,13 @@ def evaluate(
     info = manifest["splits"][split]
     # each source is scored on its own part of the stream (windows never mix two sources); the whole split's
     # figures pool them. A single-source (or format-1) folder is one part.
-    parts = {name: (r["start"], r["end"], r["pieces"]) for name, r in info.get("sources", {}).items()}
-    if len(parts) < 2:
-        parts = {"all": (0, stream.size, info["pieces"])}
+    parts = source_ranges(manifest, split)
     per_source = {}
-    for name, (a, b, pieces) in parts.items():
-        if b - a < 2:
-            continue
+    for name, (a, b) in (parts or {"all": (0, stream.size)}).items():
         s = score_stream(
             model, stream[a:b], codec.pad_id, seq_len=seq_len, batch_size=batch_size, max_windows=max_windows
         )
+        pieces = info["sources"][name]["pieces"] if parts else info["pieces"]
         per_source[name] = {**_figures(s), "pieces": pieces}
     total = {k: sum(r[k] for r in per_source.values()) for k in ("windows", "tokens", "nll_sum", "correct")}
     if total["tokens"] == 0:
@@ -88,7 +85,7 @@ def evaluate(
         **_figures(total),
         "uniform_nll": math.log(codec.vocab_size),
     }
-    if len(per_source) > 1 or "all" not in per_source:
+    if parts:
         result["sources"] = per_source
     return result
 

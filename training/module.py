@@ -24,7 +24,7 @@ from torchmetrics import MeanMetric
 from musicrel.config import ModelConfig
 from musicrel.model import MusicTransformer
 from training.data import STRETCH_FACTORS, CropDataset, ResumableLoader, ResumableSampler, WindowDataset
-from training.prepare import load_manifest, load_split
+from training.prepare import load_manifest, load_split, source_ranges
 
 # LightningCLI builds the YAML's flat `model:` section from MusicLM's signature, so the ModelConfig fields are
 # spelled out there; their defaults are ModelConfig's own.
@@ -83,6 +83,9 @@ class MusicLM(L.LightningModule):
             self.model.load_state_dict(_weights_from(init_from, self.cfg, codec))
         self.val_nll = MeanMetric()
         self.val_acc = MeanMetric()
+        # one per validation loader of a multi-source folder (`setup`), logged as val_nll/<source>
+        self.val_source_names: list[str] = []
+        self.val_source_nll = torch.nn.ModuleList()
         self._last_step_time: float | None = None
 
     def configure_model(self) -> None:
@@ -125,22 +128,20 @@ class MusicLM(L.LightningModule):
         self._last_step_time = None
 
     def setup(self, stage: str) -> None:
-        # one validation loader per source of a multi-source folder: its NLL is logged as val_nll/<source>
-        names = getattr(self.trainer.datamodule, "val_sources", None) if self._trainer else None
-        self.val_source_names = list(names or [])
+        self.val_source_names = list(getattr(self.trainer.datamodule, "val_sources", None) or [])
         self.val_source_nll = torch.nn.ModuleList(MeanMetric() for _ in self.val_source_names)
 
     def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
         _, nll, acc, n = self._loss(batch)
         self.val_nll.update(nll, weight=n)
         self.val_acc.update(acc, weight=n)
-        if getattr(self, "val_source_nll", None):
+        if self.val_source_nll:
             self.val_source_nll[dataloader_idx].update(nll, weight=n)
 
     def on_validation_epoch_end(self) -> None:
         if self.val_nll.update_count == 0:
             return
-        for name, metric in zip(self.val_source_names, getattr(self, "val_source_nll", []), strict=False):
+        for name, metric in zip(self.val_source_names, self.val_source_nll, strict=True):
             if metric.update_count:
                 self.log(f"val_nll/{name}", metric.compute())
             metric.reset()
@@ -249,12 +250,10 @@ class MusicDataModule(L.LightningDataModule):
         self._codec = None
 
     def source_parts(self, split: str) -> list[tuple[int, int, float]] | None:
-        """(start, end, weight) of each source in the split's stream (None for a format-1 folder)."""
-        ranges = self.manifest["splits"][split].get("sources")
-        if not ranges:
-            return None
+        """(start, end, weight) of each source in the split's stream (None: the stream is one part)."""
         weights = self.manifest.get("weights", {})
-        return [(r["start"], r["end"], weights.get(name, 1.0)) for name, r in ranges.items()]
+        ranges = source_ranges(self.manifest, split)
+        return [(a, b, weights.get(name, 1.0)) for name, (a, b) in ranges.items()] or None
 
     @property
     def codec(self):
@@ -293,9 +292,7 @@ class MusicDataModule(L.LightningDataModule):
     @property
     def val_sources(self) -> list[str]:
         """The sources with validation tokens, one loader each (empty: one loader over the whole split)."""
-        ranges = self.manifest["splits"]["val"].get("sources") or {}
-        names = [name for name, r in ranges.items() if r["end"] - r["start"] >= 2]
-        return names if len(names) > 1 else []
+        return list(source_ranges(self.manifest, "val"))
 
     def val_dataloader(self):
         hp = self.hparams
@@ -310,9 +307,8 @@ class MusicDataModule(L.LightningDataModule):
         if not names:
             return loader(stream, hp.val_windows)
         # val_windows is shared out among the sources: the first windows of the stream would be one source's
-        ranges = self.manifest["splits"]["val"]["sources"]
         each = None if hp.val_windows is None else max(1, hp.val_windows // len(names))
-        return [loader(stream[ranges[n]["start"] : ranges[n]["end"]], each) for n in names]
+        return [loader(stream[a:b], each) for a, b in source_ranges(self.manifest, "val").values()]
 
 
 def default_precision() -> str:

@@ -282,7 +282,7 @@ def prepare(
         info = _write_split(out_dir, split, members, cache_dir, codec, key)
         for f, n in zip(files, info.pop("piece_tokens"), strict=True):
             f["tokens"] = n
-        info["sources"] = _source_ranges(files, names)
+        info["sources"] = _source_layout(files, names)
         manifest["splits"][split] = {**info, "files": files}
         if split == "train":
             manifest["novelty"] = _write_novelty(
@@ -293,7 +293,7 @@ def prepare(
     return manifest
 
 
-def _source_ranges(files: list[dict], names: list[str]) -> dict[str, dict]:
+def _source_layout(files: list[dict], names: list[str]) -> dict[str, dict]:
     """Where each source's pieces lie in a split's stream ([start, end) in tokens; they are contiguous)."""
     out, pos = {}, 0
     for name in names:
@@ -409,6 +409,17 @@ def load_manifest(data_dir) -> dict:
             code="not_prepared",
         )
     return json.loads(path.read_text())
+
+
+def source_ranges(manifest: dict, split: str) -> dict[str, tuple[int, int]]:
+    """Where each source with tokens lies in a split's stream ([start, end)); {} when the split has fewer
+    than two such sources (a single-source or format-1 folder: the stream is one part)."""
+    ranges = {
+        name: (r["start"], r["end"])
+        for name, r in manifest["splits"][split].get("sources", {}).items()
+        if r["end"] - r["start"] >= 2
+    }
+    return ranges if len(ranges) > 1 else {}
 
 
 def load_split(data_dir, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -357,9 +357,9 @@ def test_continue_streams_and_falls_back_to_the_plain_endpoint(page, motif_file)
     assert page.get_attribute("#roll", "data-live-notes") == page.get_attribute("#roll", "data-notes")
     first_midi = page.evaluate("Array.from(window.musicrel.state.samples[0].bytes)")
 
-    # A proxy that cuts the stream: the page asks the plain endpoint, with the seed the stream announced.
+    # A proxy that cuts the stream: the page asks the plain endpoint. The seed stays the one that gave notes
+    # above: a random seed can draw a 2 s continuation with no note from the tiny random model (seen in CI).
     page.route("**/v1/continuations/stream", lambda route: route.abort())
-    page.fill("#seed", "")
     page.click("#continue")
     page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
     assert page.get_attribute("#app", "data-transport") == "plain"

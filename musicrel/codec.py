@@ -1,7 +1,9 @@
 """MIDI <-> event tokens, the performance encoding of Oore et al. (2018) used by Huang et al. (2018).
 
 Event vocabulary (defaults): NOTE_ON 0..127, NOTE_OFF 128..255, TIME_SHIFT 256..355 (k+1 steps of 10 ms),
-SET_VELOCITY 356..387 (32 bins), then PEDAL_ON, PEDAL_OFF when pedal="events", then pad, bos, eos.
+SET_VELOCITY 356..387 (32 bins), then PEDAL_ON, PEDAL_OFF when pedal="events", then MELODY_ON 0..127,
+MELODY_OFF 0..127 when melody=True (a given melody the model accompanies: `encode_with_melody`; decoding
+ignores them), then pad, bos, eos.
 
 Choices a caller can rely on:
 - Absolute times are quantised by rounding to the step grid, then shifts are emitted between quantised times,
@@ -59,6 +61,8 @@ class CodecConfig:
     velocity_bins: int = 32
     pedal: str = "extend"  # "extend" | "events"
     tracks: str | list[int] = "merge"  # "merge" | [instrument index, ...]
+    # MELODY_ON/MELODY_OFF tokens: a given melody, interleaved with the part the model writes (accompaniment)
+    melody: bool = False
     # caps on hostile uploads, enforced by the pre-scan before any parser runs
     max_bytes: int = 4 * 1024 * 1024
     max_tracks: int = 256
@@ -101,6 +105,13 @@ class CodecConfig:
             self.tracks = [int(i) for i in self.tracks]
         elif self.tracks != "merge":
             raise ConfigError(f"CodecConfig.tracks must be 'merge' or a list of indices, got {self.tracks!r}")
+        if not isinstance(self.melody, bool):
+            raise ConfigError(f"CodecConfig.melody must be true or false, got {self.melody!r}")
+        if self.melody and not (isinstance(self.tracks, list) and len(self.tracks) >= 2):
+            raise ConfigError(
+                "CodecConfig.melody reads the melody from the first of `tracks` and its part from the "
+                f"others: tracks must list at least two instruments, got {self.tracks!r}"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -158,6 +169,10 @@ class EventCodec:
             n += 2
         else:
             self.pedal_on_id = self.pedal_off_id = None
+        self.melody_on_offset = self.melody_off_offset = None
+        if cfg.melody:  # before the specials, so `token >= pad_id` still means "a special"
+            self.melody_on_offset, self.melody_off_offset = n, n + 128
+            n += 256
         self.num_events = n
         self.pad_id, self.bos_id, self.eos_id = n, n + 1, n + 2
         self.vocab_size = n + 3
@@ -180,6 +195,11 @@ class EventCodec:
 
     def is_time_shift(self, tokens):
         return (tokens >= self.time_shift_offset) & (tokens < self.velocity_offset)
+
+    def is_melody(self, tokens):
+        if self.melody_on_offset is None:
+            return tokens < -1  # all False, for arrays and tensors alike
+        return (tokens >= self.melody_on_offset) & (tokens < self.melody_off_offset + 128)
 
     # ---------------------------------------------------------------- reading
     def _bytes(self, midi) -> bytes:
@@ -237,9 +257,9 @@ class EventCodec:
         return instruments_from_scan(result)
 
     # ---------------------------------------------------------------- notes
-    def _collect(self, instruments: list[RawInstrument]) -> _Notes:
+    def _collect(self, instruments: list[RawInstrument], tracks=None) -> _Notes:
         """Select/merge tracks, drop drums, apply the pedal policy, leave one sounding note per pitch."""
-        tracks = self.config.tracks
+        tracks = self.config.tracks if tracks is None else tracks
         if tracks != "merge":
             bad = [i for i in tracks if i >= len(instruments)]
             if bad:
@@ -304,6 +324,10 @@ class EventCodec:
         return np.floor(np.asarray(seconds, dtype=np.float64) / self.step + 0.5).astype(np.int64)
 
     def _encode(self, notes: _Notes) -> np.ndarray:
+        return self._with_shifts(*self._events(notes))
+
+    def _events(self, notes: _Notes) -> tuple[np.ndarray, np.ndarray]:
+        """(step, token) of every non-shift token, in stream order."""
         qs = np.maximum(self._steps(notes.start), 0)
         qe = np.maximum(self._steps(notes.end), qs + 1)  # a note shorter than a step still sounds one step
         pitch = np.asarray(notes.pitch, dtype=np.int64)
@@ -311,7 +335,7 @@ class EventCodec:
         keep = (pitch >= 0) & (pitch <= 127)
         qs, qe, pitch, vel = qs[keep], qe[keep], pitch[keep], vel[keep]
         if not len(qs):
-            return np.zeros(0, dtype=np.int32)
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         # quantisation can make same-pitch notes collide: keep the longest, end each at the next onset
         order = np.lexsort((-qe, qs, pitch))
         qs, qe, pitch, vel = qs[order], qe[order], pitch[order], vel[order]
@@ -349,7 +373,7 @@ class EventCodec:
         changed = on[on_bins != np.concatenate(([-1], on_bins[:-1]))]
         tok = np.insert(tok, changed, self.velocity_offset + vbin[changed])
         time = np.insert(time, changed, time[changed])
-        return self._with_shifts(time, tok)
+        return time, tok
 
     def _with_shifts(self, time: np.ndarray, tok: np.ndarray, end_time: int | None = None) -> np.ndarray:
         """Interleave TIME_SHIFT tokens so that token i happens at step time[i] (non-decreasing)."""
@@ -378,17 +402,39 @@ class EventCodec:
 
     def encode_notes(self, notes) -> np.ndarray:
         """Notes (anything with start/end/pitch/velocity; seconds from 0.0) -> event tokens (int32)."""
-        arr = np.array([(n.start, n.end, n.pitch, n.velocity) for n in notes], dtype=np.float64).reshape(
-            -1, 4
+        return self._encode(_notes_array(notes))
+
+    def encode_with_melody(self, melody, notes) -> np.ndarray:
+        """A melody (notes; velocities ignored) and the notes that go with it -> one stream (needs
+        `CodecConfig.melody`): the melody as MELODY_OFF/MELODY_ON tokens placed first at each step, so the
+        part written at a step knows the melody note sounding then."""
+        return self._melody_stream(_notes_array(melody), _notes_array(notes))
+
+    def _melody_stream(self, melody: _Notes, part: _Notes) -> np.ndarray:
+        if self.melody_on_offset is None:
+            raise ConfigError(
+                "this codec has no melody tokens (CodecConfig.melody is false)", code="no_melody"
+            )
+        time, tok = self._events(part)
+        mt, mtok = self._events(melody)
+        keep = self.is_note_on(mtok) | self.is_note_off(mtok)  # a melody carries no velocity
+        mt, mtok = mt[keep], mtok[keep]
+        mtok = np.where(
+            self.is_note_on(mtok), self.melody_on_offset + mtok, self.melody_off_offset + mtok - 128
         )
-        return self._encode(
-            _Notes(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int64), arr[:, 3].astype(np.int64))
-        )
+        both_t, both = np.concatenate((mt, time)), np.concatenate((mtok, tok))
+        order = np.argsort(both_t, kind="stable")
+        return self._with_shifts(both_t[order], both[order])
 
     def encode(self, midi) -> np.ndarray:
         """Path, bytes or PrettyMIDI -> event tokens (int32, no bos/eos). Paths and bytes never go through
-        pretty_midi: the pre-scan reproduces its notes exactly and is several times faster."""
-        return self._encode(self._collect(self._instruments(midi)))
+        pretty_midi: the pre-scan reproduces its notes exactly and is several times faster. With
+        `CodecConfig.melody` the first of `tracks` is the melody and the others are its part."""
+        instruments = self._instruments(midi)
+        if self.config.melody:
+            first, *rest = self.config.tracks
+            return self._melody_stream(self._collect(instruments, [first]), self._collect(instruments, rest))
+        return self._encode(self._collect(instruments))
 
     # ---------------------------------------------------------------- decoding
     def _decode(self, tokens) -> tuple[list[pretty_midi.Note], list[tuple[float, bool]]]:
@@ -465,11 +511,19 @@ class EventCodec:
 
     # ---------------------------------------------------------------- augmentation
     def transpose(self, tokens, semitones: int) -> np.ndarray:
-        """Shift every NOTE_ON/NOTE_OFF by `semitones`; notes pushed out of 0..127 are dropped (on & off)."""
+        """Shift every NOTE_ON/NOTE_OFF (and MELODY_ON/OFF) by `semitones`; notes pushed out of 0..127 are
+        dropped (on & off)."""
         toks = np.asarray(tokens).astype(np.int64).ravel()
-        is_on, is_off = self.is_note_on(toks), self.is_note_off(toks)
-        note = is_on | is_off
-        pitch = np.where(is_on, toks - self.note_on_offset, toks - self.note_off_offset) + int(semitones)
+        is_on, is_off, is_mel = self.is_note_on(toks), self.is_note_off(toks), self.is_melody(toks)
+        note = is_on | is_off | is_mel
+        base = np.where(is_on, self.note_on_offset, self.note_off_offset)
+        if is_mel.any():
+            base = np.where(
+                is_mel,
+                np.where(toks < self.melody_off_offset, self.melody_on_offset, self.melody_off_offset),
+                base,
+            )
+        pitch = toks - base + int(semitones)
         out = np.where(note, toks + int(semitones), toks)
         keep = ~note | ((pitch >= 0) & (pitch <= 127))
         return out[keep].astype(np.int32)
@@ -487,6 +541,11 @@ class EventCodec:
         times = np.floor(clock[keep] * float(factor) + 0.5).astype(np.int64)
         end = int(np.floor((clock[-1] if len(clock) else 0) * float(factor) + 0.5))
         return self._with_shifts(times, toks[keep], end_time=end)
+
+
+def _notes_array(notes) -> _Notes:
+    arr = np.array([(n.start, n.end, n.pitch, n.velocity) for n in notes], dtype=np.float64).reshape(-1, 4)
+    return _Notes(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int64), arr[:, 3].astype(np.int64))
 
 
 def shift_steps(codec: EventCodec) -> np.ndarray:

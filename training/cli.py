@@ -45,6 +45,13 @@ def _prepare(args) -> int:
         for k, v in (("pedal", args.pedal), ("step_ms", args.step_ms), ("velocity_bins", args.velocity_bins))
         if v is not None
     }
+    if args.tracks is not None:
+        try:
+            overrides["tracks"] = [int(i) for i in args.tracks.split(",")]
+        except ValueError:
+            raise ConfigError(f"--tracks wants instrument indices like 0,2, got {args.tracks!r}") from None
+    if args.melody:
+        overrides["melody"] = True
     codec = EventCodec(CodecConfig(**overrides))
     weights = {}
     for item in args.weight:
@@ -218,6 +225,12 @@ def _register_rest(subparsers) -> None:
     p.add_argument("--pedal", choices=["extend", "events"], default=None, help="codec pedal handling")
     p.add_argument("--step-ms", type=int, default=None, help="codec time-shift resolution in ms")
     p.add_argument("--velocity-bins", type=int, default=None, help="codec velocity bins")
+    p.add_argument("--tracks", default=None, help="instrument indices to read, e.g. 0,2 (default: merge all)")
+    p.add_argument(
+        "--melody",
+        action="store_true",
+        help="accompaniment data: the first of --tracks is the given melody, the others its part",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_prepare)
 

@@ -181,25 +181,52 @@ class MusicLM(L.LightningModule):
 
 def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
     """The state dict of a model folder, refused (saying which settings differ) unless its shape and codec
-    are `cfg`'s and `codec`'s. Dropout and query chunking do not change the weights and may differ."""
+    are `cfg`'s and `codec`'s. Dropout and query chunking do not change the weights and may differ, and so
+    may the codec's reading policies (tracks, caps). A model without melody tokens can start one with them:
+    its rows are kept and a MELODY_ON/OFF row starts as the NOTE_ON/OFF row of its pitch."""
     from musicrel.checkpoint import load_model, read_config
+    from musicrel.codec import CodecConfig, EventCodec
     from musicrel.errors import ConfigError
 
     saved = read_config(folder)
-    free = {"dropout", "query_chunk_size"}
+    free = {"dropout", "query_chunk_size", "vocab_size"}
     ours = {k: v for k, v in cfg.to_dict().items() if k not in free}
     theirs = {k: v for k, v in saved["model"].items() if k not in free}
     differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
     if differ:
         diff = ", ".join(f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in differ)
         raise ConfigError(f"init_from {folder}: the model's shape differs ({diff})", code="shape_mismatch")
-    if codec is not None and saved.get("codec") != codec:
+    state = load_model(folder).state_dict()
+    old = EventCodec(CodecConfig.from_dict(saved["codec"])) if saved.get("codec") else None
+    new = EventCodec(CodecConfig.from_dict(codec)) if codec is not None else old
+    meaning = ("step_ms", "max_shift_steps", "velocity_bins", "pedal")
+    if old is None or new is None:
+        same = codec is None
+    else:
+        same = all(getattr(old.config, k) == getattr(new.config, k) for k in meaning)
+        same &= old.config.melody == new.config.melody or not old.config.melody
+    if not same:
         raise ConfigError(
             f"init_from {folder}: the model was trained with other codec settings than the data's "
             f"({saved.get('codec')} vs {codec})",
             code="codec_mismatch",
         )
-    return load_model(folder).state_dict()
+    if old is not None and new.vocab_size != old.vocab_size:
+        source = np.arange(new.vocab_size)  # the old row each new row starts from
+        source[new.pad_id :] = np.arange(old.pad_id, old.vocab_size)
+        source[new.melody_on_offset : new.melody_on_offset + 128] = old.note_on_offset + np.arange(128)
+        source[new.melody_off_offset : new.melody_off_offset + 128] = old.note_off_offset + np.arange(128)
+        index = torch.as_tensor(source)
+        state = {
+            k: v.index_select(0, index) if k in ("tok_emb.weight", "head.weight") else v
+            for k, v in state.items()
+        }
+    if cfg.vocab_size != state["tok_emb.weight"].shape[0]:
+        raise ConfigError(
+            f"init_from {folder}: vocab_size {state['tok_emb.weight'].shape[0]} there, {cfg.vocab_size} here",
+            code="shape_mismatch",
+        )
+    return state
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:

@@ -16,7 +16,7 @@ $(BIN)/activate:
 $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,corpus]"
+	$(BIN)/pip install --quiet -e ".[dev,corpus,eval]"
 	touch $@
 
 run: $(VENV)/.installed

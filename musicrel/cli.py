@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "musicrel.commands.codec",  # encode, decode
     "training.cli",  # corpus, prepare, train, finetune, export, pack-gpu, evaluate
     "musicrel.commands.generate",  # generate, evaluate-continuations
+    "musicrel.commands.accompany",  # accompany, evaluate-accompaniments
     "musicrel.commands.controls",  # evaluate-controls
     "musicrel.commands.sweep",  # sweep-sampling
     "server.cli",  # serve

@@ -410,18 +410,26 @@ class EventCodec:
         part written at a step knows the melody note sounding then."""
         return self._melody_stream(_notes_array(melody), _notes_array(notes))
 
-    def _melody_stream(self, melody: _Notes, part: _Notes) -> np.ndarray:
+    def melody_events(self, melody) -> tuple[np.ndarray, np.ndarray]:
+        """A melody (notes) -> (step, MELODY token) of its events in stream order, for a decoder to place."""
+        return self._melody_events(_notes_array(melody))
+
+    def _melody_events(self, melody: _Notes) -> tuple[np.ndarray, np.ndarray]:
         if self.melody_on_offset is None:
             raise ConfigError(
                 "this codec has no melody tokens (CodecConfig.melody is false)", code="no_melody"
             )
-        time, tok = self._events(part)
         mt, mtok = self._events(melody)
         keep = self.is_note_on(mtok) | self.is_note_off(mtok)  # a melody carries no velocity
         mt, mtok = mt[keep], mtok[keep]
-        mtok = np.where(
-            self.is_note_on(mtok), self.melody_on_offset + mtok, self.melody_off_offset + mtok - 128
+        on = self.is_note_on(mtok)
+        return mt, np.where(
+            on, self.melody_on_offset + mtok, self.melody_off_offset + mtok - self.note_off_offset
         )
+
+    def _melody_stream(self, melody: _Notes, part: _Notes) -> np.ndarray:
+        mt, mtok = self._melody_events(melody)
+        time, tok = self._events(part)
         both_t, both = np.concatenate((mt, time)), np.concatenate((mtok, tok))
         order = np.argsort(both_t, kind="stable")
         return self._with_shifts(both_t[order], both[order])

@@ -166,6 +166,24 @@ def test_init_from_starts_from_a_model_folder_and_refuses_another_shape(runs, tm
     with pytest.raises(ConfigError) as err:
         MusicLM(**{**hp, "codec": other_codec, "init_from": str(tmp_path / "m")})
     assert err.value.code == "codec_mismatch"
+    # a model with melody tokens starts from one without: every row kept, each melody row its note's
+    from musicrel.codec import CodecConfig, EventCodec
+
+    melody = {**hp["codec"], "melody": True, "tracks": [0, 1]}
+    grown = EventCodec(CodecConfig.from_dict(melody))
+    old = EventCodec(CodecConfig.from_dict(hp["codec"]))
+    module = MusicLM(
+        **{**hp, "codec": melody, "vocab_size": grown.vocab_size, "init_from": str(tmp_path / "m")}
+    )
+    emb, base_emb = module.model.tok_emb.weight, base.tok_emb.weight
+    assert emb.shape[0] == base_emb.shape[0] + 256
+    assert torch.equal(emb[: old.num_events], base_emb[: old.num_events])
+    assert torch.equal(emb[grown.melody_on_offset + 60], base_emb[old.note_on_offset + 60])
+    assert torch.equal(emb[grown.melody_off_offset + 60], base_emb[old.note_off_offset + 60])
+    assert torch.equal(emb[grown.bos_id], base_emb[old.bos_id])
+    with pytest.raises(ConfigError) as err:  # the vocab_size is the grown codec's
+        MusicLM(**{**hp, "codec": melody, "init_from": str(tmp_path / "m")})
+    assert err.value.code == "shape_mismatch"
 
 
 def test_multi_source_data_validates_each_source_and_evaluates_each(pattern_midi_dir, tmp_path, capsys):

@@ -81,16 +81,17 @@ def _evaluate(args) -> int:
     from musicrel.accompaniment_eval import evaluate_accompaniments, format_report, write_report
 
     _torch_setup(args, rows=args.seeds)
+    systems = {} if args.systems is None else {"systems": tuple(s.strip() for s in args.systems.split(","))}
     report = evaluate_accompaniments(
         args.checkpoint,
         args.data,
         split=args.split,
         seeds=args.seeds,
         seconds=args.seconds,
-        systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
         continuation=args.continuation,
         limit=args.limit,
         progress=None if args.quiet else lambda k, n: print(f"{k}/{n} songs", file=sys.stderr, flush=True),
+        **systems,
     )
     print(format_report(report))
     if args.out:
@@ -100,8 +101,6 @@ def _evaluate(args) -> int:
 
 
 def register(subparsers) -> None:
-    from musicrel.accompaniment_eval import SYSTEMS
-
     p = subparsers.add_parser(
         "accompany",
         help="write an accompaniment for every melody of a MIDI file or folder",
@@ -137,7 +136,9 @@ def register(subparsers) -> None:
     e.add_argument("--seeds", type=_positive_int, default=3)
     e.add_argument("--seconds", type=float, default=30.0, help="length of each song's excerpt")
     e.add_argument("--limit", type=_positive_int, default=None, help="at most N songs")
-    e.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
+    e.add_argument(
+        "--systems", default=None, help="comma list of model, real, rule, continuation (default: all)"
+    )
     e.add_argument("--continuation", default=None, help="continuation model folder for that baseline")
     e.add_argument("--out", default=None, help="write report.json and report.txt here")
     e.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")

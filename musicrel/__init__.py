@@ -23,6 +23,8 @@ _EXPORTS = {
     "load_model": "musicrel.checkpoint",
     "load_codec": "musicrel.checkpoint",
     "continue_midi": "musicrel.batch",
+    "accompany_midi": "musicrel.accompaniment",
+    "AccompanimentParams": "musicrel.accompaniment",
     "Controls": "musicrel.controls",
     "ControlError": "musicrel.controls",
 }

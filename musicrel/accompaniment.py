@@ -180,8 +180,7 @@ class MelodyGrammar(Grammar):
         return self.mel_next >= self.mel_step.size(1) - 1
 
     def constrain(self, logits: Tensor) -> Tensor:
-        logits = super().constrain(logits)
-        logits[:, self.mel_lo : self.mel_hi] = float("-inf")
+        logits = self._wait_instead_of_melody(super().constrain(logits))
         step, tok = self._due()
         due = step <= self.elapsed
         if bool(due.any()):
@@ -189,6 +188,24 @@ class MelodyGrammar(Grammar):
             logits[rows] = float("-inf")
             logits[rows, tok[rows]] = 0.0
         return logits
+
+    def _wait_instead_of_melody(self, logits: Tensor) -> Tensor:
+        """Move the probability of the melody tokens to the time shifts (in proportion to theirs).
+
+        The model does not know when the next melody note comes, and in training a melody event cut the time
+        shift before it short: after a short shift it expects "a melody note now" with some probability. When
+        none is due, that path means "nothing happens yet", so its mass belongs to waiting longer. Masking it
+        instead spread it over every token, mostly note-ons: a note wherever the model had guessed a melody
+        note (21 notes/s against the real 3.6 on held-out POP909 songs)."""
+        probs = logits.float().softmax(dim=-1)  # (B, V)
+        melody = probs[:, self.mel_lo : self.mel_hi].sum(dim=1, keepdim=True)  # (B, 1)
+        shifts = probs[:, self.shift0 : self.shift0 + self.max_shift]  # (B, max_shift)
+        total = shifts.sum(dim=1, keepdim=True)
+        probs[:, self.shift0 : self.shift0 + self.max_shift] = torch.where(
+            total > 0, shifts * (1 + melody / total.clamp_min(1e-30)), shifts
+        )
+        probs[:, self.mel_lo : self.mel_hi] = 0.0
+        return probs.log()
 
     def advance(self, tokens: Tensor) -> Tensor:
         step, _ = self._due()

@@ -148,6 +148,20 @@ def test_the_model_cannot_draw_a_melody_token():
     assert allowed.tolist() == [CODEC.melody_on_offset + 64]
 
 
+def test_a_melody_note_the_model_guesses_where_none_is_due_becomes_waiting():
+    g = MelodyGrammar(CODEC, [melody_schedule(CODEC, tune(2, start=1.5))], [500])
+    logits = torch.full((1, CODEC.vocab_size), -30.0)
+    logits[0, CODEC.note_on_offset + 60] = 0.0  # a note, or
+    logits[0, CODEC.time_shift_offset + 9] = 0.0  # a short wait, or
+    logits[0, CODEC.melody_on_offset + 64] = np.log(2.0)  # (twice as likely) the melody's next note now
+    probs = g.constrain(logits)[0].softmax(dim=-1)
+    # the melody's mass goes to waiting, not to the note: a wait now 3x as likely as the note
+    assert probs[CODEC.time_shift_offset + 9] / probs[CODEC.note_on_offset + 60] == pytest.approx(
+        3.0, rel=1e-3
+    )
+    assert probs[CODEC.melody_on_offset : CODEC.pad_id].sum() == 0
+
+
 def test_a_model_without_melody_tokens_cannot_accompany():
     with pytest.raises(GenerationError) as err:
         MelodyGrammar(EventCodec(), [melody_schedule(CODEC, tune(2))], [100])
@@ -174,6 +188,7 @@ def test_the_answer_keeps_the_melody_track_and_adds_the_accompaniment(model):
     again = accompany_midi(
         model, CODEC, pm, track=0, params=AccompanimentParams(seed=4, controls=Controls(program=33))
     )
+
     def key(notes):
         return [(n.pitch, n.velocity, n.start, n.end) for n in notes]
 

@@ -34,6 +34,12 @@ MAX_MELODY_SECONDS = 600.0
 # most 1 % of notes.)
 CHORD_SECONDS = 0.03
 MAX_CHORD_SHARE = 0.05
+# The model hears the melody up to now; the grammar lets it hear LOOKAHEAD_SECONDS ahead: note-ons of the
+# pitch classes the melody sounds in that window gain TUNE_BIAS nats, their semitone neighbours lose
+# CLASH_BIAS.
+LOOKAHEAD_SECONDS = 1.0
+TUNE_BIAS = 1.0
+CLASH_BIAS = 2.0
 TAIL_SECONDS = 1.0  # the accompaniment goes on this long after the melody's last note ends
 ACCOMPANIMENT_NAME = "accompaniment"
 
@@ -169,6 +175,17 @@ class MelodyGrammar(Grammar):
         self.mel_tok = torch.as_tensor(toks, device=device)  # (B, M)
         self.mel_next = torch.zeros(B, dtype=torch.long, device=device)  # (B,) next melody event
         self.mel_lo, self.mel_hi = codec.melody_on_offset, codec.melody_off_offset + 128
+        spans = [_note_spans(codec, s, t) for s, t in schedules]
+        N = max(1, max(len(x) for x in spans))
+        span = np.zeros((B, N, 3), dtype=np.int64)
+        span[:, :, :2] = -1  # padding: a note that never sounds
+        for r, x in enumerate(spans):
+            span[r, : len(x)] = x
+        self.tune_start, self.tune_end, self.tune_pc = (
+            torch.as_tensor(span[:, :, k], device=device) for k in range(3)
+        )
+        self.lookahead_steps = round(LOOKAHEAD_SECONDS * 1000.0 / codec.config.step_ms)
+        self.pitch_pc = torch.arange(128, device=device) % 12
 
     def _due(self) -> tuple[Tensor, Tensor]:
         """(B,) the next melody event's step and token."""
@@ -181,6 +198,8 @@ class MelodyGrammar(Grammar):
 
     def constrain(self, logits: Tensor) -> Tensor:
         logits = self._wait_instead_of_melody(super().constrain(logits))
+        if TUNE_BIAS or CLASH_BIAS:
+            logits = self._hear_ahead(logits)
         step, tok = self._due()
         due = step <= self.elapsed
         if bool(due.any()):
@@ -207,6 +226,24 @@ class MelodyGrammar(Grammar):
         probs[:, self.mel_lo : self.mel_hi] = 0.0
         return probs.log()
 
+    def _hear_ahead(self, logits: Tensor) -> Tensor:
+        """Move note-on mass toward the pitch classes the melody sounds from now to LOOKAHEAD_SECONDS ahead
+        and away from their semitone neighbours; the note-ons keep their total (so density is unchanged)."""
+        now = self.elapsed[:, None]
+        active = (self.tune_start < now + self.lookahead_steps) & (self.tune_end > now)  # (B, N)
+        pcs = (
+            torch.zeros(now.size(0), 12, device=logits.device).scatter_add_(1, self.tune_pc, active.float())
+            > 0
+        )
+        near = (pcs.roll(1, dims=1) | pcs.roll(-1, dims=1)) & ~pcs  # (B, 12)
+        bias = TUNE_BIAS * pcs.float() - CLASH_BIAS * near.float()  # (B, 12)
+        on = slice(self.on0, self.on0 + 128)
+        block = logits[:, on]
+        steered = block + bias[:, self.pitch_pc]
+        keep = block.logsumexp(dim=1) - steered.logsumexp(dim=1)  # (B,)
+        logits[:, on] = steered + torch.where(keep.isfinite(), keep, 0.0)[:, None]
+        return logits
+
     def advance(self, tokens: Tensor) -> Tensor:
         step, _ = self._due()
         placed = (tokens >= self.mel_lo) & (tokens < self.mel_hi)
@@ -218,14 +255,22 @@ class MelodyGrammar(Grammar):
 
     def select(self, rows: Tensor) -> None:
         super().select(rows)
-        self.mel_step, self.mel_tok, self.mel_next = (
-            self.mel_step[rows],
-            self.mel_tok[rows],
-            self.mel_next[rows],
-        )
+        for name in ("mel_step", "mel_tok", "mel_next", "tune_start", "tune_end", "tune_pc"):
+            setattr(self, name, getattr(self, name)[rows])
 
     def extend(self, other: Grammar) -> None:
         raise NotImplementedError("accompaniment rows do not join a running batch")
+
+
+def _note_spans(codec: EventCodec, steps: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """(N, 3) [start step, end step, pitch class] of the melody's notes, from its schedule."""
+    out, open_at = [], {}
+    for step, tok in zip(steps.tolist(), tokens.tolist(), strict=True):
+        if tok < codec.melody_off_offset:
+            open_at[tok - codec.melody_on_offset] = step
+        elif (pitch := tok - codec.melody_off_offset) in open_at:
+            out.append((open_at.pop(pitch), step, pitch % 12))
+    return np.asarray(out, dtype=np.int64).reshape(-1, 3)
 
 
 # ---------------------------------------------------------------- decoding

@@ -162,6 +162,30 @@ def test_a_melody_note_the_model_guesses_where_none_is_due_becomes_waiting():
     assert probs[CODEC.melody_on_offset : CODEC.pad_id].sum() == 0
 
 
+def test_the_grammar_hears_the_melody_ahead_without_changing_how_many_notes(monkeypatch):
+    from musicrel import accompaniment
+
+    melody = [pretty_midi.Note(90, 64, 0.5, 1.0)]  # E, half a second from now
+
+    def note_ons():
+        g = MelodyGrammar(CODEC, [melody_schedule(CODEC, melody)], [500])
+        return g, g.constrain(torch.zeros(1, CODEC.vocab_size))[
+            0, CODEC.note_on_offset : CODEC.note_on_offset + 128
+        ]
+
+    g, on = note_ons()
+    assert float(on[52] - on[48]) == pytest.approx(accompaniment.TUNE_BIAS, abs=1e-4)  # E gains over C
+    assert float(on[48] - on[53]) == pytest.approx(
+        accompaniment.CLASH_BIAS, abs=1e-4
+    )  # F, a semitone up, loses
+    monkeypatch.setattr(accompaniment, "TUNE_BIAS", 0.0)
+    monkeypatch.setattr(accompaniment, "CLASH_BIAS", 0.0)
+    _, deaf = note_ons()
+    assert float(on.logsumexp(0)) == pytest.approx(float(deaf.logsumexp(0)), abs=1e-4)  # as many notes
+    g.advance(torch.tensor([CODEC.time_shift_offset + 99]))  # a 1 s wait is cut where the E comes in
+    assert int(g.elapsed) == 50
+
+
 def test_a_model_without_melody_tokens_cannot_accompany():
     with pytest.raises(GenerationError) as err:
         MelodyGrammar(EventCodec(), [melody_schedule(CODEC, tune(2))], [100])

@@ -43,6 +43,27 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def tiny_accompany_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random accompaniment model: the melody codec (MELODY_ON/OFF tokens, tracks 0 and 1) and a
+    1-layer MusicTransformer, as tests/musicrel/test_accompaniment.py builds it."""
+    import torch
+
+    from musicrel.checkpoint import save_model
+    from musicrel.codec import CodecConfig, EventCodec
+    from musicrel.config import ModelConfig
+    from musicrel.model import MusicTransformer
+
+    torch.manual_seed(0)
+    codec = EventCodec(CodecConfig(melody=True, tracks=[0, 1]))
+    config = ModelConfig(
+        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=256
+    )
+    folder = tmp_path_factory.mktemp("tiny_accompany_checkpoint")
+    save_model(MusicTransformer(config), folder, codec=codec)
+    return folder
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -217,6 +217,12 @@ class Accompanist:
         accompany_midi(self.model, self.codec, pm, params=Library(seed=0))
         log.info("accompaniment: warm-up took %.0f ms", 1000 * (time.perf_counter() - start))
 
+    def stop(self) -> None:
+        """At shutdown: let a generation still running (one abandoned by its request included) end first,
+        up to the drain timeout, rather than tear torch down under it."""
+        if self.lock.acquire(timeout=self.settings.drain_timeout_s):
+            self.lock.release()
+
     @property
     def available(self) -> bool:
         return self.model is not None

@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
             yield
         finally:
             await anyio.to_thread.run_sync(service.stop)
+            await anyio.to_thread.run_sync(accompanist.stop)
             worker_exited()
 
     # /docs and /redoc with their scripts, styles and icon served from here (fastapi-offline ships them): the

@@ -18,7 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 import musicrel
-from server import openapi
+from server import accompaniments, openapi
 from server.errors import install_error_handlers
 from server.metrics import Metrics, worker_exited
 from server.middleware import AdmissionMiddleware, MetricsMiddleware, UploadLimitMiddleware
@@ -33,7 +33,9 @@ DESCRIPTION = """Upload a MIDI motif; a Music Transformer continues it.
 `POST /v1/continuations` answers `audio/midi` (the first sample) or, with `Accept: application/json`,
 every sample as base64 MIDI with the seed, the settings used and timings. `POST /v1/continuations/stream`
 takes the same form and answers NDJSON events while it generates: each note as it is generated, then the
-same JSON. Every error is JSON `{"error": {"code": ..., "message": ...}}`.
+same JSON. `POST /v1/accompaniments` takes a melody and answers it with a piano accompaniment on a
+track of its own (when the server has an accompaniment model). Every error is JSON
+`{"error": {"code": ..., "message": ...}}`.
 """
 
 
@@ -53,17 +55,20 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
     settings = settings or Settings()
     metrics = Metrics()
     service = Service(settings, metrics, decoder=decoder)
+    accompanist = accompaniments.Accompanist(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         _share_uvicorn_logging()
         await anyio.to_thread.run_sync(service.load)
+        await anyio.to_thread.run_sync(accompanist.load)
         service.start()
         service.install_sigterm_handler()
         try:
             yield
         finally:
             await anyio.to_thread.run_sync(service.stop)
+            await anyio.to_thread.run_sync(accompanist.stop)
             worker_exited()
 
     # /docs and /redoc with their scripts, styles and icon served from here (fastapi-offline ships them): the
@@ -76,8 +81,10 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
         static_url="/docs-assets",
     )
     app.state.service = service
+    app.state.accompanist = accompanist
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(accompaniments.router)
     openapi.install(app, settings, lambda: service.codec.vocab_size if service.codec is not None else None)
     if settings.static_dir.is_dir():
         app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")

@@ -153,7 +153,7 @@ async def prepare_motif(
 @router.get(
     "/v1/model", response_model=ModelInfo, summary="The loaded model, its codec and the server limits"
 )
-async def model_info(service: ServiceDep, settings: SettingsDep) -> Any:
+async def model_info(request: Request, service: ServiceDep, settings: SettingsDep) -> Any:
     if not service.info:
         code, message = service.not_ready_reason()
         raise ApiError(503, code, message)
@@ -168,7 +168,9 @@ async def model_info(service: ServiceDep, settings: SettingsDep) -> Any:
         "request_timeout_s": settings.request_timeout_s,
         "defaults": ContinuationParams().model_dump(),
     }
-    return {**service.info, "limits": limits}
+    accompanist = getattr(request.app.state, "accompanist", None)  # server/accompaniments.py
+    accompaniment = accompanist.summary() if accompanist is not None else None
+    return {**service.info, "limits": limits, "accompaniment": accompaniment}
 
 
 @router.get("/v1/examples", response_model=list[Example], summary="Bundled example motifs for the web page")

@@ -286,6 +286,11 @@ class ModelInfo(BaseModel):
     novelty_index: dict[str, int] | None = Field(
         None, description="pieces and notes of the training data's novelty index beside the checkpoint"
     )
+    accompaniment: dict[str, Any] | None = Field(
+        None,
+        description="the accompaniment model of POST /v1/accompaniments (checkpoint, sha256, parameters, "
+        "max_melody_seconds, ...); null when this server has none (the route answers 503)",
+    )
     programs: list[str] = Field(
         default_factory=gm_program_names,
         description="the General MIDI instrument names by program number (0-127), for the `program` field",

@@ -78,5 +78,13 @@ class Settings(BaseSettings):
     max_primer_seconds: float = Field(120.0, gt=0, le=3600)
     max_num_samples: int = Field(4, ge=1, le=64)
 
+    # The accompaniment model (POST /v1/accompaniments, server/accompaniments.py): loaded at start-up when the
+    # folder holds a checkpoint; without one the route answers 503 no_accompaniment_model.
+    accompany_checkpoint: Path = Field(
+        Path("checkpoints/accompany"), description="folder of the accompaniment model (melody tokens)"
+    )
+    # An accompaniment is generated as long as its melody (about 4x real time on 2 cores), one at a time.
+    max_melody_seconds: float = Field(300.0, gt=0, le=3600, description="longest melody accompanied (422)")
+
     warmup: bool = Field(True, description="run a tiny generation before reporting ready")
     static_dir: Path = STATIC_DIR

@@ -108,6 +108,9 @@ function parseMidi(buffer) {
   // Note pairing follows pretty_midi (which the server's codec reads with), so the page draws what the model
   // hears: a note-off closes every open note of its pitch and channel begun at an earlier tick.
   const notes = [];
+  // Instrument indices as pretty_midi numbers them (the `track` field of POST /v1/accompaniments): one per
+  // (track, program, channel), in the order their first note is closed, track after track.
+  const instruments = new Map(); // "track/program/channel" -> {index, track, program, channel, notes}
   tracks.forEach((track, ti) => {
     const open = new Map(); // channel * 128 + pitch -> [{tick, velocity, program}]
     const program = new Array(16).fill(0);
@@ -122,8 +125,15 @@ function parseMidi(buffer) {
         const close = pending.filter((on) => on.tick !== ev.tick);
         const keep = pending.filter((on) => on.tick === ev.tick);
         for (const on of close) {
+          const ikey = `${ti}/${program[ev.channel]}/${ev.channel}`;
+          if (!instruments.has(ikey)) {
+            instruments.set(ikey, { index: instruments.size, track: ti, name: track.name, program: program[ev.channel],
+              channel: ev.channel, drum: ev.channel === 9, notes: 0 });
+          }
+          const inst = instruments.get(ikey);
+          inst.notes++;
           notes.push({ pitch: ev.d1, start: toSeconds(on.tick), end: toSeconds(ev.tick), velocity: on.velocity,
-            channel: ev.channel, track: ti, program: on.program, drum: ev.channel === 9 });
+            channel: ev.channel, track: ti, program: on.program, drum: ev.channel === 9, instrument: inst.index });
         }
         if (close.length && keep.length) open.set(key, keep); else open.delete(key);
       }
@@ -133,7 +143,8 @@ function parseMidi(buffer) {
   const duration = notes.reduce((m, n) => Math.max(m, n.end), 0);
   const bpm = tempos.length ? 60e6 / tempos[0].usPerQuarter : 120;
   const used = new Set(notes.map((n) => n.track));
-  return { format, division, tracks: tracks.map((t) => t.name), noteTracks: used.size, notes, duration, bpm };
+  return { format, division, tracks: tracks.map((t) => t.name), noteTracks: used.size, notes, duration, bpm,
+    instruments: [...instruments.values()] };
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -473,6 +484,8 @@ const state = {
   prepared: null, // the POST /v1/motifs of the current motif (a promise of its answer, null on failure)
   preparedInfo: null,
   stream: null, // the last Continue: transport ("stream" | "plain") and its timeline (performance.now() ms)
+  mode: "continue", // or "accompany" (the mode switch; app's data-mode shows each mode's fields)
+  kind: "continue", // what state.samples hold: a continuation or an accompaniment
 };
 
 // Under 1 kB in bytes: a 6-byte file rounded up to "1 KB" hid that it is far too small to be MIDI.
@@ -528,6 +541,10 @@ function describePrimerRead() {
 
 function rollLabel(motifNotes, contNotes, boundary) {
   const total = [...motifNotes, ...contNotes].reduce((m, n) => Math.max(m, n.end), 0);
+  if (state.kind === "accompany") {
+    return `Piano roll: melody of ${motifNotes.length} notes and an accompaniment of ${contNotes.length} notes ` +
+      `over ${fmt(total, 1)} s`;
+  }
   if (!contNotes.length) return `Piano roll: motif of ${motifNotes.length} notes over ${fmt(total, 1)} s`;
   return `Piano roll: motif of ${motifNotes.length} notes, then a continuation of ${contNotes.length} notes ` +
     `from ${fmt(boundary, 1)} s to ${fmt(total, 1)} s`;
@@ -535,6 +552,7 @@ function rollLabel(motifNotes, contNotes, boundary) {
 
 function drawMotifOnly() {
   if (!state.motif) { roll.set([], null); return; }
+  if (state.mode === "accompany") { drawMelodyOnly(); return; }
   const win = motifWindow(state.motif, Number($("primer_seconds").value) || 0);
   const last = Math.max(0, ...state.motif.notes.map((n) => n.end));
   roll.set([{ notes: state.motif.notes, color: "--motif" }], null, win.start, win.end < last - 1e-6 ? win.end : null);
@@ -542,6 +560,81 @@ function drawMotifOnly() {
   for (const id of ["play-all", "play-motif"]) $(id).disabled = !state.motif.notes.length;
   $("play-cont").disabled = true;
 }
+
+// --- Accompany mode: the melody track of the file, drawn alone until it has an accompaniment ---
+
+// The chosen melody's notes: the instrument picked in the track menu, else every pitched note (a one-track
+// file, or a file the page could not tell the instruments of).
+function melodyNotes() {
+  if (!state.motif) return [];
+  const chosen = $("track").value;
+  const pitched = state.motif.notes.filter((n) => !n.drum);
+  return chosen === "" ? pitched : pitched.filter((n) => String(n.instrument) === chosen);
+}
+
+function drawMelodyOnly() {
+  const notes = melodyNotes();
+  roll.set([{ notes, color: "--motif" }], null);
+  const end = notes.reduce((m, n) => Math.max(m, n.end), 0);
+  $("roll").setAttribute("aria-label", `Piano roll: melody of ${notes.length} notes over ${fmt(end, 1)} s`);
+  for (const id of ["play-all", "play-motif"]) $(id).disabled = !notes.length;
+  $("play-cont").disabled = true;
+}
+
+// The track menu: the file's pitched instruments, numbered as the server counts them. One of them: the
+// server picks it (blank). Several: the one named like a melody, else the first, for the user to change.
+function fillTrackMenu() {
+  const select = $("track");
+  select.replaceChildren();
+  const pitched = state.motif ? state.motif.instruments.filter((i) => !i.drum && i.notes) : [];
+  const label = (i) => `${i.index}: ${i.name || `track ${i.track}`} (${i.notes} notes)`;
+  if (pitched.length <= 1) {
+    const opt = document.createElement("option");
+    opt.value = "";
+    opt.textContent = pitched.length ? `${label(pitched[0])}, the only one` : "the file's only track with notes";
+    select.append(opt);
+    return;
+  }
+  for (const i of pitched) {
+    const opt = document.createElement("option");
+    opt.value = String(i.index);
+    opt.textContent = label(i);
+    select.append(opt);
+  }
+  const named = pitched.find((i) => /melody|vocal|voice|lead|tune/i.test(i.name || ""));
+  select.value = String((named || pitched[0]).index);
+}
+
+const MODE_TEXT = {
+  continue: { button: "Continue", motif: "motif", cont: "continuation", playMotif: "▶ Motif", playCont: "▶ Continuation",
+    program: "the motif's", ready: "Ready: press Continue.", empty: "Load a motif to start." },
+  accompany: { button: "Accompany", motif: "melody", cont: "accompaniment", playMotif: "▶ Melody", playCont: "▶ Accompaniment",
+    program: "piano (the default)", ready: "Ready: press Accompany.", empty: "Load a melody to start." },
+};
+
+function setMode(mode) {
+  if (app.dataset.state === "loading") return;
+  state.mode = mode;
+  app.dataset.mode = mode;
+  const t = MODE_TEXT[mode];
+  $("continue").textContent = t.button;
+  $("legend-motif").textContent = t.motif;
+  $("legend-cont").textContent = t.cont;
+  $("play-motif").textContent = t.playMotif;
+  $("play-cont").textContent = t.playCont;
+  $("program").options[0].textContent = t.program;
+  clearError();
+  clearFieldErrors();
+  resetResult();
+  drawMotifOnly();
+  setStatus(state.motifFile ? t.ready : t.empty);
+  if (mode === "continue" && state.motifFile && !state.prepared) prepareMotif();
+}
+
+for (const radio of document.querySelectorAll('input[name="mode"]')) {
+  radio.addEventListener("change", () => { if (radio.checked) setMode(radio.value); });
+}
+$("track").addEventListener("change", () => { if (!state.samples.length) drawMotifOnly(); });
 
 async function loadMotif(file, sourceLabel) {
   clearError();
@@ -558,9 +651,10 @@ async function loadMotif(file, sourceLabel) {
     $("motif-info").textContent = `${sourceLabel}: ${file.name} (${fmtBytes(file.size)}) — ` +
       `cannot preview it here (${err.message}); the server will check it.`;
     roll.set([], null);
+    fillTrackMenu();
     prepareMotif();
     $("continue").disabled = false;
-    setStatus("Ready: press Continue.");
+    setStatus(MODE_TEXT[state.mode].ready);
     return;
   }
   const m = state.motif;
@@ -568,18 +662,19 @@ async function loadMotif(file, sourceLabel) {
   $("motif-info").textContent = `${sourceLabel}: ${file.name} — ${m.notes.length} notes` +
     `${pitched !== m.notes.length ? ` (${m.notes.length - pitched} drum)` : ""}, ` +
     `${fmt(m.duration, 1)} s, ${m.noteTracks} track${m.noteTracks === 1 ? "" : "s"} with notes, ${Math.round(m.bpm)} bpm`;
+  fillTrackMenu();
   drawMotifOnly();
   prepareMotif();
   warmAudio();
   $("continue").disabled = false;
-  setStatus("Ready: press Continue.");
+  setStatus(MODE_TEXT[state.mode].ready);
 }
 
 // The motif goes to the server as soon as it is chosen (POST /v1/motifs): it parses it and prefills its
 // primer while the user reads the roll, so the first Continue starts decoding at once, as a re-roll does.
 // Only a speed-up: a failure here is left for Continue to report.
 function prepareMotif() {
-  if (!state.motifFile) return;
+  if (!state.motifFile || state.mode !== "continue") return; // only a continuation reads a primer
   const fd = new FormData();
   fd.append("file", state.motifFile, state.motifFile.name);
   fd.append("primer_seconds", $("primer_seconds").value);
@@ -751,7 +846,9 @@ function buildForm() {
 }
 
 function validateSettings() {
+  const otherMode = state.mode === "accompany" ? ".continue-only" : ".accompany-only";
   for (const el of $("form").querySelectorAll("input")) {
+    if (el.closest(otherMode)) continue; // not sent in this mode
     if (!el.checkValidity()) {
       const label = document.querySelector(`label[for="${el.id}"]`);
       const name = label ? label.textContent.trim() : el.name;
@@ -806,6 +903,7 @@ class StreamFailed extends Error {}
 $("form").addEventListener("submit", async (e) => {
   e.preventDefault();
   if (!state.motifFile || app.dataset.state === "loading") return;
+  if (state.mode === "accompany") { accompany(); return; }
   performance.clearMarks();
   performance.mark("musicrel:continue");
   clearError();
@@ -865,6 +963,114 @@ $("form").addEventListener("submit", async (e) => {
     $("continue").disabled = !state.motifFile;
   }
 });
+
+// --- Accompany: POST /v1/accompaniments (JSON: every sample), then the melody and the accompaniment drawn in
+// the two colours and played together ---
+
+function accompanyForm() {
+  const fd = new FormData();
+  fd.append("file", state.motifFile, state.motifFile.name);
+  for (const id of ["temperature", "top_p", "num_samples"]) fd.append(id, $(id).value);
+  for (const id of ["track", "top_k", "seed", ...CONTROL_FIELDS]) if ($(id).value.trim() !== "") fd.append(id, $(id).value.trim());
+  return fd;
+}
+
+async function accompany() {
+  clearError();
+  clearFieldErrors();
+  const invalid = validateSettings();
+  if (invalid) { showError(invalid, "invalid_setting"); return; }
+  resetResult();
+  drawMotifOnly();
+  setState("loading");
+  $("continue").disabled = true;
+  $("cancel").hidden = false;
+  try {
+    synth.ensureContext(true); // within the click: the result plays when it comes
+  } catch (err) {
+    showError(`cannot play audio: ${err.message}`, "audio");
+  }
+  const started = performance.now();
+  const tick = setInterval(() => setStatus(`Accompanying… ${((performance.now() - started) / 1000).toFixed(1)} s`), 100);
+  setStatus("Accompanying…");
+  state.abort = new AbortController();
+  try {
+    const resp = await fetch("/v1/accompaniments", {
+      method: "POST", body: accompanyForm(), headers: { Accept: "application/json" }, signal: state.abort.signal,
+    });
+    if (!resp.ok) {
+      const { code, message, field } = await readError(resp);
+      throw Object.assign(new Error(message), { code, field });
+    }
+    const body = await resp.json();
+    showAccompaniment(body, (performance.now() - started) / 1000);
+    play("all"); // the melody and its accompaniment together
+  } catch (err) {
+    synth.stop();
+    setState("error");
+    if (err.name === "AbortError") { setStatus("Cancelled."); }
+    else {
+      showError(err.code ? err.message : `could not reach the server (${err.message})`, err.code || "network");
+      if (err.field) showFieldError(err.field, err.message);
+      setStatus("Failed — adjust and try again.");
+    }
+  } finally {
+    clearInterval(tick);
+    state.abort = null;
+    $("cancel").hidden = true;
+    $("continue").disabled = !state.motifFile;
+  }
+}
+
+function showAccompaniment(body, elapsed) {
+  state.kind = "accompany";
+  state.response = body;
+  const samples = body.samples || [];
+  if (!samples.length) throw Object.assign(new Error("the server returned no samples"), { code: "empty_result" });
+  const base = (state.motifFile.name || "melody").replace(/\.(mid|midi)$/i, "");
+  state.samples = samples.map((s, i) => {
+    const bytes = decodeBase64(s.midi_base64);
+    let parsed = { notes: [], tracks: [] };
+    try { parsed = parseMidi(bytes.buffer); } catch (_) { /* drawn empty; the download is still offered */ }
+    // The answer holds the melody's track and one named "accompaniment" (musicrel.accompaniment).
+    const isAcc = (n) => parsed.tracks[n.track] === "accompaniment";
+    const url = URL.createObjectURL(new Blob([bytes], { type: "audio/midi" }));
+    const suffix = samples.length > 1 ? `-${(s.index ?? i) + 1}` : "";
+    return { bytes, url, raw: s, boundary: null,
+      motifNotes: parsed.notes.filter((n) => !isAcc(n)), contNotes: parsed.notes.filter(isAcc),
+      filename: `${base}-accompanied${body.seed != null ? `-seed${body.seed}` : ""}${suffix}.mid` };
+  });
+  const tabs = $("sample-tabs");
+  tabs.replaceChildren();
+  if (state.samples.length > 1) {
+    state.samples.forEach((_, i) => {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.setAttribute("role", "tab");
+      b.setAttribute("aria-controls", "roll");
+      b.id = `sample-tab-${i}`;
+      b.textContent = `Sample ${i + 1}`;
+      b.addEventListener("click", () => selectSample(i));
+      tabs.append(b);
+    });
+    tabs.hidden = false;
+  }
+  selectSample(0);
+  const t = body.timings || {};
+  const ms = (k, label) => (num(t[k]) != null ? `${label} ${fmt(t[k] / 1000, 3)} s` : null);
+  $("info-timings").textContent = [
+    ms("parse_ms", "parse"), ms("queue_ms", "queue"), ms("generation_ms", "generation"), ms("total_ms", "server total"),
+    `round trip ${fmt(elapsed, 2)} s`, num(body.real_time_factor) != null ? `${fmt(body.real_time_factor, 1)}× real time` : null,
+  ].filter(Boolean).join(" · ");
+  $("info-seed").textContent = body.seed ?? "—";
+  $("info-tokens-label").textContent = "Accompaniment";
+  $("info-tokens").textContent = `melody track ${body.melody_track}, ${fmt(body.seconds, 1)} s accompanied on ${body.instrument}` +
+    ((body.warnings || []).length ? ` — ${body.warnings.join("; ")}` : "");
+  $("result-info").hidden = false;
+  setState("done");
+  setStatus(`Done in ${fmt(elapsed, 1)} s: ${state.samples.length} accompaniment${state.samples.length > 1 ? "s" : ""}, ` +
+    `${state.samples[0].contNotes.length} notes under ${state.samples[0].motifNotes.length} of melody.`);
+}
 
 async function plainContinuation(signal, seed) {
   const form = buildForm();
@@ -1008,6 +1214,7 @@ $("cancel").addEventListener("click", () => state.abort && state.abort.abort());
 // --- result ---
 
 function showResult(body, elapsed) {
+  state.kind = "continue";
   state.response = body;
   const samples = body.samples || [];
   if (!samples.length) throw Object.assign(new Error("the server returned no samples"), { code: "empty_result" });
@@ -1071,6 +1278,7 @@ function showResult(body, elapsed) {
   ].filter(Boolean).join(" · ");
   $("info-seed").textContent = body.seed ?? "—";
   const tokens = body.new_tokens ?? samples.reduce((a, s) => a + (s.new_tokens || 0), 0);
+  $("info-tokens-label").textContent = "Tokens";
   $("info-tokens").textContent = `${tokens} new` + (num(p.tokens) != null ? `, primer ${p.tokens}` : "") +
     (body.batch && body.batch.requests > 1 ? ` (batched with ${body.batch.requests - 1} other request${body.batch.requests > 2 ? "s" : ""})` : "");
   $("result-info").hidden = false;
@@ -1093,10 +1301,12 @@ function selectSample(i, keepPlaying = false) {
   const a = $("download");
   a.href = s.url;
   a.download = s.filename;
-  a.textContent = `Download ${state.samples.length > 1 ? `sample ${i + 1}` : "continuation"} (.mid)`;
+  const accompanied = state.kind === "accompany";
+  a.textContent = `Download ${state.samples.length > 1 ? `sample ${i + 1}` : accompanied ? "melody + accompaniment" : "continuation"} (.mid)`;
   a.hidden = false;
-  $("info-notes").textContent = `${s.motifNotes.length} motif (the primer: its last ${fmt(s.boundary, 1)} s) + ` +
-    `${s.contNotes.length} continuation`;
+  $("info-notes").textContent = accompanied
+    ? `${s.motifNotes.length} melody + ${s.contNotes.length} accompaniment`
+    : `${s.motifNotes.length} motif (the primer: its last ${fmt(s.boundary, 1)} s) + ${s.contNotes.length} continuation`;
   $("play-all").disabled = !(s.motifNotes.length + s.contNotes.length);
   $("play-motif").disabled = !s.motifNotes.length;
   $("play-cont").disabled = !s.contNotes.length;
@@ -1119,7 +1329,7 @@ function play(which) {
   const { motif, cont, boundary } = currentLayers();
   const notes = which === "motif" ? motif : which === "cont" ? cont : [...motif, ...cont];
   try {
-    synth.play(notes, which === "cont" ? boundary : 0);
+    synth.play(notes, which === "cont" ? boundary || 0 : 0); // an accompaniment has no boundary: from 0
     $("stop").disabled = false;
   } catch (err) {
     showError(`cannot play audio: ${err.message}`, "audio");
@@ -1153,7 +1363,7 @@ async function pollReady() {
 async function loadModelInfo() {
   try {
     const r = await fetch("/v1/model");
-    if (!r.ok) return;
+    if (!r.ok) { $("mode-hint").textContent = "the server did not say whether it can accompany"; return; }
     const info = await r.json();
     const m = info.model || {};
     const bits = [];
@@ -1186,6 +1396,12 @@ async function loadModelInfo() {
         $("program").append(opt);
       });
     }
+    // Accompany is offered when the server has an accompaniment model (POST /v1/accompaniments).
+    const acc = info.accompaniment;
+    $("mode-accompany").disabled = !acc;
+    $("mode-hint").textContent = acc
+      ? `melodies up to ${fmt(acc.max_melody_seconds, 0)} s`
+      : "this server has no accompaniment model";
     if (num(limits.max_upload_bytes) != null) {
       $("upload-hint").textContent = `.mid / .midi, up to ${fmtBytes(limits.max_upload_bytes)}`;
     }

@@ -21,6 +21,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 60.0
+# No app made here loads the shipped checkpoints/accompany by accident (a second model to load in every test
+# app and server); the tests that serve accompaniments name their tiny one.
+os.environ.setdefault("MUSICREL_ACCOMPANY_CHECKPOINT", str(REPO / "tests" / "no-accompaniment-model"))
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +42,27 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
         vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=256
     )
     folder = tmp_path_factory.mktemp("tiny_checkpoint")
+    save_model(MusicTransformer(config), folder, codec=codec)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_accompany_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random accompaniment model: the melody codec (MELODY_ON/OFF tokens, tracks 0 and 1) and a
+    1-layer MusicTransformer, as tests/musicrel/test_accompaniment.py builds it."""
+    import torch
+
+    from musicrel.checkpoint import save_model
+    from musicrel.codec import CodecConfig, EventCodec
+    from musicrel.config import ModelConfig
+    from musicrel.model import MusicTransformer
+
+    torch.manual_seed(0)
+    codec = EventCodec(CodecConfig(melody=True, tracks=[0, 1]))
+    config = ModelConfig(
+        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=256
+    )
+    folder = tmp_path_factory.mktemp("tiny_accompany_checkpoint")
     save_model(MusicTransformer(config), folder, codec=codec)
     return folder
 
@@ -116,7 +140,10 @@ def start_server(
 
 
 @pytest.fixture(scope="session")
-def live_server(tiny_checkpoint, tmp_path_factory) -> Iterator[str]:
-    """Base URL (http://127.0.0.1:PORT) of a real uvicorn process serving `tiny_checkpoint`."""
-    with start_server(tiny_checkpoint, tmp_path_factory.mktemp("live_server")) as server:
+def live_server(tiny_checkpoint, tiny_accompany_checkpoint, tmp_path_factory) -> Iterator[str]:
+    """Base URL (http://127.0.0.1:PORT) of a real uvicorn process serving `tiny_checkpoint` (and
+    `tiny_accompany_checkpoint` for the page's Accompany mode)."""
+    folder = tmp_path_factory.mktemp("live_server")
+    accompany = {"MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint)}
+    with start_server(tiny_checkpoint, folder, **accompany) as server:
         yield server.url

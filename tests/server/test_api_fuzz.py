@@ -33,10 +33,16 @@ EXAMPLES = int(os.environ.get("MUSICREL_FUZZ_EXAMPLES", "10"))
 
 
 @pytest.fixture  # one app per test: schemathesis' plugin ends the app's lifespan as each test ends
-def schema(tiny_checkpoint):
+def schema(tiny_checkpoint, tiny_accompany_checkpoint):
     load_all_checks()
     # The tiny model's 256-token context keeps even the longest continuation cheap.
-    app = create_app(Settings(checkpoint=tiny_checkpoint, engine="thread", batch_window_ms=0))
+    settings = Settings(
+        checkpoint=tiny_checkpoint,
+        accompany_checkpoint=tiny_accompany_checkpoint,
+        engine="thread",
+        batch_window_ms=0,
+    )
+    app = create_app(settings)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     # The worker warms up in a thread of its own after the lifespan's start: a case sent before that is
     # answered 503 not_ready, rightly, and counted by the checks as a server error (it happened in CI).
@@ -56,6 +62,8 @@ def with_motif(case):
     file, which the schema cannot say either (422 no_such_track); low_note <= high_note."""
     if isinstance(case.body, dict) and "file" in case.body:
         case.body["file"] = MOTIF
+        if isinstance(case.body.get("track"), int):  # the accompaniment's melody track: the only one
+            case.body["track"] = 0
         if isinstance(case.body.get("tracks"), str):
             case.body["tracks"] = re.sub("[0-9]+", "0", case.body["tracks"])
         # Nor can it say that the lowest note is at most the highest (422 empty_range).

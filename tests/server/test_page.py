@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from server.accompaniments import AccompanimentParams
 from server.schemas import ContinuationParams
 from server.settings import STATIC_DIR, Settings
 
@@ -73,7 +74,10 @@ def _bound(field: str, kind: str) -> float | None:
 
 
 def test_every_form_field_is_an_api_field_and_every_api_field_has_an_input(form_inputs):
-    assert set(form_inputs) == set(ContinuationParams.model_fields)
+    # Both modes' fields share one form; `mode` is the page's own switch between them.
+    fields = set(ContinuationParams.model_fields) | set(AccompanimentParams.model_fields)
+    assert set(form_inputs) - {"mode"} == fields
+    assert form_inputs["mode"]["type"] == "radio"
 
 
 def test_every_input_has_a_label(tags):
@@ -111,9 +115,11 @@ def test_number_input_bounds_match_the_api(form_inputs, name):
 
 
 def test_defaults_match_the_api(form_inputs):
-    defaults = ContinuationParams()
+    defaults, accompaniment = ContinuationParams(), AccompanimentParams()
     for name, attrs in form_inputs.items():
-        expected = getattr(defaults, name)
+        if name == "mode":  # the page's switch, not a field
+            continue
+        expected = getattr(defaults if name in ContinuationParams.model_fields else accompaniment, name)
         if attrs["type"] == "checkbox":
             assert ("checked" in attrs) is expected, name
         elif attrs["type"] == "select":

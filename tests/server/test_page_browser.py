@@ -469,3 +469,101 @@ def test_first_note_latency_on_the_shipped_model(browser, shipped_server, motif_
         assert m["rerolls"]["heard"] < m["rerolls"]["result"] / 2, (name, m["rerolls"])
         assert m["rerolls"]["heard"] <= FIRST_NOTE_GOAL_MS, (name, m["rerolls"])
         assert m["first"]["heard"] <= FIRST_CONTINUE_BOUND_MS, (name, m["first"])
+
+
+# ---------------------------------------------------------------- Accompany mode
+def _melody_file(tmp_path: Path, chords: bool = False) -> Path:
+    """A two-track file: a tune named MELODY (triads at every onset when `chords`) and a bass line."""
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    tune = pretty_midi.Instrument(program=73, name="MELODY")
+    for k in range(12):
+        start = 0.5 + 0.4 * k
+        for interval in (0, 4, 7) if chords else (0,):
+            tune.notes.append(pretty_midi.Note(90, 64 + (k * 5) % 12 + interval, start, start + 0.3))
+    bass = pretty_midi.Instrument(program=32, name="BASS")
+    bass.notes = [pretty_midi.Note(70, 40, 0.5 + 0.8 * k, 1.2 + 0.8 * k) for k in range(6)]
+    pm.instruments += [bass, tune]  # the melody second: the page must find it by its name
+    path = tmp_path / ("chords.mid" if chords else "melody.mid")
+    pm.write(str(path))
+    return path
+
+
+# Pixels of the roll in each layer's hue: the melody's blue (--motif) and the accompaniment's orange (--cont),
+# at any velocity's transparency over the light background; the playhead's red (green below blue) is neither.
+COLOUR_COUNTS = """() => {
+  const c = document.getElementById('roll');
+  const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let blue = 0, orange = 0;
+  for (let i = 0; i < px.length; i += 4) {
+    const r = px[i], g = px[i + 1], b = px[i + 2];
+    if (b - r > 40 && b - g > 20) blue++;
+    if (r - b > 60 && g - b > 20) orange++;
+  }
+  return [blue, orange];
+}"""
+
+
+def _accompany_mode(page) -> None:
+    page.wait_for_function("!document.getElementById('mode-accompany').disabled")
+    page.check("#mode-accompany")
+    assert page.inner_text("#continue").strip() == "Accompany"
+    assert not page.is_visible("#seconds") and not page.is_visible("#primer_seconds")
+    assert page.is_visible("#track")
+
+
+def test_accompany_mode_draws_melody_and_accompaniment_in_two_colours_and_plays_them(page, tmp_path):
+    _accompany_mode(page)
+    page.set_input_files("#file", str(_melody_file(tmp_path)))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    # The menu numbers the instruments as the server does, and picks the one named like a melody.
+    assert page.eval_on_selector_all("#track option", "os => os.map(o => o.value)") == ["0", "1"]
+    assert page.input_value("#track") == "1"
+    blue, orange = page.evaluate(COLOUR_COUNTS)
+    assert blue > 100 and orange == 0, (blue, orange)  # the melody alone before Accompany
+    page.fill("#seed", "7")
+    page.fill("#num_samples", "1")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+
+    sample = page.evaluate(
+        "(() => { const s = window.musicrel.state.samples[0]; "
+        "return [s.motifNotes.length, s.contNotes.length]; })()"
+    )
+    assert sample[0] == 12, "the melody comes back with its 12 notes"
+    assert sample[1] > 0, "the tiny model wrote no accompaniment"
+    assert page.inner_text("#info-seed").strip() == "7"
+    assert "melody" in page.get_attribute("#roll", "aria-label")
+    assert page.inner_text("#legend-cont").strip() == "accompaniment"
+    blue, orange = page.evaluate(COLOUR_COUNTS)
+    assert blue > 100 and orange > 50, f"both layers drawn in their colours: blue {blue}, orange {orange}"
+
+    # Played together as soon as it came: the playhead runs and voices are scheduled.
+    page.wait_for_function("window.musicrel.roll.playhead > 0.2", timeout=5000)
+    assert page.evaluate("window.musicrel.synth.nodes.size") > 0
+    page.click("#stop")
+    assert page.evaluate("window.musicrel.synth.nodes.size") == 0
+
+    with page.expect_download() as info:
+        page.click("#download")
+    pm = pretty_midi.PrettyMIDI(info.value.path())
+    assert [i.name for i in pm.instruments] == ["MELODY", "accompaniment"]
+    assert len(pm.instruments[1].notes) == sample[1]
+
+    # Back to Continue: its fields return and its button says so.
+    page.check("#mode-continue")
+    assert page.inner_text("#continue").strip() == "Continue"
+    assert page.is_visible("#seconds") and not page.is_visible("#track")
+
+
+def test_accompany_mode_shows_a_melody_with_chords_as_an_error_beside_the_track(page, tmp_path):
+    _accompany_mode(page)
+    page.set_input_files("#file", str(_melody_file(tmp_path, chords=True)))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    page.fill("#seed", "7")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=error]", timeout=GENERATION_TIMEOUT_MS)
+    error = page.inner_text("#error")
+    assert "melody_has_chords" in error and "not a melody" in error, error
+    assert page.is_visible("#track-error")
+    assert page.get_attribute("#track", "aria-invalid") == "true"
+    assert page.is_enabled("#continue")

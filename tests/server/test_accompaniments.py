@@ -1,0 +1,268 @@
+"""POST /v1/accompaniments in-process (TestClient) with a tiny random accompaniment model: both answer forms,
+the melody kept as it was, reproducible seeds, every error of the melody with its status, the 503 without a
+model, the form's bounds, admission and metrics."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+
+import httpx
+import pretty_midi
+import pytest
+from fastapi.testclient import TestClient
+
+from musicrel.accompaniment import ACCOMPANIMENT_NAME
+from tests.server.test_api import error_of, metric, serve
+
+FIELDS = {"seed": "7"}
+
+
+def melody(
+    n: int = 12, step: float = 0.4, chords: bool = False, tracks: int = 1, drums: bool = False
+) -> bytes:
+    """A rising and falling tune on track 0; more tracks (a bass line) when asked; `chords`: a triad at
+    every onset instead of one note; `drums`: only a drum track."""
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    tune = pretty_midi.Instrument(program=73, name="MELODY", is_drum=drums)
+    for k in range(n):
+        start = 0.5 + k * step
+        for interval in (0, 4, 7) if chords else (0,):
+            tune.notes.append(pretty_midi.Note(90, 64 + (k * 5) % 12 + interval, start, start + 0.3))
+    pm.instruments.append(tune)
+    for t in range(1, tracks):
+        bass = pretty_midi.Instrument(program=32 + t, name=f"BASS{t}")
+        bass.notes = [pretty_midi.Note(70, 40 + t, 0.5 + k * 0.8, 1.2 + k * 0.8) for k in range(n // 2)]
+        pm.instruments.append(bass)
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    return buffer.getvalue()
+
+
+MELODY = melody()
+
+
+def post(client: TestClient, data: bytes = MELODY, json: bool = False, **fields) -> httpx.Response:
+    headers = {"accept": "application/json"} if json else {}
+    return client.post(
+        "/v1/accompaniments",
+        files={"file": ("melody.mid", data, "audio/midi")},
+        data={**FIELDS, **fields},
+        headers=headers,
+    )
+
+
+def notes_of(inst: pretty_midi.Instrument) -> list[tuple]:
+    return [(n.pitch, round(n.start, 3), round(n.end, 3), n.velocity) for n in inst.notes]
+
+
+def read(data: bytes) -> pretty_midi.PrettyMIDI:
+    return pretty_midi.PrettyMIDI(io.BytesIO(data))
+
+
+@pytest.fixture(scope="module")
+def client(tiny_checkpoint, tiny_accompany_checkpoint) -> Iterator[tuple[TestClient, object]]:
+    with serve(
+        tiny_checkpoint,
+        accompany_checkpoint=tiny_accompany_checkpoint,
+        batch_window_ms=0,
+        max_melody_seconds=30,
+    ) as pair:
+        yield pair
+
+
+# ---------------------------------------------------------------- answers
+def test_midi_answer_keeps_the_melody_and_adds_the_accompaniment_track(client):
+    c, _ = client
+    r = post(c)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "audio/midi"
+    assert r.headers["x-musicrel-seed"] == "7"
+    assert r.headers["x-musicrel-melody-track"] == "0"
+    assert 'filename="accompaniment-7.mid"' in r.headers["content-disposition"]
+    assert "generate;dur=" in r.headers["server-timing"]
+    out, given = read(r.content), read(MELODY)
+    assert [i.name for i in out.instruments] == ["MELODY", ACCOMPANIMENT_NAME]
+    assert out.instruments[0].program == 73 and out.instruments[1].program == 0  # piano by default
+    assert notes_of(out.instruments[0]) == notes_of(given.instruments[0])  # the melody, unchanged
+    accompaniment = out.instruments[1].notes
+    assert accompaniment, "the random tiny model wrote no note at all"
+    assert int(r.headers["x-musicrel-notes"]) == len(accompaniment)
+    # It follows the melody: nothing after the melody's end and the library's 1 s tail.
+    assert max(n.end for n in accompaniment) <= given.get_end_time() + 1.0 + 0.5
+
+
+def test_json_answer_has_every_sample_and_a_seed_that_repeats(client):
+    c, _ = client
+    r = post(c, json=True, num_samples="2", seed="11", program="Acoustic Bass")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["seed"] == 11 and body["melody_track"] == 0 and body["melody_notes"] == 12
+    assert body["settings"]["track"] == 0 and body["settings"]["program"] == 32
+    assert body["instrument"] == "Acoustic Bass"
+    assert body["seconds"] > 0 and body["real_time_factor"] > 0
+    assert set(body["timings"]) == {"parse_ms", "queue_ms", "generation_ms", "total_ms"}
+    assert [s["index"] for s in body["samples"]] == [0, 1]
+    files = [base64.b64decode(s["midi_base64"]) for s in body["samples"]]
+    for sample, data in zip(body["samples"], files, strict=True):
+        pm = read(data)
+        assert [i.name for i in pm.instruments] == ["MELODY", ACCOMPANIMENT_NAME]
+        assert pm.instruments[1].program == 32
+        assert sample["notes"] == len(pm.instruments[1].notes)
+    assert files[0] != files[1], "two samples of one request should differ"
+    again = post(c, json=True, num_samples="2", seed="11", program="Acoustic Bass").json()
+    assert [s["midi_base64"] for s in again["samples"]] == [s["midi_base64"] for s in body["samples"]]
+    # Sample 0 of a batch is the single answer of the same seed (per-row seeds, as a continuation's).
+    single = post(c, seed="11", program="32")
+    assert single.content == files[0]
+
+
+def test_the_track_field_picks_the_melody_of_a_file_with_several(client):
+    c, _ = client
+    data = melody(tracks=3)
+    r = post(c, data, json=True, track="0")
+    assert r.status_code == 200, r.text
+    out = read(base64.b64decode(r.json()["samples"][0]["midi_base64"]))
+    assert [i.name for i in out.instruments] == ["MELODY", ACCOMPANIMENT_NAME]  # the others left out
+    r = post(c, data, track="2")
+    assert r.status_code == 200 and r.headers["x-musicrel-melody-track"] == "2"
+    assert read(r.content).instruments[0].name == "BASS2"
+
+
+def test_controls_are_applied_and_reported(client):
+    c, _ = client
+    r = post(c, json=True, key="auto", low_note="48", high_note="60", key_strength="only")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["controls"]["key_detected"] is True and body["controls"]["key"]
+    part = read(base64.b64decode(body["samples"][0]["midi_base64"])).instruments[1].notes
+    assert all(48 <= n.pitch <= 60 for n in part)
+
+
+# ---------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    ("data", "fields", "code", "field"),
+    [
+        (melody(tracks=2), {}, "which_track", "track"),
+        (MELODY, {"track": "5"}, "no_such_track", "track"),
+        (melody(chords=True), {}, "melody_has_chords", "track"),
+        (melody(drums=True), {}, "no_notes", None),
+        (melody(n=100, step=0.4), {}, "too_long", None),  # 40 s, above this app's 30 s
+        (b"not a midi file at all", {}, "not_midi", None),
+    ],
+)
+def test_a_melody_it_cannot_accompany_is_a_clear_422(client, data, fields, code, field):
+    c, _ = client
+    r = post(c, data, **fields)
+    assert r.status_code == 422, r.text
+    error = error_of(r)
+    assert error["code"] == code
+    assert error.get("field") == field
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"seeed": "1"}, "seeed"),
+        ({"seconds": "10"}, "seconds"),  # a continuation's field: not one of this form's
+        ({"temperature": "0"}, "temperature"),
+        ({"temperature": "nan"}, "temperature"),
+        ({"num_samples": "5"}, "num_samples"),  # above MUSICREL_MAX_NUM_SAMPLES (4)
+        ({"track": "-1"}, "track"),
+        ({"program": "Kazoo Deluxe"}, "program"),
+        ({"low_note": "70", "high_note": "60"}, "low_note"),
+        ({"chords": "H:2"}, "chords"),
+    ],
+)
+def test_bad_fields_are_422_naming_the_field(client, fields, field):
+    c, _ = client
+    r = post(c, **fields)
+    assert r.status_code == 422, r.text
+    assert error_of(r)["field"] == field
+
+
+def test_an_empty_upload_is_422(client):
+    c, _ = client
+    r = post(c, b"")
+    assert r.status_code == 422 and error_of(r)["field"] == "file"
+
+
+def test_without_a_model_the_route_is_503_and_the_model_info_says_so(tiny_checkpoint, tmp_path):
+    with serve(tiny_checkpoint, accompany_checkpoint=tmp_path / "nothing") as (c, _):
+        r = post(c)
+        assert r.status_code == 503, r.text
+        assert error_of(r)["code"] == "no_accompaniment_model"
+        assert c.get("/v1/model").json()["accompaniment"] is None
+        assert post(c, b"").status_code == 503  # refused before the upload is looked at
+        # The continuation routes are untouched by the missing model.
+        continued = c.post("/v1/continuations", files={"file": ("m.mid", MELODY)}, data={"seconds": "0.3"})
+        assert continued.status_code == 200, continued.text
+
+
+def test_a_checkpoint_without_melody_tokens_is_not_served(tiny_checkpoint):
+    with serve(tiny_checkpoint, accompany_checkpoint=tiny_checkpoint) as (c, _):
+        r = post(c)
+        assert r.status_code == 503 and error_of(r)["code"] == "no_accompaniment_model"
+        assert "melody tokens" in error_of(r)["message"]
+
+
+def test_model_info_describes_the_accompaniment_model(client, tiny_accompany_checkpoint):
+    c, _ = client
+    info = c.get("/v1/model").json()["accompaniment"]
+    assert info["checkpoint"] == str(tiny_accompany_checkpoint)
+    assert info["max_melody_seconds"] == 30 and info["parameters"] > 0 and len(info["sha256"]) == 64
+
+
+def test_past_the_deadline_is_504(tiny_checkpoint, tiny_accompany_checkpoint):
+    with serve(tiny_checkpoint, accompany_checkpoint=tiny_accompany_checkpoint, request_timeout_s=0.05) as (
+        c,
+        service,
+    ):
+        r = post(c, melody(n=60, step=0.4))  # 24 s of melody: well over 50 ms on the tiny model
+        assert r.status_code == 504, r.text
+        assert error_of(r)["code"] == "timeout"
+        assert service.admission.admitted == 0  # the ticket went back
+
+
+# ---------------------------------------------------------------- admission, metrics, docs
+def test_counted_in_flight_and_refused_while_draining(client):
+    c, service = client
+    before = metric(
+        service, "musicrel_http_requests_total", route="/v1/accompaniments", method="POST", status="200"
+    )
+    assert post(c).status_code == 200
+    after = metric(
+        service, "musicrel_http_requests_total", route="/v1/accompaniments", method="POST", status="200"
+    )
+    assert after == before + 1
+    assert service.in_flight == 0 and service.admission.admitted == 0
+    service.draining = True
+    try:
+        r = post(c)
+        assert r.status_code == 503 and error_of(r)["code"] == "draining"
+    finally:
+        service.draining = False
+
+
+def test_upload_limit_applies(tiny_checkpoint, tiny_accompany_checkpoint):
+    with serve(tiny_checkpoint, accompany_checkpoint=tiny_accompany_checkpoint, max_upload_bytes=1024) as (
+        c,
+        _,
+    ):
+        r = post(c, melody(n=200))
+        assert r.status_code == 413 and error_of(r)["code"] == "too_large"
+
+
+def test_openapi_documents_the_form(client):
+    c, _ = client
+    document = c.get("/openapi.json").json()
+    operation = document["paths"]["/v1/accompaniments"]["post"]
+    assert {"200", "422", "503"} <= set(operation["responses"])
+    assert "no_accompaniment_model" in operation["responses"]["503"]["description"]
+    ref = operation["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[1]
+    body = document["components"]["schemas"][ref]
+    assert body["additionalProperties"] is False
+    assert {"file", "track", "seed", "program", "key", "chords", "max_polyphony"} <= set(body["properties"])
+    assert "seconds" not in body["properties"] and "primer_seconds" not in body["properties"]
+    assert body["properties"]["num_samples"]["maximum"] == 4

@@ -138,15 +138,20 @@ def held_out_files(folder: Path, split: str = "test", source: str | None = None)
     return [Path(f["path"]) for f in files]
 
 
-def file_sources(folder: Path) -> dict[str, str]:
-    """{file path: source} of every split of a prepared folder ({} for a plain folder or one source-less)."""
+def file_sources(folder: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """({file: source}, {file: its composition}) of a prepared folder's manifest; ({}, {}) for a plain folder.
+    A composition is named by the first file of its versions (`training.compositions`: ASAP has up to 29
+    performances of one piece); files with no other version are not listed."""
     manifest = folder / "manifest.json"
     if not manifest.is_file():
-        return {}
-    splits = json.loads(manifest.read_text()).get("splits", {})
-    return {
-        f["path"]: f["source"] for info in splits.values() for f in info.get("files", []) if f.get("source")
-    }
+        return {}, {}
+    info = json.loads(manifest.read_text())
+    files = [f for split in info.get("splits", {}).values() for f in split.get("files", [])]
+    groups = info.get("compositions", {}).get("multi_file", [])
+    return (
+        {f["path"]: f["source"] for f in files if f.get("source")},
+        {path: group["files"][0] for group in groups for path in group["files"]},
+    )
 
 
 def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit: int | None):
@@ -479,7 +484,7 @@ def evaluate_continuations(
     truth = [scored(describe(p.reference, seconds, p.key), p.reference) for p in pieces]
     truth_values = {m: [_json_value(t[m]) for t in truth] for m in intrinsic}
 
-    sources = file_sources(input_dir)
+    sources, compositions = file_sources(input_dir)
     motifs = [_shift(p.motif, p.primer.end_time) for p in pieces]
     try:
         classifier = two_sample(
@@ -488,6 +493,8 @@ def evaluate_continuations(
             heard,
             seconds,
             [source or sources.get(p.path) for p in pieces],
+            # performances of one composition share their notes: they stay on one side of every split
+            [compositions.get(p.path, p.path) for p in pieces],
             # real music follows the truth, `seconds` after the motif: the truth is what it joins
             real_contexts={"real-music": [_shift(p.reference, seconds) for p in pieces]},
             seed=seed,

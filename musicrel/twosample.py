@@ -6,11 +6,13 @@ system's continuations from the true continuations of the same motifs. It sees w
 self-repetition, and how the continuation joins what came before it. If it cannot do better than chance
 (balanced accuracy 50 %, AUC 0.5) the system's continuations are, to these features, indistinguishable.
 
-- Cross-validated by piece (GroupKFold): a piece's truth and all its samples sit on the same side of every
-  split, so the forest never learns a piece and recognises it.
+- Cross-validated by composition (GroupKFold): a piece's truth and all its samples, and every other
+  performance of the same composition (the prepared folder's `compositions`), sit on the same side of every
+  split. Split by file, the forest learned "bars 10-20 of the Mephisto Waltz are the truth" from one pianist
+  and recognised them in another's: real music read 90 % on ASAP performances.
 - Every seed's sample counts; the truth (one per piece) and the system (one per seed) weigh the same, so
   50 % is chance whatever --seeds is (balanced accuracy; AUC weighted the same way).
-- A 95 % percentile-bootstrap interval over pieces (all of a piece's rows resampled together).
+- A 95 % percentile-bootstrap interval over compositions (all of a composition's rows resampled together).
 - What gives a system away: per feature family, the held-out AUC of a small forest that sees that family
   alone (0.5: the family tells nothing; 1: it alone tells every time); and the full forest's most used
   single features with their mean on either side.
@@ -46,7 +48,7 @@ from musicrel.metrics import (
 )
 
 FOLDS = 5  # GroupKFold splits (fewer when there are fewer pieces)
-MIN_PIECES = 4  # fewer pieces with both sides and the test is left out (a fold needs pieces to hold out)
+MIN_PIECES = 4  # fewer compositions with both sides and the test is left out (folds need some to hold out)
 TREES = 100
 FAMILY_TREES = 25  # the forests that see one family alone (what gives a system away)
 TOP_FEATURES = 5
@@ -215,11 +217,15 @@ def _interval(stat, groups: np.ndarray, y, p, w, seed: int) -> dict:
     }
 
 
-def classify(truth: np.ndarray, samples: Sequence[np.ndarray], seed: int = 0) -> dict:
+def classify(
+    truth: np.ndarray, samples: Sequence[np.ndarray], seed: int = 0, compositions: Sequence | None = None
+) -> dict:
     """The two-sample test of one system on one set of pieces.
 
     truth: (pieces, features), the true continuation of each piece; samples: per piece, (seeds, features)
-    of the system's continuations (an empty array for a piece the system has none of: it is left out).
+    of the system's continuations (an empty array for a piece the system has none of: it is left out);
+    compositions: per piece, the composition it is a version of (default: every piece its own); the folds
+    and the bootstrap keep a composition's pieces together.
     Returns {pieces, samples, folds, accuracy, auc (each {mean, low, high}), give_away, top_features}."""
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.model_selection import GroupKFold
@@ -228,14 +234,21 @@ def classify(truth: np.ndarray, samples: Sequence[np.ndarray], seed: int = 0) ->
     keep = [i for i, s in enumerate(samples) if len(s)]
     X = np.concatenate([truth[keep]] + [samples[i] for i in keep])
     y = np.concatenate([np.zeros(len(keep)), np.ones(sum(len(samples[i]) for i in keep))])
+    ids = (
+        np.unique([str(c) for c in compositions], return_inverse=True)[1]
+        if compositions is not None
+        else None
+    )
+    piece_group = [int(ids[i]) if ids is not None else i for i in keep]
     groups = np.concatenate(
-        [np.arange(len(keep))] + [np.full(len(samples[i]), k) for k, i in enumerate(keep)]
+        [np.asarray(piece_group)]
+        + [np.full(len(samples[i]), g) for g, i in zip(piece_group, keep, strict=True)]
     )
     # the truth and the system weigh the same per piece: 1 truth row against 1/seeds of each sample row
     w = np.concatenate([np.ones(len(keep))] + [np.full(len(samples[i]), 1 / len(samples[i])) for i in keep])
     # "No value" (no notes, no interval) as a value no real one takes, so a tree can split it off.
     X = np.where(np.isfinite(X), X, MISSING)
-    folds = min(FOLDS, len(keep))
+    folds = min(FOLDS, len(np.unique(groups)))
     proba = np.zeros(len(y))
     family_of = np.array([n.split(":")[0] for n in names])
     alone = {f: np.zeros(len(y)) for f in FAMILIES}  # out-of-fold scores of a forest on one family
@@ -262,6 +275,7 @@ def classify(truth: np.ndarray, samples: Sequence[np.ndarray], seed: int = 0) ->
     system_rows, truth_rows = y == 1, y == 0
     return {
         "pieces": len(keep),
+        "compositions": int(len(np.unique(groups))),
         "samples": int(system_rows.sum()),
         "folds": folds,
         "accuracy": _interval(_accuracy, groups, y, proba, w, BOOTSTRAP_SEED),
@@ -285,6 +299,7 @@ def two_sample(
     systems: dict[str, list[list[list]]],
     seconds: float,
     sources: Sequence[str | None],
+    compositions: Sequence | None = None,
     real_contexts: dict[str, Sequence[list]] | None = None,
     seed: int = 0,
 ) -> dict:
@@ -292,8 +307,9 @@ def two_sample(
 
     contexts[i]: piece i's motif (times relative to the cut); truths[i]: its true continuation;
     systems[name][i]: the system's continuations of piece i, one note list per seed (empty: none);
-    sources[i]: piece i's corpus (None when unknown: one section "all"); real_contexts[name][i]: the context
-    a system's continuation follows when it is not the motif (real music follows the truth).
+    sources[i]: piece i's corpus (None when unknown: one section "all"); compositions[i]: the composition
+    piece i is a version of (default: its own); real_contexts[name][i]: the context a system's continuation
+    follows when it is not the motif (real music follows the truth).
     Returns {"classifier", "features", "sections": {source: {"pieces", "systems", "left_out"}}}. Raises
     TwoSampleUnavailable without scikit-learn."""
     try:
@@ -315,14 +331,15 @@ def two_sample(
                 np.stack([features(n, ctx[i], seconds) for n in runs[i]]) if runs[i] else np.zeros((0, 0))
                 for i in idx
             ]
-            usable = sum(len(s) > 0 for s in samples)
+            comps = [i if compositions is None else compositions[i] for i in idx]
+            usable = len({c for c, s in zip(comps, samples, strict=True) if len(s)})
             if usable < MIN_PIECES:
-                section["left_out"][name] = f"{usable} pieces with continuations (< {MIN_PIECES})"
+                section["left_out"][name] = f"{usable} compositions with continuations (< {MIN_PIECES})"
                 continue
-            section["systems"][name] = classify(truth_x[idx], samples, seed)
+            section["systems"][name] = classify(truth_x[idx], samples, seed, comps)
         sections[source] = section
     return {
-        "classifier": f"random forest ({TREES} trees), GroupKFold by piece ({FOLDS} folds at most)",
+        "classifier": f"random forest ({TREES} trees), GroupKFold by composition ({FOLDS} folds at most)",
         "confidence": CONFIDENCE,
         "features": feature_names(),
         "sections": sections,

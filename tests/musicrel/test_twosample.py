@@ -5,6 +5,9 @@ apart, a piece's rows never straddle a split; then inside evaluate-continuations
 from __future__ import annotations
 
 import math
+import os
+import re
+import wave
 
 import numpy as np
 import pretty_midi
@@ -219,19 +222,24 @@ def two_sources(tmp_path_factory):
     return tmp
 
 
-def test_evaluate_continuations_reports_the_classifier_per_source(two_sources):
+@pytest.fixture(scope="module")
+def report(two_sources):
     from musicrel.evaluation import evaluate_continuations
-    from musicrel.report import format_table
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        report = evaluate_continuations(
+        return evaluate_continuations(
             two_sources / "ckpt", two_sources / "data", motif_seconds=3.0, seconds=2.0, seeds=2,
             split="train,val,test", systems=["untrained", "repeat-motif", "real-music"],
         )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
+
+
+def test_evaluate_continuations_reports_the_classifier_per_source(report):
+    from musicrel.report import format_table
+
     sections = report["two_sample"]["sections"]
     assert sorted(sections) == ["eighths", "low"] and sum(s["pieces"] for s in sections.values()) == 12
     for source, section in sections.items():
@@ -247,3 +255,78 @@ def test_evaluate_continuations_reports_the_classifier_per_source(two_sources):
     assert set(report["examples"][0]["continuations"]) == {"untrained", "repeat-motif", "real-music"}
     table = format_table(report)
     assert "real vs generated" in table and "eighths (6 pieces)" in table and "low (6 pieces)" in table
+
+
+# ------------------------------------------------------------------------------------------ report.html
+
+
+def _require_audio() -> None:
+    from musicrel.report_html import AudioUnavailable, find_soundfont, synthesize
+
+    try:
+        synthesize([[60, 0.0, 0.2, 80]], find_soundfont())
+    except AudioUnavailable as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(str(exc))  # CI must render audio, never skip it silently
+        pytest.skip(f"{exc} (make audio installs it)")
+
+
+@pytest.fixture(scope="module")
+def written(report, tmp_path_factory):
+    from musicrel.report import write_report
+
+    _require_audio()
+    return write_report(report, tmp_path_factory.mktemp("report"))
+
+
+def test_report_html_has_rolls_and_audio_that_open_offline(report, written):
+    page = written["html"].read_text()
+    examples = report["examples"]
+    lines = len(examples) * (1 + len(report["systems"]))  # motif + truth, then motif + each system
+    assert len(examples) == 4 and page.count('<svg class="roll"') == lines
+    sources = re.findall(r'src="([^"]+)"', page)
+    assert len([s for s in sources if s.endswith(".wav")]) == lines
+    for src in sources:  # every file is beside the page, named relatively: no server, no network
+        assert not re.match(r"[a-z]+:", src) and (written["html"].parent / src).is_file(), src
+    for wav in (written["html"].parent / "audio").glob("*.wav"):
+        with wave.open(str(wav)) as w:  # motif (3 s) + continuation (<= 2 s) and the synth's release
+            assert 3.0 <= w.getnframes() / w.getframerate() <= 8.0, wav
+            assert np.abs(np.frombuffer(w.readframes(w.getnframes()), np.int16)).max() > 1000, wav
+    assert "eighths" in page and "low" in page and "untrained" in page and "metrics.png" in page
+
+
+def test_report_html_in_a_real_browser(written):
+    from tests.server.test_page_browser import CHROMIUM, CHROMIUM_ARGS, _require_chromium
+
+    _require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(written["html"].as_uri())
+            # every player has loaded its file and knows how long it is
+            page.wait_for_function(
+                "Array.from(document.querySelectorAll('audio'))"
+                ".every(a => a.readyState >= 1 && a.duration > 0)",
+                timeout=20_000,
+            )
+            durations = page.eval_on_selector_all("audio", "els => els.map(a => a.duration)")
+            assert len(durations) == 16 and all(3.0 <= d <= 8.0 for d in durations)
+            rolls = page.locator("svg.roll")
+            assert rolls.count() == 16
+            for i in range(rolls.count()):
+                box = rolls.nth(i).bounding_box()
+                assert box and box["width"] > 100 and box["height"] > 50
+            notes = page.eval_on_selector_all(
+                "svg.roll", "els => els.map(e => e.querySelectorAll('rect').length)"
+            )
+            assert all(n > 1 for n in notes)  # the background and at least one note
+            images = page.eval_on_selector_all("img", "els => els.map(i => i.naturalWidth)")
+            assert len(images) == 2 and all(w > 0 for w in images)
+            assert errors == []
+        finally:
+            browser.close()

@@ -119,7 +119,7 @@ def test_sources_are_separate_sections_and_real_music_joins_the_truth():
     assert pop["systems"]["model"]["accuracy"]["mean"] > 0.9
     assert bach["systems"]["model"]["accuracy"]["mean"] < 0.8
     assert "sparse" not in pop["systems"] and pop["left_out"]["sparse"].startswith(
-        f"1 pieces with continuations (< {MIN_PIECES})"
+        f"1 compositions with continuations (< {MIN_PIECES})"
     )
     lines = "\n".join(format_two_sample(result))
     assert "pop (8 pieces)" in lines and "bach (8 pieces)" in lines and "left out" in lines

@@ -122,10 +122,11 @@ def _silent_share(notes, seconds: float) -> float:
     return 1.0 - covered / seconds
 
 
-def features(notes, context, seconds: float) -> np.ndarray:
+def features(notes, context, seconds: float, key_notes=None) -> np.ndarray:
     """The columns of `feature_names` for one continuation. notes: the continuation, from time 0 (clipped to
-    `seconds`); context: what it follows (the motif), times relative to the cut (negative)."""
-    key = find_key(context)
+    `seconds`); context: what it follows (the motif), times relative to the cut (negative); key_notes: the
+    notes whose key the pitch classes are read in (default: the context)."""
+    key = find_key(context if key_notes is None else key_notes)
     tonic = key[0] if key else 0  # pitch classes relative to the context's tonic: "the fifth", not "G"
     pitch = np.array([n.pitch for n in notes], dtype=np.float64)
     velocity = np.array([n.velocity for n in notes], dtype=np.float64)
@@ -321,6 +322,9 @@ def two_sample(
             "scikit-learn is not installed: pip install 'musicrel[report]' (make test does)"
         ) from exc
     truth_x = np.stack([features(t, c, seconds) for t, c in zip(truths, contexts, strict=True)])
+    # Pitch classes are read in the motif's key for every system, real music too: the piece's key is the
+    # motif's. Read in the truth's own key (a later window's estimate is more often a fifth off), real music
+    # on POP909 was told apart by tonic+5 and tonic+7 (0.15 vs 0.12, 0.16 vs 0.20).
     real_contexts = real_contexts or {}
     sections: dict[str, dict] = {}
     labels = ["all" if s is None else s for s in sources]
@@ -330,7 +334,9 @@ def two_sample(
         for name, runs in systems.items():
             ctx = real_contexts.get(name, contexts)
             samples = [
-                np.stack([features(n, ctx[i], seconds) for n in runs[i]]) if runs[i] else np.zeros((0, 0))
+                np.stack([features(n, ctx[i], seconds, contexts[i]) for n in runs[i]])
+                if runs[i]
+                else np.zeros((0, 0))
                 for i in idx
             ]
             comps = [i if compositions is None else compositions[i] for i in idx]

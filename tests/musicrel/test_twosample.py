@@ -164,6 +164,13 @@ def test_a_piece_never_sits_on_both_sides_of_a_split(monkeypatch):
     assert set().union(*(test for _, test in seen)) == set(range(10))
     # identical rows on both sides: nothing to learn, whatever the weights
     assert r["auc"]["mean"] == pytest.approx(0.5, abs=0.1)
+    # two performances of one composition (pieces 0 and 1) are one group: never on both sides either
+    seen.clear()
+    r = classify(truth_x, samples, compositions=["bwv846", "bwv846", *(f"c{i}" for i in range(2, 10))])
+    assert r["compositions"] == 9 and r["pieces"] == 10
+    assert (
+        all(train.isdisjoint(test) for train, test in seen) and len(set().union(*(t for _, t in seen))) == 9
+    )
 
 
 def test_without_scikit_learn_the_test_is_left_out_with_the_reason(monkeypatch):
@@ -330,3 +337,23 @@ def test_report_html_in_a_real_browser(written):
             assert errors == []
         finally:
             browser.close()
+
+
+def test_file_sources_reads_sources_and_versions_of_one_composition(tmp_path):
+    import json
+
+    from musicrel.evaluation import file_sources
+
+    files = [
+        {"path": f"/m/{n}.mid", "source": src} for n, src in (("a1", "asap"), ("a2", "asap"), ("p", "pop"))
+    ]
+    manifest = {
+        "splits": {"test": {"files": files[:2]}, "val": {"files": files[2:]}},
+        "compositions": {"multi_file": [{"split": "test", "files": ["/m/a1.mid", "/m/a2.mid"]}]},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    sources, compositions = file_sources(tmp_path)
+    assert sources == {"/m/a1.mid": "asap", "/m/a2.mid": "asap", "/m/p.mid": "pop"}
+    # two performances of one piece share a composition; a piece with no other version is not listed
+    assert compositions == {"/m/a1.mid": "/m/a1.mid", "/m/a2.mid": "/m/a1.mid"}
+    assert file_sources(tmp_path / "plain") == ({}, {})

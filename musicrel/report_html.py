@@ -111,14 +111,14 @@ def _classifier_html(result: dict) -> str:
         "<p>A classifier (" + html.escape(result["classifier"]) + ") is asked to tell each system's "
         "continuations from the true continuations of the same motifs, on features a musician would name. "
         "Balanced accuracy 50 % (AUC 0.5) means it cannot: indistinguishable. Intervals: "
-        f"{100 * result['confidence']:g} % bootstrap over pieces. Given away by: the held-out AUC of a "
+        f"{100 * result['confidence']:g} % bootstrap over compositions. Given away by: the held-out AUC of a "
         "classifier that sees one feature family alone.</p>"
     ]
     for source, section in result["sections"].items():
         parts.append(f"<h3>{html.escape(source)} ({section['pieces']} pieces)</h3>")
         rows = [
-            "<tr><th>system</th><th>pieces</th><th>accuracy</th><th>AUC</th><th>given away by</th>"
-            "<th>top features (system vs truth)</th></tr>"
+            "<tr><th>system</th><th>pieces (compositions)</th><th>accuracy</th><th>AUC</th>"
+            "<th>given away by</th><th>top features (system vs truth)</th></tr>"
         ]
         for name, r in section["systems"].items():
             away = ", ".join(f"{g['family']} ({g['auc_alone']:.2f})" for g in r["give_away"][:3])
@@ -129,7 +129,7 @@ def _classifier_html(result: dict) -> str:
             auc = r["auc"]
             rows.append(
                 f'<tr class="classifier" data-system="{html.escape(name)}"><td>{html.escape(name)}</td>'
-                f"<td>{r['pieces']}</td><td>{_pct(r['accuracy'])}</td>"
+                f"<td>{r['pieces']} ({r['compositions']})</td><td>{_pct(r['accuracy'])}</td>"
                 f"<td>{auc['mean']:.2f} [{auc['low']:.2f}, {auc['high']:.2f}]</td>"
                 f"<td>{html.escape(away)}</td><td>{top}</td></tr>"
             )

@@ -372,7 +372,8 @@ def format_two_sample(result: dict) -> list[str]:
             away = ", ".join(f"{g['family']} {g['auc_alone']:.2f}" for g in r["give_away"][:3]) or "-"
             lines.append(
                 f"    {name.ljust(width)}  accuracy {_pct(r['accuracy'])}  AUC {r['auc']['mean']:.2f} "
-                f"[{r['auc']['low']:.2f},{r['auc']['high']:.2f}]  n={r['pieces']}  given away by: {away}"
+                f"[{r['auc']['low']:.2f},{r['auc']['high']:.2f}]  n={r['pieces']} "
+                f"({r['compositions']} compositions)  given away by: {away}"
             )
         for name, reason in section["left_out"].items():
             lines.append(f"    {name.ljust(width)}  left out: {reason}")

@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 CHECKPOINT ?= checkpoints/default
 
-.PHONY: run test lint bench browser clean
+.PHONY: run test lint bench browser audio clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +28,18 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium missing: run 'sudo apt-get install chromium' for the browser test"; fi; }
 
+# The synthesizer and General MIDI soundfont report.html renders its audio with (Debian packages; pyfluidsynth,
+# in the `report` extra, loads libfluidsynth).
+audio:
+	@{ command -v fluidsynth >/dev/null 2>&1 && [ -f /usr/share/sounds/sf2/TimGM6mb.sf2 ]; } || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+	    apt-get install -y -qq --no-install-recommends fluidsynth timgm6mb-soundfont >/dev/null; \
+	  else echo "fluidsynth or soundfont missing: run 'sudo apt-get install fluidsynth timgm6mb-soundfont'"; fi; }
+
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 
-test: $(VENV)/.installed browser lint
+test: $(VENV)/.installed browser audio lint
 	$(BIN)/pytest -q
 
 bench: $(VENV)/.installed

@@ -54,6 +54,7 @@ from musicrel.ngram import NGramModel
 from musicrel.novelty import NoveltyIndex, load_index
 from musicrel.primer import default_max_primer_tokens, primer_at_cut, render
 from musicrel.sampling import SamplingParams, row_seed
+from musicrel.twosample import TwoSampleUnavailable, two_sample
 
 SYSTEMS = ("model", "model-no-grammar", "untrained", "ngram", "repeat-motif", "real-music")
 GENERATED = SYSTEMS[:4]  # systems that write token streams (scored for grammar, drawn as piano rolls)
@@ -135,6 +136,22 @@ def held_out_files(folder: Path, split: str = "test", source: str | None = None)
             raise EvaluationError(f"{manifest} has no source {source!r} (has {known})", code="no_input")
         files = [f for f in files if f.get("source") == source]
     return [Path(f["path"]) for f in files]
+
+
+def file_sources(folder: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """({file: source}, {file: its composition}) of a prepared folder's manifest; ({}, {}) for a plain folder.
+    A composition is named by the first file of its versions (`training.compositions`: ASAP has up to 29
+    performances of one piece); files with no other version are not listed."""
+    manifest = folder / "manifest.json"
+    if not manifest.is_file():
+        return {}, {}
+    info = json.loads(manifest.read_text())
+    files = [f for split in info.get("splits", {}).values() for f in split.get("files", [])]
+    groups = info.get("compositions", {}).get("multi_file", [])
+    return (
+        {f["path"]: f["source"] for f in files if f.get("source")},
+        {path: group["files"][0] for group in groups for path in group["files"]},
+    )
 
 
 def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit: int | None):
@@ -277,6 +294,11 @@ def _json_value(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
+def _shift(notes, shift: float) -> list:
+    """The notes moved `shift` seconds earlier (a motif in source time -> times relative to its cut)."""
+    return [pretty_midi.Note(n.velocity, n.pitch, n.start - shift, n.end - shift) for n in notes]
+
+
 def _notes_json(notes, shift: float = 0.0) -> list[list]:
     return [[n.pitch, round(n.start - shift, 3), round(n.end - shift, 3), n.velocity] for n in notes]
 
@@ -406,6 +428,8 @@ def evaluate_continuations(
 
     # runs[system][piece]: the scores of each seed; real music and the repeated motif need one run.
     runs: dict[str, list[list[dict]]] = {s: [[] for _ in pieces] for s in names}
+    # heard[system][piece]: the notes of each seed, for the real-vs-generated classifier and the audio
+    heard: dict[str, list[list]] = {s: [[] for _ in pieces] for s in names}
     timings = dict.fromkeys(names, 0.0)
     examples: dict[int, list] = {}
     example_system = next((s for s in GENERATED if s in names), None)
@@ -420,6 +444,7 @@ def evaluate_continuations(
                     p = pieces[i]
                     repeated = repeat_motif(p.motif, seconds)
                     runs[name][i] = [scored(compare(repeated, p.reference, seconds, p.key), repeated)]
+                    heard[name][i] = [repeated]
             elif name == "real-music":
                 for i in chunk:
                     p = pieces[i]
@@ -427,12 +452,14 @@ def evaluate_continuations(
                     runs[name][i] = (
                         [] if after is None else [scored(compare(after, p.reference, seconds, p.key), after)]
                     )
+                    heard[name][i] = [] if after is None else [after]
             else:
                 outputs = _continuations(name, models, ngram, codec, jobs)
                 for i, out in zip(chunk, outputs, strict=True):
+                    heard[name][i] = [_clip(notes, seconds) for notes, _ in out]
                     runs[name][i] = [
-                        scored(_score_tokens(codec, pieces[i], notes, tk, seconds), _clip(notes, seconds))
-                        for notes, tk in out
+                        scored(_score_tokens(codec, pieces[i], notes, tk, seconds), clipped)
+                        for (notes, tk), clipped in zip(out, heard[name][i], strict=True)
                     ]
                     if name == example_system and i < EXAMPLES:
                         examples[i] = _clip(out[0][0], seconds)
@@ -456,6 +483,24 @@ def evaluate_continuations(
     intrinsic = [m.name for m in metrics if m.intrinsic]
     truth = [scored(describe(p.reference, seconds, p.key), p.reference) for p in pieces]
     truth_values = {m: [_json_value(t[m]) for t in truth] for m in intrinsic}
+
+    sources, compositions = file_sources(input_dir)
+    motifs = [_shift(p.motif, p.primer.end_time) for p in pieces]
+    try:
+        classifier = two_sample(
+            motifs,
+            [p.reference for p in pieces],
+            heard,
+            seconds,
+            [source or sources.get(p.path) for p in pieces],
+            # performances of one composition share their notes: they stay on one side of every split
+            [compositions.get(p.path, p.path) for p in pieces],
+            # real music follows the truth, `seconds` after the motif: the truth is what it joins
+            real_contexts={"real-music": [_shift(p.reference, seconds) for p in pieces]},
+            seed=seed,
+        )
+    except TwoSampleUnavailable as exc:
+        classifier, left_out["two_sample"] = None, str(exc)
 
     warnings = []
     if len(pieces) < MIN_PIECES:
@@ -487,6 +532,7 @@ def evaluate_continuations(
             "per_piece": truth_values,
         },
         "systems": report_systems,
+        **({"two_sample": classifier} if classifier else {}),
         "examples": [
             {
                 "file": pieces[i].path,
@@ -494,6 +540,8 @@ def evaluate_continuations(
                 "motif": _notes_json(pieces[i].motif, shift=pieces[i].primer.end_time),
                 "truth": _notes_json(pieces[i].reference),
                 "continuation": _notes_json(notes),
+                # every system's first continuation, to hear beside the truth (musicrel.report_html)
+                "continuations": {n: _notes_json(heard[n][i][0] if heard[n][i] else []) for n in names},
             }
             for i, notes in sorted(examples.items())
         ],

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from musicrel.plots import plot_metrics, plot_pianorolls
+from musicrel.report_html import write_html
+from musicrel.twosample import format_two_sample
 
 
 def _cell(summary: dict, name: str) -> str:
@@ -63,13 +65,16 @@ def format_table(report: dict) -> str:
     ]
     table.insert(2, "-" * len(table[1]))
     lines += table
+    if "two_sample" in report:
+        lines += format_two_sample(report["two_sample"])
     timing = ", ".join(f"{n} {s['seconds']:.0f} s" for n, s in report["systems"].items())
     lines.append(f"time: {timing}")
     return "\n".join(lines)
 
 
 def write_report(report: dict, out_dir) -> dict[str, Path]:
-    """report.json, metrics.png and pianorolls.png in `out_dir` (created); returns their paths."""
+    """report.json, metrics.png, pianorolls.png and report.html (with audio/) in `out_dir` (created); returns
+    their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -80,4 +85,6 @@ def write_report(report: dict, out_dir) -> dict[str, Path]:
     paths["json"].write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
     plot_metrics(report, paths["metrics"])
     plot_pianorolls(report, paths["pianorolls"])
+    pictures = {k: paths[k] for k in ("metrics", "pianorolls")}
+    paths["html"] = write_html(report, out_dir, format_table(report), pictures)
     return paths

@@ -1,0 +1,215 @@
+"""report.html: an `evaluate-continuations` report to read, look at and listen to, offline.
+
+One page beside report.json: the table, the real-vs-generated classifier per source, the plots, and for the
+example pieces motif + truth beside motif + each system, each as a piano roll (inline SVG) and as audio. The
+audio is rendered with a General MIDI soundfont through pretty_midi's `fluidsynth()` (pyfluidsynth; Debian's
+`fluidsynth` and `timgm6mb-soundfont`, which `make test` installs) into WAV files under `audio/`, referenced
+relatively: the folder opens from disk with no server and no network. Without the synthesizer or a
+soundfont the page still has everything else and says why it has no audio.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import wave
+from pathlib import Path
+
+import numpy as np
+import pretty_midi
+
+from musicrel.errors import MusicrelError
+
+# Debian's General MIDI soundfonts, smallest first (timgm6mb: 6 MB, what `make` installs).
+SOUNDFONTS = (
+    "/usr/share/sounds/sf2/TimGM6mb.sf2",
+    "/usr/share/sounds/sf2/default-GM.sf2",
+    "/usr/share/sounds/sf2/FluidR3_GM.sf2",
+)
+SAMPLE_RATE = 16000  # Hz: plenty for a piano sketch, and 20 s of mono 16-bit is 640 kB
+AUDIO_DIR = "audio"
+ROLL_WIDTH, ROLL_HEIGHT = 640, 130
+MOTIF_COLOR, TRUTH_COLOR, CUT_COLOR = "#999", "#111", "#d62728"
+SYSTEM_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+
+
+class AudioUnavailable(MusicrelError):
+    """No synthesizer (pyfluidsynth / libfluidsynth) or no General MIDI soundfont to render audio with."""
+
+    code = "audio_unavailable"
+
+
+def find_soundfont() -> Path:
+    """MUSICREL_SOUNDFONT if set, else the first Debian GM soundfont present."""
+    named = os.environ.get("MUSICREL_SOUNDFONT")
+    for candidate in [named] if named else SOUNDFONTS:
+        if Path(candidate).is_file():
+            return Path(candidate)
+    raise AudioUnavailable(
+        f"no General MIDI soundfont at {named or ', '.join(SOUNDFONTS)}: "
+        "apt-get install timgm6mb-soundfont (make test does), or set MUSICREL_SOUNDFONT"
+    )
+
+
+def synthesize(notes: list[list], soundfont: Path, program: int = 0) -> np.ndarray:
+    """int16 mono samples at SAMPLE_RATE of [pitch, start, end, velocity] rows (times >= 0)."""
+    try:
+        import fluidsynth  # noqa: F401  (pretty_midi imports it lazily and hides why it failed)
+    except (ImportError, OSError) as exc:
+        raise AudioUnavailable(f"pyfluidsynth unusable ({exc}): pip install pyfluidsynth") from exc
+    pm = pretty_midi.PrettyMIDI()
+    inst = pretty_midi.Instrument(program=program)
+    inst.notes = [pretty_midi.Note(int(v), int(p), float(s), float(e)) for p, s, e, v in notes]
+    pm.instruments.append(inst)
+    audio = pm.fluidsynth(fs=SAMPLE_RATE, synthesizer=str(soundfont))
+    return (np.clip(audio, -1.0, 1.0) * 32767 * 0.9).astype(np.int16)
+
+
+def write_wav(samples: np.ndarray, path: Path) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(samples.tobytes())
+
+
+def piano_roll_svg(
+    motif: list[list], continuation: list[list], color: str, before: float, after: float
+) -> str:
+    """Motif (grey, negative times) and continuation (colour, from the cut at 0) as an inline SVG."""
+    pitches = [n[0] for n in motif + continuation] or [60]
+    low, high = min(pitches) - 1, max(pitches) + 1
+    row = ROLL_HEIGHT / (high - low + 1)
+
+    def x(t: float) -> float:
+        return (t + before) / (before + after) * ROLL_WIDTH
+
+    rects = []
+    for notes, fill in ((motif, MOTIF_COLOR), (continuation, color)):
+        for p, s, e, v in notes:
+            rects.append(
+                f'<rect x="{x(s):.1f}" y="{(high - p) * row:.1f}" width="{max(x(e) - x(s), 1.0):.1f}" '
+                f'height="{max(row - 0.5, 1.0):.1f}" fill="{fill}" '
+                f'fill-opacity="{0.35 + 0.65 * v / 127:.2f}"/>'
+            )
+    return (
+        f'<svg class="roll" width="{ROLL_WIDTH}" height="{ROLL_HEIGHT}" '
+        f'viewBox="0 0 {ROLL_WIDTH} {ROLL_HEIGHT}" '
+        f'xmlns="http://www.w3.org/2000/svg"><rect width="100%" height="100%" fill="#fafafa"/>'
+        + "".join(rects)
+        + f'<line x1="{x(0):.1f}" x2="{x(0):.1f}" y1="0" y2="{ROLL_HEIGHT}" stroke="{CUT_COLOR}"/></svg>'
+    )
+
+
+def _pct(ci: dict) -> str:
+    return f"{100 * ci['mean']:.0f} % [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}]"
+
+
+def _classifier_html(result: dict) -> str:
+    parts = [
+        "<p>A classifier (" + html.escape(result["classifier"]) + ") is asked to tell each system's "
+        "continuations from the true continuations of the same motifs, on features a musician would name. "
+        "Balanced accuracy 50 % (AUC 0.5) means it cannot: indistinguishable. Intervals: "
+        f"{100 * result['confidence']:g} % bootstrap over compositions. Given away by: the held-out AUC of a "
+        "classifier that sees one feature family alone.</p>"
+    ]
+    for source, section in result["sections"].items():
+        parts.append(f"<h3>{html.escape(source)} ({section['pieces']} pieces)</h3>")
+        rows = [
+            "<tr><th>system</th><th>pieces (compositions)</th><th>accuracy</th><th>AUC</th>"
+            "<th>given away by</th><th>top features (system vs truth)</th></tr>"
+        ]
+        for name, r in section["systems"].items():
+            away = ", ".join(f"{g['family']} ({g['auc_alone']:.2f})" for g in r["give_away"][:3])
+            top = "<br>".join(
+                html.escape(f"{f['name']}: {f['system']:.3g} vs {f['truth']:.3g}")
+                for f in r["top_features"][:3]
+            )
+            auc = r["auc"]
+            rows.append(
+                f'<tr class="classifier" data-system="{html.escape(name)}"><td>{html.escape(name)}</td>'
+                f"<td>{r['pieces']} ({r['compositions']})</td><td>{_pct(r['accuracy'])}</td>"
+                f"<td>{auc['mean']:.2f} [{auc['low']:.2f}, {auc['high']:.2f}]</td>"
+                f"<td>{html.escape(away)}</td><td>{top}</td></tr>"
+            )
+        for name, reason in section["left_out"].items():
+            rows.append(
+                f"<tr><td>{html.escape(name)}</td><td colspan=5>left out: {html.escape(reason)}</td></tr>"
+            )
+        parts.append("<table>" + "".join(rows) + "</table>")
+    return "\n".join(parts)
+
+
+def _listen_html(report: dict, out_dir: Path) -> str:
+    """Per example piece: motif + truth, then motif + each system: a piano roll and an audio player each."""
+    before, after = report["motif_seconds"], report["seconds"]
+    try:
+        soundfont = find_soundfont()
+        note = f"Audio: General MIDI piano from {soundfont.name} (fluidsynth), {SAMPLE_RATE} Hz."
+    except AudioUnavailable as exc:
+        soundfont, note = None, f"No audio: {exc}"
+    parts = [f'<p class="audio-note">{html.escape(note)} The red line is the cut; grey is the motif.</p>']
+    if soundfont is not None:
+        (out_dir / AUDIO_DIR).mkdir(exist_ok=True)
+    colors = dict(zip(report["systems"], SYSTEM_COLORS, strict=False))
+    for k, ex in enumerate(report["examples"]):
+        parts.append(f'<div class="example"><h3>{html.escape(Path(ex["file"]).name)}</h3>')
+        lines = [("truth", ex["truth"], TRUTH_COLOR)]
+        lines += [(name, notes, colors.get(name, "#1f77b4")) for name, notes in ex["continuations"].items()]
+        for label, notes, color in lines:
+            title = "motif + " + label + (" (the 10 s after the truth)" if label == "real-music" else "")
+            cell = ""
+            if soundfont is not None:
+                name = f"ex{k}-{re.sub(r'[^a-z0-9-]', '_', label.lower())}.wav"
+                moved = [[p, s + before, e + before, v] for p, s, e, v in ex["motif"] + notes]
+                # the motif's times run from -before to 0: shift so the file starts at the motif's start
+                write_wav(synthesize(moved, soundfont), out_dir / AUDIO_DIR / name)
+                cell = f'<audio controls preload="auto" src="{AUDIO_DIR}/{name}"></audio>'
+            parts.append(
+                f'<div class="line"><div class="label">{html.escape(title)}</div>'
+                f"{piano_roll_svg(ex['motif'], notes, color, before, after)}{cell}</div>"
+            )
+        parts.append("</div>")
+    if not report["examples"]:
+        parts.append("<p>No examples in this report.</p>")
+    return "\n".join(parts)
+
+
+STYLE = """
+body { font-family: sans-serif; margin: 1.5em; max-width: 1400px; }
+pre { font-size: 12px; overflow-x: auto; background: #f6f6f6; padding: 0.5em; }
+table { border-collapse: collapse; font-size: 13px; } td, th { border: 1px solid #ccc; padding: 3px 6px; }
+img { max-width: 100%; } .line { display: flex; align-items: center; gap: 1em; margin: 4px 0; }
+.label { width: 16em; font-size: 13px; } .example { margin-bottom: 1.5em; }
+"""
+
+
+def write_html(report: dict, out_dir, table: str, pictures: dict[str, Path]) -> Path:
+    """report.html (and its audio/ folder) in out_dir: `table` (the console table), the classifier, the
+    `pictures` (name -> path beside it) and the examples to hear."""
+    out_dir = Path(out_dir)
+    title = f"evaluate-continuations: {report['input']}" + (
+        f" ({report['source']})" if report.get("source") else ""
+    )
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{html.escape(report['checkpoint'])}: {report['pieces']} pieces x {report['seeds']} seeds, motif "
+        f"{report['motif_seconds']:g} s, continuation {report['seconds']:g} s.</p>",
+        "<h2>Would a listener notice?</h2>",
+        _classifier_html(report["two_sample"]) if "two_sample" in report else "<p>No classifier.</p>",
+        "<h2>Listen</h2>",
+        _listen_html(report, out_dir),
+        "<h2>Metrics</h2>",
+        f"<pre>{html.escape(table)}</pre>",
+        *(f'<img alt="{html.escape(n)}" src="{html.escape(p.name)}">' for n, p in pictures.items()),
+    ]
+    page = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
+    path = out_dir / "report.html"
+    path.write_text(page)
+    return path

@@ -185,7 +185,7 @@ def test_without_scikit_learn_the_test_is_left_out_with_the_reason(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_sklearn)
     _, contexts, truths = world(4)
-    with pytest.raises(TwoSampleUnavailable, match="musicrel\\[report\\]") as err:
+    with pytest.raises(TwoSampleUnavailable, match="musicrel\\[eval\\]") as err:
         two_sample(contexts, truths, {"model": [[t] for t in truths]}, SECONDS, [None] * 4)
     assert err.value.code == "two_sample_unavailable"
 

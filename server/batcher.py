@@ -25,14 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from musicrel.threads import CpuSampler, ThreadChoice, choose_threads, cpu_budget
+from musicrel.generation.threads import CpuSampler, ThreadChoice, choose_threads, cpu_budget
 from server.metrics import Metrics
 
 if TYPE_CHECKING:
-    from musicrel.codec import EventCodec
-    from musicrel.model import MusicTransformer
-    from musicrel.primer import Primer
-    from musicrel.sampling import SamplingParams
+    from musicrel.generation.primer import Primer
+    from musicrel.generation.sampling import SamplingParams
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.transformer import MusicTransformer
 
 log = logging.getLogger("musicrel.server")
 
@@ -40,7 +40,7 @@ THREADS_RECHECK_S = 5.0  # how often "auto" threads look at the machine again wh
 
 
 def generation_threads(rows: int, sampler: CpuSampler | None = None) -> ThreadChoice:
-    """The worker's torch threads under MUSICREL_TORCH_THREADS=auto: musicrel.threads' choice for `rows`
+    """The worker's torch threads under MUSICREL_TORCH_THREADS=auto: generation.threads' choice for `rows`
     rows, keeping one CPU for request handling (multipart, MIDI parsing and writing, HTTP) when there are
     two or more: on a 2-core machine one thread, the count measured fastest there (settings.py)."""
     return choose_threads(rows, reserve=1.0 if cpu_budget() >= 2 else 0.0, sampler=sampler)
@@ -146,8 +146,8 @@ def warmup_midi() -> bytes:
 
 def warm_up(codec: Any, batch: Any) -> None:
     """A tiny generation through the worker's own batch: every path runs once before /readyz says 200."""
-    from musicrel.primer import prepare_primer
-    from musicrel.sampling import SamplingParams
+    from musicrel.generation.primer import prepare_primer
+    from musicrel.generation.sampling import SamplingParams
 
     start = time.perf_counter()
     primer = prepare_primer(codec, warmup_midi(), primer_seconds=2.0)
@@ -286,7 +286,7 @@ class Batcher:
     def _new_batch(self) -> Any:
         decoder = self._decoder
         if decoder is None:
-            from musicrel.batch import DecodeBatch as decoder
+            from musicrel.generation.decode_batch import DecodeBatch as decoder
         return decoder(self.model, self.codec, self.max_batch_rows, primer_cache=self.primer_cache)
 
     def _run(self) -> None:

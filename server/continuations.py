@@ -18,11 +18,11 @@ import anyio
 from fastapi import UploadFile
 from fastapi.responses import Response
 
-from musicrel.batch import ContinuationResult
-from musicrel.controls import gm_program_name
-from musicrel.novelty import novelty_report
-from musicrel.primer import Primer, default_max_primer_tokens, prepare_primer
-from musicrel.sampling import SamplingParams
+from musicrel.evaluation.novelty import novelty_report
+from musicrel.generation.controls import gm_program_name
+from musicrel.generation.decode_batch import ContinuationResult
+from musicrel.generation.primer import Primer, default_max_primer_tokens, prepare_primer
+from musicrel.generation.sampling import SamplingParams
 from server.admission import Ticket
 from server.batcher import Job, QueueFullError, WorkerStoppedError
 from server.errors import ApiError

@@ -40,8 +40,8 @@ from server.metrics import Metrics
 from server.settings import Settings
 
 if TYPE_CHECKING:
-    from musicrel.primer import Primer
-    from musicrel.sampling import SamplingParams
+    from musicrel.generation.primer import Primer
+    from musicrel.generation.sampling import SamplingParams
 
 log = logging.getLogger("musicrel.server")
 
@@ -314,7 +314,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
     try:
         import torch
 
-        from musicrel.checkpoint import load_codec, load_model
+        from musicrel.model.checkpoint import load_codec, load_model
 
         torch.set_num_threads(1)  # see Service.load: only the worker thread runs an OpenMP team
         model = load_model(settings.checkpoint, device=settings.device)

@@ -25,10 +25,10 @@ from server.metrics import Metrics
 from server.settings import Settings
 
 if TYPE_CHECKING:
-    from musicrel.codec import EventCodec
-    from musicrel.model import MusicTransformer
-    from musicrel.novelty import NoveltyIndex
-    from musicrel.primer import Primer
+    from musicrel.evaluation.novelty import NoveltyIndex
+    from musicrel.generation.primer import Primer
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.transformer import MusicTransformer
 
 log = logging.getLogger("musicrel.server")
 
@@ -63,8 +63,8 @@ class Service:
         its own on the configured device."""
         import torch
 
-        from musicrel.checkpoint import load_codec, load_model, weights_sha256
-        from musicrel.novelty import INDEX_FILE, load_index
+        from musicrel.evaluation.novelty import INDEX_FILE, load_index
+        from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
 
         # Loading needs no parallelism, and an OpenMP team in this thread would count against the CPUs: with
         # more OpenMP threads than CPUs libgomp lets idle workers spin only 100 times before sleeping, which

@@ -34,9 +34,9 @@ from fastapi import UploadFile
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from musicrel.batch import ContinuationResult
-from musicrel.primer import Primer
-from musicrel.streaming import NoteEvent, NoteStream
+from musicrel.generation.decode_batch import ContinuationResult
+from musicrel.generation.primer import Primer
+from musicrel.generation.streaming import NoteEvent, NoteStream
 from server.admission import Ticket
 from server.batcher import Job, WorkerStoppedError
 from server.continuations import as_json, finish, parse_upload, primer_info, submit

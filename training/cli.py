@@ -36,8 +36,8 @@ def register(subparsers) -> None:
 
 
 def _prepare(args) -> int:
-    from musicrel.codec import CodecConfig, EventCodec
     from musicrel.errors import ConfigError
+    from musicrel.midi.codec import CodecConfig, EventCodec
     from training.prepare import MANIFEST, prepare
 
     overrides = {
@@ -196,7 +196,7 @@ def _curves(args) -> int:
 
 
 def _register_rest(subparsers) -> None:
-    from musicrel.checkpoint import MAX_SHARD_BYTES, WEIGHT_DTYPES  # no torch: cheap at start-up
+    from musicrel.model.checkpoint import MAX_SHARD_BYTES, WEIGHT_DTYPES  # no torch: cheap at start-up
     from training.pack import PACK_LIMIT_BYTES
 
     p = subparsers.add_parser("prepare", help="encode MIDI files into a training data folder")

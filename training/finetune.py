@@ -25,8 +25,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from musicrel.checkpoint import load_codec, load_model, read_config, weights_sha256
 from musicrel.errors import ConfigError
+from musicrel.model.checkpoint import load_codec, load_model, read_config, weights_sha256
 from training.evaluate import evaluate
 from training.export import export_checkpoint
 from training.module import MusicDataModule, MusicLM, default_precision

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LightningCLI
 from torchmetrics import MeanMetric
 
-from musicrel.config import ModelConfig
-from musicrel.model import MusicTransformer
+from musicrel.model.config import ModelConfig
+from musicrel.model.transformer import MusicTransformer
 from training.data import STRETCH_FACTORS, CropDataset, ResumableLoader, ResumableSampler, WindowDataset
 from training.prepare import load_manifest, load_split, source_ranges
 
@@ -182,8 +182,8 @@ class MusicLM(L.LightningModule):
 def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
     """The state dict of a model folder, refused (saying which settings differ) unless its shape and codec
     are `cfg`'s and `codec`'s. Dropout and query chunking do not change the weights and may differ."""
-    from musicrel.checkpoint import load_model, read_config
     from musicrel.errors import ConfigError
+    from musicrel.model.checkpoint import load_model, read_config
 
     saved = read_config(folder)
     free = {"dropout", "query_chunk_size"}
@@ -258,7 +258,7 @@ class MusicDataModule(L.LightningDataModule):
     @property
     def codec(self):
         if self._codec is None:
-            from musicrel.codec import CodecConfig, EventCodec
+            from musicrel.midi.codec import CodecConfig, EventCodec
 
             self._codec = EventCodec(CodecConfig.from_dict(self.codec_config))
         return self._codec
@@ -354,7 +354,7 @@ class MusicCLI(LightningCLI):
 
 def _choose_threads() -> None:
     """torch's threads for training, unless OMP_NUM_THREADS says: the CPUs other processes leave free
-    (musicrel.threads). On the shared 2-core machine a step of two threads took 3.5x as long as one whenever
+    (generation.threads). On the shared 2-core machine a step of two threads took 3.5x as long as one whenever
     anything else ran (3.78 s vs 1.06 s, 8 x 512 tokens, bf16): a team waits at every barrier for the thread
     the scheduler parked."""
     import os
@@ -362,7 +362,7 @@ def _choose_threads() -> None:
 
     if os.environ.get("OMP_NUM_THREADS"):
         return
-    from musicrel.threads import choose_threads
+    from musicrel.generation.threads import choose_threads
 
     choice = choose_threads(rows=1_000_000)  # a training batch splits across any number of threads
     torch.set_num_threads(choice.threads)

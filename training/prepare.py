@@ -5,7 +5,7 @@ Layout of OUT:
     train.npy / val.npy / test.npy
                               uint16, one stream per split: [bos] piece [eos] [bos] piece [eos] ...
     train_offsets.npy ...     int64 [n_pieces + 1]: where each piece's bos starts (last = stream length)
-    novelty.npz               the train split's novelty index (`musicrel.novelty`): which training piece a
+    novelty.npz               the train split's novelty index (`evaluation.novelty`): which training piece a
                               generated note sequence copies the longest stretch of
     cache/<codec hash>/<sha256>.npy | .json
                               the encoded events (or the InvalidMidiError) of one file content, so that a
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from musicrel.errors import ConfigError, InvalidMidiError
-from musicrel.files import find_midi_files
+from musicrel.midi.files import find_midi_files
 from training.compositions import CONTAINMENT, MIN_SHINGLES, NGRAM, group_versions, shingles
 
 SPLITS = ("train", "val", "test")
@@ -108,7 +108,7 @@ def _init_worker(codec_config: dict) -> None:
     global _CODEC
     import warnings
 
-    from musicrel.codec import CodecConfig, EventCodec
+    from musicrel.midi.codec import CodecConfig, EventCodec
 
     warnings.simplefilter("ignore")  # pretty_midi warns about odd meta events on every other file
     _CODEC = EventCodec(CodecConfig.from_dict(codec_config))
@@ -158,7 +158,7 @@ def prepare(
     to 100. `weights` maps source names to mixing weights (default 1)."""
     from tqdm import tqdm
 
-    from musicrel.codec import EventCodec
+    from musicrel.midi.codec import EventCodec
 
     codec = codec or EventCodec()
     split_percent = tuple(int(p) for p in split_percent)
@@ -374,8 +374,8 @@ def _notes(codec, path: Path) -> list:
 def _write_novelty(out_dir: Path, members, first_path, sources, cache_dir: Path, codec, key: str) -> dict:
     """Build the train split's novelty index from the cached tokens (decoded as the model's outputs are, so
     both sides are on the codec's grid); skipped when the index on disk was built from the same split."""
-    from musicrel.novelty import FORMAT_VERSION as NOVELTY_VERSION
-    from musicrel.novelty import INDEX_FILE, NoveltyIndex, read_header
+    from musicrel.evaluation.novelty import FORMAT_VERSION as NOVELTY_VERSION
+    from musicrel.evaluation.novelty import INDEX_FILE, NoveltyIndex, read_header
 
     path = out_dir / INDEX_FILE
     header = read_header(path) or {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from musicrel.model import MusicTransformer
+from musicrel.model.transformer import MusicTransformer
 from tests.musicrel.fixtures_generation import tiny_model
 
 

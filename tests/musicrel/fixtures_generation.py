@@ -9,9 +9,9 @@ import numpy as np
 import pretty_midi
 import torch
 
-from musicrel.codec import EventCodec
-from musicrel.config import ModelConfig
-from musicrel.model import MusicTransformer
+from musicrel.midi.codec import EventCodec
+from musicrel.model.config import ModelConfig
+from musicrel.model.transformer import MusicTransformer
 
 CODEC = EventCodec()
 STEP = CODEC.config.step_ms / 1000.0

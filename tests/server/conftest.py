@@ -28,10 +28,10 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     """A 1-layer, d_model=32 random MusicTransformer saved with the default codec (fast to load and run)."""
     import torch
 
-    from musicrel.checkpoint import save_model
-    from musicrel.codec import EventCodec
-    from musicrel.config import ModelConfig
-    from musicrel.model import MusicTransformer
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
 
     torch.manual_seed(0)
     codec = EventCodec()

@@ -380,8 +380,8 @@ def test_a_cold_burst_is_told_the_time_to_parse_and_generate_what_is_ahead():
 def test_the_service_calibrates_its_parse_speed_and_prices_the_uploads_it_admitted(
     tiny_checkpoint, monkeypatch, real_midi_files
 ):
-    from musicrel.codec import EventCodec
-    from musicrel.primer import prepare_primer
+    from musicrel.generation.primer import prepare_primer
+    from musicrel.midi.codec import EventCodec
     from server import continuations
 
     release = threading.Event()

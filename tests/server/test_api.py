@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from musicrel.batch import DecodeBatch
+from musicrel.generation.decode_batch import DecodeBatch
 from server.app import create_app
 from server.settings import Settings
 
@@ -139,7 +139,7 @@ def test_health_ready_docs(client):
 
 
 def test_model_info(client, tiny_checkpoint):
-    from musicrel.codec import EventCodec
+    from musicrel.midi.codec import EventCodec
 
     info = client.get("/v1/model").json()
     assert info["sha256"] == hashlib.sha256((tiny_checkpoint / "model.safetensors").read_bytes()).hexdigest()
@@ -610,11 +610,11 @@ def test_torch_threads_apply_in_the_generation_thread(tiny_checkpoint, threads):
 
 
 def test_auto_torch_threads_are_chosen_in_the_generation_thread(tiny_checkpoint, monkeypatch):
-    """The default: the worker asks musicrel.threads, for its batch's rows, keeping a CPU for requests."""
+    """The default: the worker asks generation.threads, for its batch's rows, keeping a CPU for requests."""
     import torch
 
     import server.batcher as batcher
-    from musicrel.threads import ThreadChoice
+    from musicrel.generation.threads import ThreadChoice
 
     asked: list = []
 
@@ -643,7 +643,7 @@ def test_samples_report_what_they_copied_when_the_checkpoint_ships_a_novelty_ind
 ):
     import shutil
 
-    from musicrel.novelty import INDEX_FILE, NoveltyIndex
+    from musicrel.evaluation.novelty import INDEX_FILE, NoveltyIndex
 
     plain = post(client, json=True, seed=11, seconds=6).json()
     assert plain["samples"][0]["novelty"] is None
@@ -780,7 +780,7 @@ def test_bad_control_is_refused_before_the_upload_is_parsed(client):
 
 
 def test_model_info_lists_the_general_midi_names_the_page_offers(client):
-    from musicrel.controls import gm_program_names
+    from musicrel.generation.controls import gm_program_names
 
     programs = client.get("/v1/model").json()["programs"]
     assert programs == gm_program_names() and len(programs) == 128

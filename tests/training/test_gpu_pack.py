@@ -108,9 +108,9 @@ def test_gpu_configs_state_their_parameter_counts():
     """The counts written in configs/gpu-*.yaml are those of the real model at each context."""
     import yaml
 
-    from musicrel.codec import EventCodec
-    from musicrel.config import ModelConfig
-    from musicrel.model import MusicTransformer
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
 
     base = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())
     assert base["trainer"]["precision"] == "bf16-mixed" and base["model"]["compile"] is True
@@ -162,8 +162,8 @@ CPU_TINY = [
 
 
 def test_run_sh_trains_exports_and_loads_on_a_cpu(tiny_data, tmp_path):
-    from musicrel.checkpoint import load_codec, load_model
-    from musicrel.generate import generate
+    from musicrel.generation.decode import generate
+    from musicrel.model.checkpoint import load_codec, load_model
 
     pack = tmp_path / "pack"
     pack_gpu(tiny_data, pack, wheels=False)

@@ -9,8 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from musicrel.codec import EventCodec
-from musicrel.novelty import NoveltyIndexError, load_index
+from musicrel.evaluation.novelty import NoveltyIndexError, load_index
+from musicrel.midi.codec import EventCodec
 from tests.training.conftest import write_pattern_midi
 from training.prepare import load_split, prepare
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from musicrel.checkpoint import load_codec, load_model
 from musicrel.cli import main
+from musicrel.model.checkpoint import load_codec, load_model
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "tiny.yaml")

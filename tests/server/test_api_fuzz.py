@@ -25,7 +25,7 @@ from schemathesis.core.failures import FailureGroup
 
 from server.app import create_app
 from server.settings import Settings
-from tests.server.test_api import MOTIF
+from tests.server.conftest import MOTIF
 
 # Per operation and mode: about 45 s for the file on 2 shared cores. The long run sets more
 # (`musicrel bench reliability --fuzz-api N`).

@@ -10,9 +10,9 @@ import pytest
 
 from musicrel.errors import GenerationError, InvalidMidiError
 from server.engine import MAX_RESTARTS, _picklable
-from tests.server.test_api import (
+from tests.server.conftest import (
     FAST,
-    _concurrently,
+    concurrently,
     error_of,
     metric,
     post,
@@ -86,7 +86,7 @@ def test_concurrent_requests_share_the_engine_batch(tiny_checkpoint):
         client,
         service,
     ):
-        responses = _concurrently(lambda i: post(client, json=True, seconds="0.3", seed=str(i)), 4)
+        responses = concurrently(lambda i: post(client, json=True, seconds="0.3", seed=str(i)), 4)
         assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
         assert sorted(r.json()["seed"] for r in responses) == [0, 1, 2, 3]
         assert max(r.json()["batch"]["requests"] for r in responses) > 1

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.streams import MEDIA_TYPE
-from tests.server.test_api import MOTIF, Broken, Gate, error_of, metric, motif, serve, wait_for
+from tests.server.conftest import MOTIF, Broken, Gate, error_of, metric, motif, serve, wait_for
 
 PATH = "/v1/continuations/stream"
 FIELDS = {"seconds": "1", "seed": "11", "num_samples": "2"}

@@ -8,7 +8,7 @@ import pretty_midi
 import pytest
 
 from musicrel.cli import main
-from tests.musicrel.fixtures_midi import far_tick_file, simple_file
+from tests.musicrel.conftest import far_tick_file, simple_file
 
 
 @pytest.fixture

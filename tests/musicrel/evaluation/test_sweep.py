@@ -6,7 +6,6 @@ import pytest
 
 from musicrel.cli import main
 from musicrel.evaluation.sweep import _defaults, choose, sweep_sampling
-from tests.musicrel.evaluation.test_continuations import world  # noqa: F401  (the tiny checkpoint and pieces)
 
 
 def row(score, gain_low, ratio, default=False):

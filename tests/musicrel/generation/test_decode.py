@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from musicrel.generation.decode import generate, sample
 from musicrel.generation.grammar import Grammar
 from musicrel.generation.primer import prepare_primer
-from tests.musicrel.fixtures_generation import (
+from tests.musicrel.conftest import (
     CODEC,
     make_motif,
     tiny_model,

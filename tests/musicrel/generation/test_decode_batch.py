@@ -18,7 +18,7 @@ from musicrel.generation.sampling import SamplingParams, row_seed
 from musicrel.midi.codec import open_pitches, shift_steps
 from musicrel.model.config import ModelConfig
 from musicrel.model.transformer import MusicTransformer
-from tests.musicrel.fixtures_generation import (
+from tests.musicrel.conftest import (
     CODEC,
     STEP,
     check_grammar,

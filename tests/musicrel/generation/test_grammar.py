@@ -19,7 +19,7 @@ from musicrel.generation.grammar import (
 from musicrel.generation.primer import Primer, prepare_primer, primer_at_cut
 from musicrel.generation.sampling import SamplingParams
 from musicrel.midi.codec import CodecConfig, EventCodec, open_pitches, shift_steps
-from tests.musicrel.fixtures_generation import (
+from tests.musicrel.conftest import (
     CODEC,
     STEP,
     check_grammar,

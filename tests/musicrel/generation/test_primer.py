@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from musicrel.generation.primer import prepare_primer, primer_at_cut, render
 from musicrel.midi.codec import CodecConfig, EventCodec, open_pitches, shift_steps
-from tests.musicrel.fixtures_generation import (
+from tests.musicrel.conftest import (
     CODEC,
     STEP,
     check_grammar,

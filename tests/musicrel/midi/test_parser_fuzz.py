@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from musicrel.errors import InvalidMidiError
 from musicrel.midi.codec import EventCodec
-from tests.musicrel.fixtures_midi import note_track, simple_file, smf
+from tests.musicrel.conftest import note_track, simple_file, smf
 
 CODEC = EventCodec()
 # Far above what these few-hundred-byte inputs need (milliseconds), far below a parser that loops or balloons

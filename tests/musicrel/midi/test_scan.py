@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from musicrel.errors import InvalidMidiError
 from musicrel.midi.codec import CodecConfig, EventCodec
 from musicrel.midi.scan import instruments_from_scan, scan
-from tests.musicrel.fixtures_midi import EOT, far_tick_file, mido_bytes, note_track, simple_file, smf, vlq
+from tests.musicrel.conftest import EOT, far_tick_file, mido_bytes, note_track, simple_file, smf, vlq
 
 DEFAULT = CodecConfig()
 

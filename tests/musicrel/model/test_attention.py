@@ -15,7 +15,6 @@ from musicrel.model.attention import (
     relative_logits_skew,
     t5_buckets,
 )
-from tests.musicrel.model.test_transformer import one_thread  # noqa: F401
 
 
 def _causal(t: int, T: int) -> torch.Tensor:

@@ -13,7 +13,6 @@ from musicrel.midi.codec import CodecConfig, EventCodec
 from musicrel.model.checkpoint import load_codec, load_model, save_model
 from musicrel.model.config import ModelConfig
 from musicrel.model.transformer import MusicTransformer
-from tests.musicrel.model.test_transformer import one_thread  # noqa: F401
 
 SCHEMES = ["skew", "shaw", "t5", "absolute"]
 

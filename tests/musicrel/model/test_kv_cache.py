@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.musicrel.model.test_transformer import SCHEMES, VOCAB, make, one_thread, tokens  # noqa: F401
+from tests.musicrel.model.conftest import SCHEMES, VOCAB, make, tokens
 
 
 def decode(model, x, sizes, left_pad=None, max_len=None):

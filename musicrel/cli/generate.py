@@ -261,10 +261,10 @@ def _generate(args) -> int:
 
 def _evaluate(args) -> int:
     _torch_setup(args)
-    from musicrel.evaluation.continuations import evaluate_continuations
+    from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
     from musicrel.evaluation.report import format_table, write_report
 
-    # Options left out are not passed: their defaults live in evaluate_continuations and SamplingParams.
+    # Options left out are not passed: their defaults live in EvaluationOptions and SamplingParams.
     options = given(
         args,
         "motif_seconds",
@@ -281,7 +281,8 @@ def _evaluate(args) -> int:
         "ngram_data",
         "source",
     )
-    report = evaluate_continuations(args.checkpoint, args.input, progress=not args.quiet, **options)
+    options = EvaluationOptions(**options)
+    report = evaluate_continuations(args.checkpoint, args.input, options, progress=not args.quiet)
     print(format_table(report))
     if args.out:
         paths = write_report(report, args.out)

@@ -12,8 +12,9 @@ Per piece, a system's scores are averaged over its seeds, and every figure gets 
 pieces. The per-piece values are kept (aligned by piece, None where a system has no value) so two systems can
 be compared on the same pieces (`musicrel.evaluation.metrics.paired_difference`).
 
-A little over 450 lines: `evaluate_continuations` is one loop over systems and pieces whose pieces, baselines
-and report fields share the same indices; the statistics and the report live in metrics.py and report.py.
+Over 400 lines: the pieces, the systems' runs over them and the report's fields share one indexing by piece
+(`evaluate_continuations` reads as its three parts: `_systems`, `_run`, `_report`); the statistics and the
+report's writing live in metrics.py and report.py.
 """
 
 from __future__ import annotations
@@ -333,86 +334,104 @@ def _load_novelty(input_dir: Path, ngram_data) -> tuple[NoveltyIndex | None, str
         return None, f"{folder}: {exc}"
 
 
-def evaluate_continuations(
-    checkpoint,
-    input_dir,
-    motif_seconds: float = 10.0,
-    seconds: float = 10.0,
-    limit: int | None = None,
-    seed: int = 0,
-    seeds: int = 3,
-    batch_size: int = 8,
-    progress: bool = False,
-    split: str = "test",
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    systems: Sequence[str] | None = None,
-    ngram_data=None,
-    source: str | None = None,
-) -> dict:
-    """Score the checkpoint's continuations of held-out pieces against the truth and the baselines.
+@dataclass(frozen=True)
+class EvaluationOptions:
+    """What `evaluate_continuations` runs (the defaults of `musicrel evaluate-continuations`).
 
-    input_dir: a folder of MIDI files, or a prepared data folder (manifest.json of `musicrel prepare`), whose
-    `split` files are used: pieces the model never trained on. temperature/top_k/top_p: the model's sampling
-    settings (None: SamplingParams' defaults). systems: names from SYSTEMS (default all). ngram_data: the
-    prepared folder whose train split the n-gram is fitted on (default: input_dir when it is one; else the
-    n-gram is left out and the report says why). source: only that source's pieces of a multi-source
-    prepared folder. Returns the report (see docs/EVALUATION.md: layout)."""
-    if not (motif_seconds > 0 and seconds > 0):
-        raise EvaluationError("motif_seconds and seconds must be > 0", code="invalid_params")
-    for name, value in (("seeds", seeds), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise EvaluationError(f"{name} must be an integer >= 1, got {value!r}", code="invalid_params")
-    names = _parse_systems(systems)
-    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-    template = SamplingParams(seconds=seconds, **{k: v for k, v in sampling.items() if v is not None})
-    input_dir = Path(input_dir)
-    model = load_model(checkpoint)
-    codec = load_codec(checkpoint)
+    split: the files of a prepared input folder to use (pieces the model never trained on); source: only
+    that source's pieces of a multi-source one. temperature/top_k/top_p: the model's sampling (None:
+    SamplingParams' defaults). systems: names from SYSTEMS (None: all). ngram_data: the prepared folder
+    whose train split the n-gram is fitted on (None: the input when it is one; else the n-gram is left out
+    and the report says why).
+    """
 
+    motif_seconds: float = 10.0
+    seconds: float = 10.0
+    limit: int | None = None
+    seed: int = 0
+    seeds: int = 3
+    batch_size: int = 8
+    split: str = "test"
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    systems: Sequence[str] | None = None
+    ngram_data: str | Path | None = None
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.motif_seconds > 0 and self.seconds > 0):
+            raise EvaluationError("motif_seconds and seconds must be > 0", code="invalid_params")
+        for name in ("seeds", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EvaluationError(
+                    f"{name} must be an integer >= 1, got {value!r}", code="invalid_params"
+                )
+
+    def sampling(self) -> SamplingParams:
+        """The model's sampling for a continuation of `seconds` (its seed and samples are set per piece)."""
+        given = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        return SamplingParams(seconds=self.seconds, **{k: v for k, v in given.items() if v is not None})
+
+
+@dataclass
+class _Systems:
+    """The systems one evaluation runs and what they need: the models, the n-gram, the novelty index."""
+
+    names: list[str]
+    models: dict
+    ngram: NGramModel | None
+    ngram_info: dict | None
+    novelty: NoveltyIndex | None
+    left_out: dict[str, str]  # system or metric -> why it is left out
+
+    def scored(self, scores: dict, notes) -> dict:
+        if self.novelty is not None:
+            scores["copied_notes"] = float(self.novelty.longest_match(notes).notes)
+        return scores
+
+
+def _systems(model, codec, input_dir: Path, options: EvaluationOptions) -> _Systems:
+    names = _parse_systems(options.systems)
     left_out: dict[str, str] = {}
     ngram, ngram_info = None, None
     if "ngram" in names:
-        ngram, ngram_info = _fit_ngram(
-            codec, input_dir, ngram_data, asked=systems is not None or ngram_data is not None
-        )
+        asked = options.systems is not None or options.ngram_data is not None
+        ngram, ngram_info = _fit_ngram(codec, input_dir, options.ngram_data, asked=asked)
         if ngram is None:
             left_out["ngram"], ngram_info = ngram_info, None
             names.remove("ngram")
     if not names:
         raise EvaluationError(f"no system left to run ({left_out})", code="unknown_system")
-
-    novelty, why = _load_novelty(input_dir, ngram_data)
+    novelty, why = _load_novelty(input_dir, options.ngram_data)
     if novelty is None:
         left_out["copied_notes"] = why
-
-    def scored(scores: dict, notes) -> dict:
-        if novelty is not None:
-            scores["copied_notes"] = float(novelty.longest_match(notes).notes)
-        return scores
-
-    files = held_out_files(input_dir, split, source)
-    pieces, skipped = load_pieces(model, codec, files, motif_seconds, seconds, limit)
-    if not pieces:
-        raise EvaluationError(f"no usable pieces in {input_dir} (skipped: {skipped})", code="no_input")
-    piece_seeds = [row_seed(seed, i) for i in range(len(pieces))]
-
     models = {"model": model}
     if "untrained" in names:
         with torch.random.fork_rng(devices=[]):  # seeded weights without touching the caller's generator
-            torch.manual_seed(seed)
+            torch.manual_seed(options.seed)
             models["untrained"] = MusicTransformer(model.cfg).eval()
+    return _Systems(names, models, ngram, ngram_info, novelty, left_out)
 
-    # runs[system][piece]: the scores of each seed; real music and the repeated motif need one run.
+
+def _run(codec, pieces: list[Piece], systems: _Systems, options: EvaluationOptions, progress: bool):
+    """Every system on every piece: (runs[system][piece], the scores of each seed; seconds per system; the
+    example continuations drawn as piano rolls, by piece). Real music and the repeated motif need one run."""
+    names, seconds, scored = systems.names, options.seconds, systems.scored
+    template = options.sampling()
+    piece_seeds = [row_seed(options.seed, i) for i in range(len(pieces))]
     runs: dict[str, list[list[dict]]] = {s: [[] for _ in pieces] for s in names}
     timings = dict.fromkeys(names, 0.0)
     examples: dict[int, list] = {}
     example_system = next((s for s in GENERATED if s in names), None)
     bar = tqdm(total=len(pieces) * len(names), disable=not progress, unit="piece", desc="evaluating")
-    for b in range(0, len(pieces), batch_size):
-        chunk = range(b, min(b + batch_size, len(pieces)))
-        jobs = [(pieces[i].primer, replace(template, seed=piece_seeds[i], num_samples=seeds)) for i in chunk]
+    for b in range(0, len(pieces), options.batch_size):
+        chunk = range(b, min(b + options.batch_size, len(pieces)))
+        jobs = [
+            (pieces[i].primer, replace(template, seed=piece_seeds[i], num_samples=options.seeds))
+            for i in chunk
+        ]
         for name in names:
             t = time.perf_counter()
             if name == "repeat-motif":
@@ -428,7 +447,7 @@ def evaluate_continuations(
                         [] if after is None else [scored(compare(after, p.reference, seconds, p.key), after)]
                     )
             else:
-                outputs = _continuations(name, models, ngram, codec, jobs)
+                outputs = _continuations(name, systems.models, systems.ngram, codec, jobs)
                 for i, out in zip(chunk, outputs, strict=True):
                     runs[name][i] = [
                         scored(_score_tokens(codec, pieces[i], notes, tk, seconds), _clip(notes, seconds))
@@ -439,11 +458,38 @@ def evaluate_continuations(
             timings[name] += time.perf_counter() - t
             bar.update(len(chunk))
     bar.close()
+    return runs, timings, example_system, examples
 
+
+def evaluate_continuations(
+    checkpoint, input_dir, options: EvaluationOptions | None = None, progress: bool = False
+) -> dict:
+    """Score the checkpoint's continuations of held-out pieces against the truth and the baselines.
+
+    input_dir: a folder of MIDI files, or a prepared data folder (manifest.json of `musicrel prepare`).
+    Returns the report (see docs/EVALUATION.md: layout)."""
+    options = options or EvaluationOptions()
+    input_dir = Path(input_dir)
+    model = load_model(checkpoint)
+    codec = load_codec(checkpoint)
+    systems = _systems(model, codec, input_dir, options)
+    files = held_out_files(input_dir, options.split, options.source)
+    pieces, skipped = load_pieces(model, codec, files, options.motif_seconds, options.seconds, options.limit)
+    if not pieces:
+        raise EvaluationError(f"no usable pieces in {input_dir} (skipped: {skipped})", code="no_input")
+    runs, timings, example_system, examples = _run(codec, pieces, systems, options, progress)
+    split = options.split if (input_dir / "manifest.json").is_file() else None
+    head = {"checkpoint": str(checkpoint), "input": str(input_dir), "split": split}
+    return {**head, **_report(pieces, skipped, systems, options, runs, timings, example_system, examples)}
+
+
+def _report(pieces, skipped, systems: _Systems, options: EvaluationOptions, runs, timings, example, examples):
+    """The report's figures: per system, each metric's summary and per-piece values; the truth's; examples."""
+    seconds, left_out = options.seconds, systems.left_out
     metrics = [m for m in METRICS if m.name not in left_out]
     metric_names = {m.name for m in metrics}
     report_systems = {}
-    for name in names:
+    for name in systems.names:
         kept = [m.name for m in metrics if name in GENERATED or not m.tokens]
         per_piece = [_seed_mean(r) if r else dict.fromkeys(metric_names, math.nan) for r in runs[name]]
         values = {m: [_json_value(p[m]) for p in per_piece] for m in kept}
@@ -454,28 +500,25 @@ def evaluate_continuations(
             "per_piece": values,
         }
     intrinsic = [m.name for m in metrics if m.intrinsic]
-    truth = [scored(describe(p.reference, seconds, p.key), p.reference) for p in pieces]
+    truth = [systems.scored(describe(p.reference, seconds, p.key), p.reference) for p in pieces]
     truth_values = {m: [_json_value(t[m]) for t in truth] for m in intrinsic}
-
     warnings = []
     if len(pieces) < MIN_PIECES:
         warnings.append(f"only {len(pieces)} pieces (< {MIN_PIECES}): the intervals are wide")
+    template = options.sampling()
     return {
-        "checkpoint": str(checkpoint),
-        "input": str(input_dir),
-        "split": split if (input_dir / "manifest.json").is_file() else None,
-        "source": source,
-        "motif_seconds": motif_seconds,
+        "source": options.source,
+        "motif_seconds": options.motif_seconds,
         "seconds": seconds,
-        "seed": seed,
-        "seeds": seeds,
+        "seed": options.seed,
+        "seeds": options.seeds,
         "sampling": {"temperature": template.temperature, "top_k": template.top_k, "top_p": template.top_p},
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "confidence": CONFIDENCE, "seed": BOOTSTRAP_SEED},
         "pieces": len(pieces),
         "files": [p.path for p in pieces],
         "keys": [key_name(p.key) for p in pieces],
         "skipped": skipped,
-        "ngram": ngram_info,
+        "ngram": systems.ngram_info,
         "left_out": left_out,
         "warnings": warnings,
         "metrics": {
@@ -490,7 +533,7 @@ def evaluate_continuations(
         "examples": [
             {
                 "file": pieces[i].path,
-                "system": example_system,
+                "system": example,
                 "motif": _notes_json(pieces[i].motif, shift=pieces[i].primer.end_time),
                 "truth": _notes_json(pieces[i].reference),
                 "continuation": _notes_json(notes),

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from musicrel.evaluation.continuations import EvaluationError, evaluate_continuations
+from musicrel.evaluation.continuations import EvaluationError, EvaluationOptions, evaluate_continuations
 from musicrel.evaluation.metrics import bootstrap_interval
 from musicrel.evaluation.plots import plot_sweep
 from musicrel.generation.sampling import SamplingParams
@@ -73,16 +73,10 @@ def sweep_sampling(
     for i, setting in enumerate(grid):
         if progress:
             print(f"[{i + 1}/{len(grid)}] {setting}", flush=True)
-        report = evaluate_continuations(
-            checkpoint,
-            input_dir,
-            split=split,
-            limit=limit,
-            seeds=seeds,
-            systems=["model"],
-            **setting,
-            **evaluate_kwargs,
+        options = EvaluationOptions(
+            split=split, limit=limit, seeds=seeds, systems=["model"], **setting, **evaluate_kwargs
         )
+        report = evaluate_continuations(checkpoint, input_dir, options)
         metrics = report["systems"]["model"]["metrics"]
         key = json.dumps(setting, sort_keys=True)
         scores[key] = _piece_scores(report)

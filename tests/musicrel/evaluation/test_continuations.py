@@ -15,6 +15,7 @@ from musicrel.cli import main
 from musicrel.evaluation.continuations import (
     SYSTEMS,
     EvaluationError,
+    EvaluationOptions,
     evaluate_continuations,
     held_out_files,
     repeat_motif,
@@ -266,7 +267,7 @@ def test_held_out_files_of_several_splits_and_one_source(tmp_path):
 
 def run_small(world, **kw):
     args = dict(motif_seconds=3.0, seconds=2.0, batch_size=2, seeds=2, ngram_data=world / "data")
-    return evaluate_continuations(world / "ckpt", world / "pieces", **{**args, **kw})
+    return evaluate_continuations(world / "ckpt", world / "pieces", EvaluationOptions(**{**args, **kw}))
 
 
 def test_evaluate_continuations_end_to_end(world, tmp_path):

@@ -120,8 +120,8 @@ def closure(
 
 
 def training_requirements(requires: Callable[[str], list[str] | None] = _installed_requires) -> list[str]:
-    """musicrel's own requirements (pyproject's dependencies, read from the installed metadata), without
-    optional extras and without those only the server imports."""
+    """musicrel's own requirements for training (pyproject's dependencies and its `train` extra, read from the
+    installed metadata), without the other extras and without those only the server imports."""
     from packaging.requirements import Requirement
 
     reqs = requires("musicrel")
@@ -134,7 +134,10 @@ def training_requirements(requires: Callable[[str], list[str] | None] = _install
     for r in reqs:
         req = Requirement(r)
         if req.marker is not None and "extra" in str(req.marker):
-            continue
+            if not req.marker.evaluate({"extra": "train"}):
+                continue
+            req.marker = None  # wanted on the GPU machine as a plain requirement
+            r = str(req)
         if normalize(req.name) not in server:
             out.append(r)
     return out

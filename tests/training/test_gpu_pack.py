@@ -80,18 +80,23 @@ def test_the_pack_folder_is_git_ignored():
 
 def test_package_list_logic():
     graph = {
-        "musicrel": ["torch>=2", "lightning", "fastapi", "midi[extra1]", "music21; extra == 'corpus'"],
+        "musicrel": [
+            "torch>=2", "midi[extra1]", "lightning; extra == 'train'", "fastapi", "fastapi; extra == 'serve'",
+            "datasketch; extra == 'train'", "music21; extra == 'corpus'",
+        ],  # fmt: skip
         "torch": ["typing-extensions", "filelock"],
         "lightning": ["torch", "pyyaml", "tqdm"],
         "midi": ["six", "old-backport; python_version < '3.11'", "plugin; extra == 'extra1'"],
         "plugin": ["typing_extensions", "protobuf; sys_platform == 'linux'"],
         "fastapi": ["starlette"],
         **{n: [] for n in ("typing-extensions", "filelock", "pyyaml", "tqdm", "six", "protobuf")},
+        "datasketch": [],
     }
-    # the server's packages are left out; markers are those of the GPU machine (python 3.12, linux);
+    # the train extra is in, the server's packages (an extra, or a core dependency of older metadata) and the
+    # other extras are left out; markers are those of the GPU machine (python 3.12, linux);
     # what torch and lightning bring (typing-extensions, pyyaml, tqdm) is there already
     requires = lambda name: graph.get(normalize(name))  # noqa: E731 (as metadata, by normalized name)
-    assert missing_on_gpu(requires) == ["midi", "plugin", "protobuf", "six"]
+    assert missing_on_gpu(requires) == ["datasketch", "midi", "plugin", "protobuf", "six"]
     del graph["six"]
     with pytest.raises(MusicrelError, match="six") as exc:
         missing_on_gpu(requires)

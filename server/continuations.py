@@ -21,7 +21,7 @@ from fastapi.responses import Response
 from musicrel.evaluation.novelty import novelty_report
 from musicrel.generation.controls import gm_program_name
 from musicrel.generation.decode_batch import ContinuationResult
-from musicrel.generation.primer import Primer, default_max_primer_tokens, prepare_primer
+from musicrel.generation.primer import Primer, default_max_primer_tokens, prepare_primer, render_result
 from musicrel.generation.sampling import SamplingParams
 from server.admission import Ticket
 from server.batcher import Job, QueueFullError, WorkerStoppedError
@@ -210,11 +210,15 @@ async def wait_for_result(
         raise ApiError(503, "draining", str(exc)) from exc
 
 
-def render(result: ContinuationResult, novelty=None, codec=None) -> list[tuple[bytes, Sample]]:
-    """Each sample's MIDI file and its description; with a novelty index, what it copied (the generated
-    notes alone: the motif may itself be a training piece)."""
+def write_samples(
+    codec, primer: Primer, job: Job, result: ContinuationResult, novelty=None
+) -> list[tuple[bytes, Sample]]:
+    """Each sample's MIDI file (rendered from its tokens here, on a render thread, never in the decoding
+    loop) and its description; with a novelty index, what it copied (the generated notes alone: the motif
+    may itself be a training piece)."""
     out = []
-    for i, (midi, tokens) in enumerate(zip(result.midis, result.tokens, strict=True)):
+    midis = render_result(codec, primer, result, job.params.include_primer)
+    for i, (midi, tokens) in enumerate(zip(midis, result.tokens, strict=True)):
         buffer = io.BytesIO()
         midi.write(buffer)
         data = buffer.getvalue()
@@ -271,7 +275,7 @@ async def finish(
 ) -> Continuation:
     """Write the samples' MIDI (on a render thread) and measure: the finished continuation."""
     rendered = await anyio.to_thread.run_sync(
-        render, result, service.novelty, service.codec, limiter=service.render_limiter
+        write_samples, service.codec, primer, job, result, service.novelty, limiter=service.render_limiter
     )
     done = time.monotonic()
     timings = Timings(

@@ -44,7 +44,7 @@ def run_jobs(
     from musicrel.errors import MusicrelError
     from musicrel.evaluation.novelty import novelty_report
     from musicrel.generation.decode_batch import generate_batch
-    from musicrel.generation.primer import default_max_primer_tokens, prepare_primer
+    from musicrel.generation.primer import default_max_primer_tokens, prepare_primer, render_result
 
     records, jobs, ready = [], [], []
     for motif, outputs in items:
@@ -74,8 +74,10 @@ def run_jobs(
             }
         records.append(record)
     if jobs:
-        for (record, outputs), result in zip(ready, generate_batch(model, codec, jobs), strict=True):
-            for pm, path in zip(result.midis, outputs, strict=True):
+        results = generate_batch(model, codec, jobs)
+        for (record, outputs), (primer, _), result in zip(ready, jobs, results, strict=True):
+            midis = render_result(codec, primer, result, params.include_primer)
+            for pm, path in zip(midis, outputs, strict=True):
                 _write_midi(pm, path)
             record.update(
                 status="ok",

@@ -49,7 +49,7 @@ from musicrel.evaluation.ngram import NGramModel
 from musicrel.evaluation.novelty import NoveltyIndex, load_index
 from musicrel.generation.decode import generate
 from musicrel.generation.decode_batch import generate_batch
-from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut, render
+from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut, render, render_result
 from musicrel.generation.sampling import SamplingParams, row_seed
 from musicrel.midi.codec import open_pitches, shift_steps
 from musicrel.midi.files import find_midi_files
@@ -226,7 +226,8 @@ def _continuations(name: str, models: dict, ngram, codec, jobs) -> list[list[tup
     if name in ("model", "untrained"):
         results = generate_batch(models[name], codec, jobs)
         return [
-            [(pm.instruments[0].notes, tk) for pm, tk in zip(r.midis, r.tokens, strict=True)] for r in results
+            [(m.instruments[0].notes, tk) for m, tk in zip(render_result(codec, p, r), r.tokens, strict=True)]
+            for (p, _), r in zip(jobs, results, strict=True)
         ]
     n = jobs[0][1].num_samples
     if name == "ngram":

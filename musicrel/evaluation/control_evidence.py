@@ -75,6 +75,7 @@ def evaluate_controls(
     """Continue each primer under every condition `samples` times (one batch per `batch_size` primers) and
     return one Check per control target."""
     from musicrel.generation.decode_batch import generate_batch
+    from musicrel.generation.primer import render_result
     from musicrel.generation.sampling import SamplingParams
 
     per: dict[str, list] = {}  # condition -> [(controls applied, key, notes per sample)]
@@ -90,7 +91,7 @@ def evaluate_controls(
                 names.append((name, primer))
         for (name, primer), result in zip(names, generate_batch(model, codec, jobs), strict=True):
             key = find_key(primer.motif_notes) or (0, "major")
-            notes = [struck(codec, primer, pm) for pm in result.midis]
+            notes = [struck(codec, primer, pm) for pm in render_result(codec, primer, result)]
             per.setdefault(name, []).extend((key, n) for n in notes)
 
     def figure(name: str, fn) -> list[float]:

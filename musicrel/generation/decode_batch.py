@@ -1,6 +1,8 @@
 """Continuous batching: `DecodeBatch` decodes the rows of many jobs together, one token each per step, while
 jobs join and leave between steps; `generate_batch` runs a list of jobs to completion on one, and
-`continue_midi` is the one-call library entry (motif in, MIDI out).
+`continue_midi` is the one-call library entry (motif in, MIDI out). A finished job's result holds tokens: the
+caller renders them (`primer.render_result`), so no row waits while another job's MIDI is written, and the
+engine process ships tokens, not MIDI objects.
 
 Over 450 lines on purpose: admit, step, the window slide and swap-remove all edit one cache layout (live rows
 first, one shared length, per-row left padding), and they are read together or not at all.
@@ -29,7 +31,7 @@ from musicrel.generation.primer import (
     Primer,
     default_max_primer_tokens,
     prepare_primer,
-    render,
+    render_result,
 )
 from musicrel.generation.sampling import SamplingParams, row_seed
 from musicrel.midi.codec import EventCodec, shift_steps
@@ -40,13 +42,14 @@ CONTINUE_MIDI_DEFAULTS = {"seed": 0, "num_samples": 2}
 
 @dataclass
 class ContinuationResult:
-    midis: list  # pretty_midi.PrettyMIDI per sample
+    """A finished job: each sample's tokens and how they were made. MIDI: `primer.render_result`."""
+
     tokens: list  # np.ndarray of generated tokens per sample
     seed: int
     primer_tokens: int
     new_tokens: int  # all samples together
     seconds: float  # music generated (the longest sample)
-    # seconds: prefill (of the admission that took the job in), decode (admitted to done), render
+    # seconds: prefill (of the admission that took the job in), decode (admitted to done)
     timings: dict
     stopped: bool = False  # should_stop ended this job early
     controls: dict | None = None  # what params.controls applied (the key detected, ...), for the metadata
@@ -448,36 +451,15 @@ class DecodeBatch:
         return finished
 
     def _result(self, job: _Job) -> ContinuationResult:
-        start = time.perf_counter()
         step_s = self.codec.config.step_ms / 1000.0
         applied = job.controls.applied if job.controls is not None else None
-        primer = job.primer
-        if job.controls is not None and job.controls.program is not None:
-            primer = replace(primer, program=job.controls.program)
-        midis = [
-            render(
-                self.codec,
-                primer,
-                tokens,
-                include_primer=job.params.include_primer,
-                seed=job.seed,
-                sample_index=i,
-                controls=applied,
-            )
-            for i, tokens in enumerate(job.samples)
-        ]
         return ContinuationResult(
-            midis=midis,
             tokens=job.samples,
             seed=job.seed,
             primer_tokens=len(job.tokens),
             new_tokens=int(sum(len(t) for t in job.samples)),
             seconds=max(float(self._shift_steps[t].sum()) * step_s for t in job.samples),
-            timings={
-                "prefill": job.prefill_s,
-                "decode": start - job.admitted,
-                "render": time.perf_counter() - start,
-            },
+            timings={"prefill": job.prefill_s, "decode": time.perf_counter() - job.admitted},
             stopped=job.stopped,
             controls=applied,
             warnings=list(job.controls.warnings) if job.controls is not None else [],
@@ -525,4 +507,5 @@ def continue_midi(
     codec = codec or EventCodec()
     params = SamplingParams(**{**CONTINUE_MIDI_DEFAULTS, **sampling})
     primer = prepare_primer(codec, midi, primer_seconds, tracks, max_tokens=default_max_primer_tokens(model))
-    return generate_batch(model, codec, [(primer, params)])[0].midis
+    result = generate_batch(model, codec, [(primer, params)])[0]
+    return render_result(codec, primer, result, params.include_primer)

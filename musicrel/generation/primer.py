@@ -262,3 +262,26 @@ def render(
         pm.text_events.append(pretty_midi.Text(label, 0.0))
     pm.text_events.append(pretty_midi.Text("end", offset + length))
     return pm
+
+
+def render_result(
+    codec, primer: Primer, result, include_primer: bool = False
+) -> list[pretty_midi.PrettyMIDI]:
+    """One MIDI per sample of a finished job (a `decode_batch.ContinuationResult`: tokens, seed, the controls
+    applied), as the user gets it: the program the controls chose, else the motif's; the seed and sample index
+    and the controls in text events."""
+    program = (result.controls or {}).get("program")
+    if program is not None:
+        primer = replace(primer, program=program)
+    return [
+        render(
+            codec,
+            primer,
+            tokens,
+            include_primer=include_primer,
+            seed=result.seed,
+            sample_index=i,
+            controls=result.controls,
+        )
+        for i, tokens in enumerate(result.tokens)
+    ]

@@ -31,7 +31,7 @@ from musicrel.generation.controls import (
 )
 from musicrel.generation.decode_batch import generate_batch
 from musicrel.generation.grammar import Grammar
-from musicrel.generation.primer import prepare_primer
+from musicrel.generation.primer import prepare_primer, render_result
 from musicrel.generation.sampling import SamplingParams
 from musicrel.midi.codec import EventCodec
 from musicrel.model.config import ModelConfig
@@ -285,14 +285,15 @@ def test_no_control_is_the_uncontrolled_path_exactly(model):
 
 def test_controls_are_recorded_and_the_program_applied(model):
     params = SamplingParams(seconds=3, seed=0, controls=Controls(program=40, key="auto", chords="Am:1 F:1"))
-    result = generate_batch(model, CODEC, [(motif(shift=9), params)])[0]  # A major scale
+    primer = motif(shift=9)  # A major scale
+    result = generate_batch(model, CODEC, [(primer, params)])[0]
     assert result.controls["key"] == "A:major" and result.controls["key_detected"] is True
     assert result.controls["instrument"] == "Violin" and result.controls["program"] == 40
     assert result.warnings == [
         "chord Am has C outside the key A:major",
         "chord F has C, F outside the key A:major",
     ]
-    pm = result.midis[0]
+    pm = render_result(CODEC, primer, result)[0]  # the program and the controls' record: as a user gets them
     assert pm.instruments[0].program == 40
     texts = [t.text for t in pm.text_events]
     assert "musicrel seed=0 sample=0" in texts
@@ -344,7 +345,8 @@ def test_notes_the_motif_holds_over_the_cut_are_not_counted_as_the_continuations
 def test_density_is_held_through_the_continuation(model):
     """A feedback loop, not a fixed bias: each half of a long continuation is near the target."""
     params = SamplingParams(seconds=20, seed=3, num_samples=2, controls=Controls(density=6))
-    for pm in generate_batch(model, CODEC, [(motif(step=0.5), params)])[0].midis:
+    primer = motif(step=0.5)
+    for pm in render_result(CODEC, primer, generate_batch(model, CODEC, [(primer, params)])[0]):
         starts = np.array([n.start for n in notes_of(pm)])
         for half in (starts < 10, starts >= 10):
             assert half.sum() / 10 == pytest.approx(6, rel=0.3)

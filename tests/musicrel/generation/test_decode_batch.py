@@ -13,7 +13,7 @@ from musicrel.errors import GenerationError
 from musicrel.generation.decode import generate
 from musicrel.generation.decode_batch import DecodeBatch, continue_midi, generate_batch
 from musicrel.generation.grammar import Grammar, max_hold_seconds
-from musicrel.generation.primer import Primer, prepare_primer
+from musicrel.generation.primer import Primer, prepare_primer, render_result
 from musicrel.generation.sampling import SamplingParams, row_seed
 from musicrel.midi.codec import open_pitches, shift_steps
 from musicrel.model.config import ModelConfig
@@ -49,7 +49,8 @@ def test_random_seed_is_drawn_reported_and_reproduces(model):
     again = generate_batch(model, CODEC, [(primer, SamplingParams(seconds=1.5, seed=first.seed))])[0]
     assert isinstance(first.seed, int) and first.seed >= 0
     np.testing.assert_array_equal(first.tokens[0], again.tokens[0])
-    assert any(t.text == f"musicrel seed={first.seed} sample=0" for t in first.midis[0].text_events)
+    text_events = render_result(CODEC, primer, first)[0].text_events
+    assert any(t.text == f"musicrel seed={first.seed} sample=0" for t in text_events)
 
 
 def test_job_is_the_same_alone_or_batched(model):
@@ -61,11 +62,12 @@ def test_job_is_the_same_alone_or_batched(model):
     alone_short = generate_batch(model, CODEC, [(short, p_short)])[0]
     alone_long = generate_batch(model, CODEC, [(long, p_long)])[0]
     both = generate_batch(model, CODEC, [(long, p_long), (short, p_short)])
-    for x, y in ((alone_short, both[1]), (alone_long, both[0])):
+    for x, y, primer in ((alone_short, both[1], short), (alone_long, both[0], long)):
         assert len(x.tokens) == len(y.tokens)
         for a, b in zip(x.tokens, y.tokens, strict=True):
             np.testing.assert_array_equal(a, b)
-        assert [notes_of(m) for m in x.midis] == [notes_of(m) for m in y.midis]
+        rendered = [render_result(CODEC, primer, r) for r in (x, y)]
+        assert [notes_of(m) for m in rendered[0]] == [notes_of(m) for m in rendered[1]]
 
 
 @settings(max_examples=8, deadline=None)
@@ -75,7 +77,7 @@ def test_requested_seconds_met_within_one_time_step(model, seconds, seed):
     res = generate_batch(model, CODEC, [(primer, SamplingParams(seconds=seconds, seed=seed, num_samples=2))])[
         0
     ]
-    for tokens, pm in zip(res.tokens, res.midis, strict=True):
+    for tokens, pm in zip(res.tokens, render_result(CODEC, primer, res), strict=True):
         length = shift_steps(CODEC)[tokens].sum() * STEP
         assert seconds - 1e-9 <= length < seconds + STEP + 1e-9
         assert pm.get_end_time() == pytest.approx(length)
@@ -142,7 +144,7 @@ def _assert_same(a, b) -> None:
     assert len(a.tokens) == len(b.tokens) and a.seed == b.seed
     for x, y in zip(a.tokens, b.tokens, strict=True):
         np.testing.assert_array_equal(x, y)
-    assert [notes_of(m) for m in a.midis] == [notes_of(m) for m in b.midis]
+    assert a.controls == b.controls  # with the tokens and seed: everything the rendered MIDI is made of
 
 
 @pytest.mark.parametrize("attention", ["skew", "absolute", "t5", "shaw"])

@@ -16,7 +16,7 @@ from musicrel.generation.grammar import (
     Grammar,
     max_hold_seconds,
 )
-from musicrel.generation.primer import Primer, prepare_primer, primer_at_cut
+from musicrel.generation.primer import Primer, prepare_primer, primer_at_cut, render_result
 from musicrel.generation.sampling import SamplingParams
 from musicrel.midi.codec import CodecConfig, EventCodec, open_pitches, shift_steps
 from tests.musicrel.conftest import (
@@ -115,7 +115,7 @@ def test_no_note_is_held_longer_than_its_cap_in_a_generated_piece(model):
     primer = prepare_primer(CODEC, make_motif(), 4.0)
     res = generate_batch(model, CODEC, [(primer, SamplingParams(seconds=12.0, seed=3, num_samples=2))])[0]
     cap = max_hold_seconds(primer)
-    for midi in res.midis:
+    for midi in render_result(CODEC, primer, res):
         assert max(n.end - n.start for n in midi.instruments[0].notes) <= cap + 1e-6
 
 
@@ -123,7 +123,7 @@ def test_grammar_of_generated_streams(model):
     primer = prepare_primer(CODEC, make_motif(), 4.0)
     jobs = [(primer, SamplingParams(seconds=3.0, seed=s, num_samples=3, temperature=1.5)) for s in range(2)]
     for res in generate_batch(model, CODEC, jobs):
-        for tokens, pm in zip(res.tokens, res.midis, strict=True):
+        for tokens, pm in zip(res.tokens, render_result(CODEC, primer, res), strict=True):
             check_grammar(tokens, open_pitches(CODEC, primer.tokens))
             length = shift_steps(CODEC)[tokens].sum() * STEP
             notes = pm.instruments[0].notes

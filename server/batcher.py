@@ -8,8 +8,9 @@ worker is idle, the first job waits up to `batch_window_s` for companions, so th
 (one prefill). Results go back to the loop with `call_soon_threadsafe`. A job whose client left or whose
 deadline passed is skipped if still queued, and stopped at its next step if already decoding.
 
-By default this worker runs in the engine process (server/engine.py), where each Job reports through its
-`sink` instead of a future; with MUSICREL_ENGINE=thread it runs in the server process itself.
+A job's events (`Started`, `Progress`, `Finished`, `Failed`) leave the worker one way, through the job's
+`report`: `to_loop` settles the request's future on its event loop; in the engine process (server/engine.py,
+the default) they go down the pipe instead. With MUSICREL_ENGINE=thread the worker runs in the server process.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from musicrel.generation.threads import CpuSampler, ThreadChoice, choose_threads
 from server.metrics import Metrics
 
 if TYPE_CHECKING:
+    from musicrel.generation.decode_batch import ContinuationResult
     from musicrel.generation.primer import Primer
     from musicrel.generation.sampling import SamplingParams
     from musicrel.midi.codec import EventCodec
@@ -54,21 +56,39 @@ class WorkerStoppedError(Exception):
     """The worker shut down before it could run the job."""
 
 
+@dataclass(frozen=True)
+class Started:
+    at: float  # time.monotonic() when the job was admitted into the running batch
+
+
+@dataclass(frozen=True)
+class Progress:
+    tokens: list[list[int]]  # each sample's tokens generated since the last Progress (streamed jobs)
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: ContinuationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
+
+
+JobEvent = Started | Progress | Finished | Failed
+
+
 @dataclass(eq=False)
 class Job:
     primer: Primer
     params: SamplingParams
     rows: int
     deadline: float  # time.monotonic() after which the job is abandoned
-    future: asyncio.Future | None = None  # settled on `loop` (a request awaits it)...
-    loop: asyncio.AbstractEventLoop | None = None
-    # ...or, in the engine process, reported instead: sink("started" | "done" | "error", job, payload)
-    sink: Callable[[str, Job, Any], None] | None = None
+    report: Callable[[Job, JobEvent], None]  # where its events go: `to_loop`, or the engine's pipe
+    future: asyncio.Future | None = None  # what the request awaits (server side; `to_loop` settles it)
     id: int = 0  # the engine's name for the job on both sides of its pipe (unused in one process)
-    # Streaming: after each step the worker reports each sample's new tokens, on_progress(tokens per sample)
-    # on `loop`, or sink("progress", job, tokens) in the engine process (`stream` says so there).
-    on_progress: Callable[[list[list[int]]], None] | None = None
-    stream: bool = False
+    stream: bool = False  # report each sample's new tokens after every step (Progress)
     reported: list[int] = field(default_factory=list)  # tokens reported so far, per sample (worker side)
     enqueued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # admitted into the running batch
@@ -90,17 +110,9 @@ class Job:
 
     def _started(self, at: float) -> None:
         self.started_at = at
-        if self.sink is not None:
-            self.sink("started", self, at)
+        self.report(self, Started(at))
 
-    def _progress(self, tokens: list[list[int]]) -> None:
-        if self.sink is not None:
-            self.sink("progress", self, tokens)
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
-            self.loop.call_soon_threadsafe(self.on_progress, tokens)
-
-    def _report(self, generated: list[Any] | None) -> None:
+    def _report_new_tokens(self, generated: list[Any] | None) -> None:
         """Report the tokens generated since the last report (`generated`: DecodeBatch.generated)."""
         if generated is None:
             return
@@ -109,25 +121,40 @@ class Job:
         new = [tokens[done:].tolist() for tokens, done in zip(generated, self.reported, strict=True)]
         if any(new):
             self.reported = [len(tokens) for tokens in generated]
-            self._progress(new)
+            self.report(self, Progress(new))
 
-    def _deliver(self, result: Any = None, error: BaseException | None = None) -> None:
-        if self.sink is not None:
-            self.sink("done" if error is None else "error", self, result if error is None else error)
+    def _deliver(self, result: ContinuationResult | None = None, error: BaseException | None = None) -> None:
+        self.report(self, Finished(result) if error is None else Failed(error))
+
+
+def to_loop(
+    loop: asyncio.AbstractEventLoop, on_progress: Callable[[list[list[int]]], None] | None = None
+) -> tuple[asyncio.Future, Callable[[Job, JobEvent], None]]:
+    """A future on `loop` for a request to await, and the `report` that settles it from any thread (Finished
+    or Failed) and calls on_progress(tokens per sample) on the loop for each Progress."""
+    future = loop.create_future()
+
+    def report(job: Job, event: JobEvent) -> None:
+        if isinstance(event, Started) or (isinstance(event, Progress) and on_progress is None):
             return
+        if isinstance(event, Progress):
+            call, args = on_progress, (event.tokens,)
+        else:
+            call, args = settle, (job, event)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+            loop.call_soon_threadsafe(call, *args)
 
-        def settle() -> None:
-            if self.future.done():
-                return
-            if error is not None and self.stop_reason is not None:
-                self.future.cancel()  # nobody awaits it any more: no "exception never retrieved" warning
-            elif error is not None:
-                self.future.set_exception(error)
-            else:
-                self.future.set_result(result)
+    def settle(job: Job, event: Finished | Failed) -> None:
+        if future.done():
+            return
+        if isinstance(event, Failed) and job.stop_reason is not None:
+            future.cancel()  # nobody awaits it any more: no "exception never retrieved" warning
+        elif isinstance(event, Failed):
+            future.set_exception(event.error)
+        else:
+            future.set_result(event.result)
 
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
-            self.loop.call_soon_threadsafe(settle)
+    return future, report
 
 
 def warmup_midi() -> bytes:
@@ -240,15 +267,14 @@ class Batcher:
         deadline: float,
         on_progress: Callable[[list[list[int]]], None] | None = None,
     ) -> Job:
-        loop = asyncio.get_running_loop()
+        future, report = to_loop(asyncio.get_running_loop(), on_progress)
         job = Job(
             primer,
             params,
             rows=params.num_samples,
             deadline=deadline,
-            future=loop.create_future(),
-            loop=loop,
-            on_progress=on_progress,
+            report=report,
+            future=future,
             stream=on_progress is not None,
         )
         self.enqueue(job)
@@ -414,5 +440,5 @@ class Batcher:
             job._deliver(result)
         for job_id, job in self._running.items():
             if job.stream and job.stop_reason is None:
-                job._report(batch.generated(job_id))
+                job._report_new_tokens(batch.generated(job_id))
         return batch

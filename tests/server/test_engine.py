@@ -191,3 +191,31 @@ def test_a_dead_engine_fails_only_the_requests_it_was_decoding(tiny_checkpoint):
         assert answers["a"].status_code == 503 and "engine" in error_of(answers["a"])["message"]
         assert answers["b"].status_code == 200, answers["b"].text
         assert service.batcher._process is not first and service.batcher.queue_depth == 0
+
+
+def test_the_pipe_carries_typed_messages_and_tokens_not_midi():
+    """Every message is a dataclass that pickles as it is sent; a finished job crosses as its tokens (the
+    server renders them)."""
+    import pickle
+
+    import numpy as np
+
+    from musicrel.generation.decode_batch import ContinuationResult
+    from server.batcher import Finished, Progress, Started
+    from server.engine import CancelJob, JobUpdate, MetricUpdate, Ready, Stop, SubmitJob
+
+    result = ContinuationResult(
+        tokens=[np.arange(5)], seed=3, primer_tokens=4, new_tokens=5, seconds=0.1, timings={"decode": 0.0}
+    )
+    messages = [
+        SubmitJob(1, None, None, 2.0, stream=True), CancelJob(1, "disconnected"), Stop(None), Ready(),
+        JobUpdate(1, Started(1.0)), JobUpdate(1, Progress([[1, 2]])),
+        MetricUpdate("stopped", ("x",), "inc", ()),
+        JobUpdate(1, Finished(result), {"stop_reason": None}),
+    ]  # fmt: skip
+    for message in messages:
+        again = pickle.loads(pickle.dumps(message))
+        assert type(again) is type(message)
+    sent = pickle.loads(pickle.dumps(messages[-1]))
+    assert [t.tolist() for t in sent.event.result.tokens] == [[0, 1, 2, 3, 4]]
+    assert not hasattr(sent.event.result, "midis")

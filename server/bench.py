@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     # The in-process rows run with the server's thread count, so that they compare with its numbers.
     threads = args.torch_threads or Settings().torch_threads
     if threads == "auto":  # as the server's worker would choose for this concurrency
-        from server.batcher import generation_threads
+        from server.worker import generation_threads
 
         threads = generation_threads(args.concurrency).threads
     engine = os.environ.get("MUSICREL_ENGINE", Settings().engine)

@@ -24,7 +24,6 @@ from musicrel.generation.decode_batch import ContinuationResult
 from musicrel.generation.primer import Primer, default_max_primer_tokens, prepare_primer, render_result
 from musicrel.generation.sampling import SamplingParams
 from server.admission import Ticket
-from server.batcher import Job, QueueFullError, WorkerStoppedError
 from server.errors import ApiError
 from server.schemas import (
     BatchInfo,
@@ -38,6 +37,7 @@ from server.schemas import (
     Timings,
 )
 from server.service import Service
+from server.worker import Job, QueueFullError, WorkerStoppedError
 
 log = logging.getLogger("musicrel.server")
 
@@ -167,12 +167,12 @@ def submit(
 ) -> Job:
     """Queue the job; its admission ticket is handed over to the queue (the job now counts there). Refused,
     the ticket stays with the request, whose end releases it. `on_progress`: see GenerationWorker.submit."""
-    assert service.batcher is not None
+    assert service.worker is not None
     try:
-        job = service.batcher.submit(primer, sampling, deadline, on_progress=on_progress)
+        job = service.worker.submit(primer, sampling, deadline, on_progress=on_progress)
     except QueueFullError as exc:  # only if admission was bypassed (the ticket reserves a place)
         service.metrics.rejected.labels("queue_full").inc()
-        retry = service.admission.retry_after_s(service.batcher.queue_depth)
+        retry = service.admission.retry_after_s(service.worker.queue_depth)
         raise ApiError(
             429, "queue_full", f"server busy: {exc}; retry later", headers={"Retry-After": str(retry)}
         ) from exc

@@ -4,7 +4,7 @@ In one process, every request's Python work (multipart parsing, reading and writ
 the decoding loop for the GIL: torch releases the GIL inside each op and the loop has to win it back about a
 hundred times per step. On a 2-core machine a thread busy 5 % of the time made decoding steps 10-25 % slower.
 So the server process only parses and answers, and a child process (spawned: no fork of a process holding
-threads and an OpenMP pool) owns the model and runs the same `Batcher` on its own GIL. It is a plain
+threads and an OpenMP pool) owns the model and runs the same `GenerationThread` on its own GIL. It is a plain
 `python -m server.engine FD` with one end of a socket pair, so it never re-imports the server's main module.
 
 They talk over one pipe in the typed messages below. Server -> engine: `SubmitJob`, `CancelJob`, `Stop`.
@@ -35,10 +35,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from server.batcher import (
-    Batcher,
+from server.metrics import Metrics
+from server.settings import Settings
+from server.worker import (
     Failed,
     Finished,
+    GenerationThread,
     Job,
     JobEvent,
     Progress,
@@ -48,8 +50,6 @@ from server.batcher import (
     to_loop,
     warm_up,
 )
-from server.metrics import Metrics
-from server.settings import Settings
 
 if TYPE_CHECKING:
     from musicrel.generation.primer import Primer
@@ -128,7 +128,7 @@ class RemoteJob(Job):
 
 
 class EngineProcess:
-    """A GenerationWorker (server/batcher.py) whose Batcher runs in a child process."""
+    """A GenerationWorker (server/worker.py) whose GenerationThread runs in a child process."""
 
     def __init__(
         self, settings: Settings, metrics: Metrics, on_dequeue: Callable[[int, int], None] | None = None
@@ -360,7 +360,8 @@ def _picklable(error: BaseException) -> BaseException:
 
 
 def engine_main(conn: Any, settings: Settings) -> None:
-    """Entry point of the engine process: load the model, run a Batcher, serve the pipe until told to stop."""
+    """Entry point of the engine process: load the model, run a GenerationThread, serve the pipe until told
+    to stop."""
     # The server process decides when to stop (SIGTERM drains there first); Ctrl-C reaches the whole process
     # group, and the engine must not die under the requests that are draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -396,7 +397,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
             event = Failed(_picklable(event.error))
         send(JobUpdate(job.id, event, fields))
 
-    batcher = Batcher(
+    worker = GenerationThread(
         model,
         codec,
         metrics=_RemoteMetrics(send),
@@ -407,17 +408,17 @@ def engine_main(conn: Any, settings: Settings) -> None:
         warmup=(lambda batch: warm_up(codec, batch)) if settings.warmup else None,
         torch_threads=settings.torch_threads,
     )
-    batcher.start()
-    while not batcher.ready.wait(0.05):
-        if batcher.failed:
-            send(EngineFailed(batcher.failed))
+    worker.start()
+    while not worker.ready.wait(0.05):
+        if worker.failed:
+            send(EngineFailed(worker.failed))
             return
     send(Ready())
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):  # the server is gone: nobody waits for answers
-            batcher.stop(timeout=0)
+            worker.stop(timeout=0)
             return
         match message:
             case SubmitJob(job_id, primer, params, deadline, stream):
@@ -425,7 +426,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
                 job = Job(primer, params, rows, deadline, report=report, id=job_id, stream=stream)
                 jobs[job_id] = job
                 try:
-                    batcher.enqueue(job)
+                    worker.enqueue(job)
                 except Exception as exc:
                     job._deliver(error=exc)
             case CancelJob(job_id, reason):
@@ -433,7 +434,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
                 if job is not None:
                     job.cancel(reason)
             case Stop(timeout):
-                batcher.stop(timeout=timeout)
+                worker.stop(timeout=timeout)
                 with contextlib.suppress(OSError):
                     send(Stopped())
                 return

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from server.admission import Admission, Ticket
-from server.batcher import Batcher, GenerationWorker, warm_up
 from server.engine import EngineProcess
 from server.errors import ApiError
 from server.metrics import Metrics
 from server.settings import Settings
+from server.worker import GenerationThread, GenerationWorker, warm_up
 
 if TYPE_CHECKING:
     from musicrel.evaluation.novelty import NoveltyIndex
@@ -43,7 +43,7 @@ class Service:
         self.model: MusicTransformer | None = None
         self.codec: EventCodec | None = None
         self.novelty: NoveltyIndex | None = None
-        self.batcher: GenerationWorker | None = None
+        self.worker: GenerationWorker | None = None
         self.admission = Admission(settings, metrics)
         self.info: dict[str, Any] = {}
         self.parse_limiter: anyio.CapacityLimiter | None = None
@@ -68,7 +68,7 @@ class Service:
 
         # Loading needs no parallelism, and an OpenMP team in this thread would count against the CPUs: with
         # more OpenMP threads than CPUs libgomp lets idle workers spin only 100 times before sleeping, which
-        # made the generation thread's steps 2x slower. (Its own count is set in that thread: Batcher.)
+        # made the generation thread's steps 2x slower. (Its own count is set in that thread: worker.py.)
         torch.set_num_threads(1)
         folder = Path(self.settings.checkpoint)
         device = "cpu" if self.uses_engine_process else self.settings.device
@@ -107,9 +107,9 @@ class Service:
         # at the end, 76 s, though each had generated within 2 s).
         self.render_limiter = anyio.CapacityLimiter(s.parse_threads)
         if self.uses_engine_process:
-            self.batcher = EngineProcess(s, self.metrics, on_dequeue=self.admission.departed)
+            self.worker = EngineProcess(s, self.metrics, on_dequeue=self.admission.departed)
         else:
-            self.batcher = Batcher(
+            self.worker = GenerationThread(
                 self.model,
                 self.codec,
                 metrics=self.metrics,
@@ -122,12 +122,12 @@ class Service:
                 torch_threads=s.torch_threads,
                 on_dequeue=self.admission.departed,
             )
-        self.batcher.start()
+        self.worker.start()
 
     def stop(self) -> None:
         self.draining = True
-        if self.batcher is not None:
-            self.batcher.stop(timeout=self.settings.drain_timeout_s)
+        if self.worker is not None:
+            self.worker.stop(timeout=self.settings.drain_timeout_s)
         if self._previous_sigterm is not None:
             with contextlib.suppress(ValueError):
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
@@ -136,7 +136,7 @@ class Service:
 
     @property
     def warm(self) -> bool:
-        return self.batcher is not None and self.batcher.ready.is_set()
+        return self.worker is not None and self.worker.ready.is_set()
 
     @property
     def ready(self) -> bool:
@@ -145,8 +145,8 @@ class Service:
     def not_ready_reason(self, draining: bool | None = None) -> tuple[str, str]:
         if self.draining if draining is None else draining:
             return "draining", "the service is shutting down; retry on another instance"
-        if self.batcher is not None and self.batcher.failed:
-            return "not_ready", self.batcher.failed
+        if self.worker is not None and self.worker.failed:
+            return "not_ready", self.worker.failed
         return "not_ready", "the model is loading or warming up"
 
     def check_accepting(self, draining: bool) -> None:
@@ -159,8 +159,8 @@ class Service:
         """Before a continuation's upload (`size` bytes, None if chunked) is read: 503 unless accepting, 429
         when the queue is full."""
         self.check_accepting(draining)
-        assert self.batcher is not None  # check_accepting refuses until the worker is warm
-        return self.admission.admit(self.batcher.queue_depth, size)
+        assert self.worker is not None  # check_accepting refuses until the worker is warm
+        return self.admission.admit(self.worker.queue_depth, size)
 
     # ---- draining on SIGTERM ---------------------------------------------------------------------
 

@@ -38,11 +38,11 @@ from musicrel.generation.decode_batch import ContinuationResult
 from musicrel.generation.primer import Primer
 from musicrel.generation.streaming import NoteEvent, NoteStream
 from server.admission import Ticket
-from server.batcher import Job, WorkerStoppedError
 from server.continuations import as_json, finish, parse_upload, primer_info, submit
 from server.errors import ApiError, describe
 from server.schemas import ContinuationParams
 from server.service import Service
+from server.worker import Job, WorkerStoppedError
 
 log = logging.getLogger("musicrel.server")
 

@@ -191,7 +191,7 @@ def serve(checkpoint, *, decoder=None, wait_ready: bool = True, raise_errors: bo
     with TestClient(app, raise_server_exceptions=raise_errors) as client:
         service = app.state.service
         if wait_ready:
-            assert service.batcher.ready.wait(60), service.batcher.failed
+            assert service.worker.ready.wait(60), service.worker.failed
         yield client, service
 
 

@@ -225,7 +225,7 @@ def test_a_full_queue_refuses_before_reading_the_upload(tiny_checkpoint):
         assert gate.entered.wait(10)  # one generating...
         threads.append(threading.Thread(target=post, args=(client,), kwargs=FAST))
         threads[1].start()
-        wait_for(lambda: service.batcher.queue_depth == 1)  # ...and one queued: the queue is full
+        wait_for(lambda: service.worker.queue_depth == 1)  # ...and one queued: the queue is full
         reads = 0
 
         async def counting_receive():

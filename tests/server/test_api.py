@@ -335,7 +335,7 @@ def test_queue_full_is_429_and_deadline_is_504(tiny_checkpoint):
         second: dict = {}
         queued = threading.Thread(target=lambda: second.update(r=post(client, **FAST)))
         queued.start()
-        wait_for(lambda: service.batcher.queue_depth == 1)
+        wait_for(lambda: service.worker.queue_depth == 1)
         # ... the second fills the queue, so a third is turned away at once.
         response = post(client, **FAST)
         assert response.status_code == 429 and error_of(response)["code"] == "queue_full"
@@ -377,7 +377,7 @@ def test_not_ready_until_warm(tiny_checkpoint):
         assert refused.status_code == 503 and error_of(refused)["code"] == "not_ready"
         assert "retry-after" in refused.headers
         gate.opened.set()
-        assert service.batcher.ready.wait(30)
+        assert service.worker.ready.wait(30)
         assert client.get("/readyz").status_code == 200
 
 
@@ -426,7 +426,7 @@ def test_a_request_joins_the_running_batch(tiny_checkpoint):
         second: dict = {}
         joining = threading.Thread(target=lambda: second.update(r=post(client, json=True, **FAST)))
         joining.start()
-        wait_for(lambda: service.batcher.queue_depth == 1)
+        wait_for(lambda: service.worker.queue_depth == 1)
         gate.opened.set()
         joining.join(30)
         running.join(60)
@@ -477,7 +477,7 @@ def test_auto_torch_threads_are_chosen_in_the_generation_thread(tiny_checkpoint,
     """The default: the worker asks generation.threads, for its batch's rows, keeping a CPU for requests."""
     import torch
 
-    import server.batcher as batcher
+    import server.worker as worker
     from musicrel.generation.threads import ThreadChoice
 
     asked: list = []
@@ -486,8 +486,8 @@ def test_auto_torch_threads_are_chosen_in_the_generation_thread(tiny_checkpoint,
         asked.append((threading.current_thread().name, rows, reserve))
         return ThreadChoice(3, 4.0, 0.5, rows, reserve)
 
-    monkeypatch.setattr(batcher, "choose_threads", choose)
-    monkeypatch.setattr(batcher, "cpu_budget", lambda: 4.0)
+    monkeypatch.setattr(worker, "choose_threads", choose)
+    monkeypatch.setattr(worker, "cpu_budget", lambda: 4.0)
     seen: list = []
 
     def decoder(model, codec, max_rows, **options):

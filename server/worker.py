@@ -185,9 +185,9 @@ def warm_up(codec: Any, batch: Any) -> None:
 
 
 class GenerationWorker(Protocol):
-    """What the service needs of the generation worker: `Batcher` runs it on a thread of this process,
-    `server.engine.EngineProcess` in a child process. `on_dequeue(jobs, still_waiting)`, given to either,
-    hears of every job leaving the queue (the service measures the drain rate from it)."""
+    """What the service needs of the generation worker: `GenerationThread` runs it on a thread of this
+    process, `server.engine.EngineProcess` in a child process. `on_dequeue(jobs, still_waiting)`, given to
+    either, hears of every job leaving the queue (the service measures the drain rate from it)."""
 
     ready: threading.Event  # set once warmed up
     failed: str | None  # why it stopped for good
@@ -213,7 +213,7 @@ class GenerationWorker(Protocol):
     def stop(self, timeout: float | None = None) -> None: ...
 
 
-class Batcher:
+class GenerationThread:
     def __init__(
         self,
         model: MusicTransformer,

@@ -172,7 +172,7 @@ def _pack_gpu(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from training.evaluate import evaluate, format_table
+    from training.evaluate import evaluate, format_nll_table
 
     result = evaluate(
         args.checkpoint,
@@ -182,7 +182,7 @@ def _evaluate(args) -> int:
         max_windows=args.max_windows,
         seq_len=args.seq_len,
     )
-    print(format_table(result))
+    print(format_nll_table(result))
     return 0
 
 

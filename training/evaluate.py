@@ -104,7 +104,7 @@ def _figures(s: dict) -> dict:
     }
 
 
-def format_table(r: dict) -> str:
+def format_nll_table(r: dict) -> str:
     rows = [
         ("split", r["split"]),
         ("pieces", r["pieces"]),

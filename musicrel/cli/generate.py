@@ -264,7 +264,7 @@ def _generate(args) -> int:
 def _evaluate(args) -> int:
     _torch_setup(args)
     from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
-    from musicrel.evaluation.report import format_table, write_report
+    from musicrel.evaluation.report import format_report, write_report
 
     # Options left out are not passed: their defaults live in EvaluationOptions and SamplingParams.
     options = given(
@@ -285,7 +285,7 @@ def _evaluate(args) -> int:
     )
     options = EvaluationOptions(**options)
     report = evaluate_continuations(args.checkpoint, args.input, options, progress=not args.quiet)
-    print(format_table(report))
+    print(format_report(report))
     if args.out:
         paths = write_report(report, args.out)
         print("wrote " + ", ".join(str(p) for p in paths.values()))

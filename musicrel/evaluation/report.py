@@ -1,4 +1,4 @@
-"""The evaluation report for people: `format_table` (the console table) and `write_report` (report.json and
+"""The evaluation report for people: `format_report` (the console table) and `write_report` (report.json and
 its pictures)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _cell(summary: dict, name: str) -> str:
     return f"{f(summary['mean'])} [{f(summary['low'])},{f(summary['high'])}]"
 
 
-def format_table(report: dict) -> str:
+def format_report(report: dict) -> str:
     """Metrics as rows, systems (and the truth) as columns: mean [95 % interval]."""
     head = (
         f"{report['pieces']} pieces x {report['seeds']} seeds, motif {report['motif_seconds']:g} s -> "

@@ -42,7 +42,7 @@ from musicrel.evaluation.metrics import (
     sounding_at_end,
     velocity_histogram,
 )
-from musicrel.evaluation.report import format_table, write_report
+from musicrel.evaluation.report import format_report, write_report
 from musicrel.generation.sampling import SamplingParams
 from tests.musicrel.evaluation.conftest import CODEC, N
 
@@ -303,7 +303,7 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
     for name, row in rows.items():
         values = [v for v in row["per_piece"]["copied_notes"] if v is not None]
         assert values and all(v >= 0 for v in values), name
-    assert "longest copy" in format_table(report)
+    assert "longest copy" in format_report(report)
     assert len(report["examples"]) == 3 and report["examples"][0]["system"] == "model"
     assert all(-3.0 <= n[1] < 0 for n in report["examples"][0]["motif"])
     assert any(m.name in report["metrics"] for m in METRICS)
@@ -312,7 +312,7 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
         1.0 - rows["untrained"]["metrics"]["pc_overlap"]["mean"]
     )
 
-    table = format_table(report)
+    table = format_report(report)
     assert "repeat-motif" in table and "pitch-class overlap" in table and "truth" in table
     assert "only 3 pieces" in table
 

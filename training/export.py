@@ -64,9 +64,12 @@ def model_from_lightning_checkpoint(path):
 
 
 def default_card(path, ckpt, model) -> str:
+    from musicrel.model.config import ModelConfig
+
     hp = ckpt["hyper_parameters"]
+    cfg = ModelConfig.from_hparams(hp).to_dict()
     arch = ", ".join(
-        f"{k}={hp[k]}" for k in ("attention", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len")
+        f"{k}={cfg[k]}" for k in ("attention", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len")
     )
     return (
         f"# musicrel model\n\nExported from `{path}` "

@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from musicrel.errors import ConfigError
 from musicrel.model.checkpoint import load_codec, load_model, read_config, weights_sha256
+from musicrel.model.config import ModelConfig
 from training.evaluate import evaluate
 from training.export import export_checkpoint
 from training.module import MusicDataModule, MusicLM, default_precision
@@ -111,10 +112,9 @@ def data_summary(manifest: dict) -> dict:
 
 def build_module(base, codec, fc: FinetuneConfig) -> MusicLM:
     """A MusicLM with the base model's configuration and weights and the fine-tuning schedule."""
-    fields = read_config(base)["model"]
     lm = MusicLM(
+        ModelConfig.from_dict(read_config(base)["model"]),
         codec=codec.config.to_dict(),
-        **fields,
         lr=fc.lr,
         weight_decay=fc.weight_decay,
         warmup_steps=fc.warmup_steps,

@@ -296,7 +296,7 @@ On the GPU machine, from the repository root (the pack travels with the working 
 
 ```bash
 bash {pack}/run.sh 8m              # SIZE: {", ".join(SIZES)} (configs/gpu-SIZE.yaml); context 512
-bash {pack}/run.sh 20m 1024        # another context: --model.max_seq_len 1024
+bash {pack}/run.sh 20m 1024        # another context: --model.config.max_seq_len 1024
 bash {pack}/run.sh 8m 1024 -- --data.batch_size 32   # after --: more `musicrel train` overrides
 ```
 
@@ -307,7 +307,7 @@ It does, in order:
    then `export PYTHONPATH=/tmp/site`;
 2. `python3 -m musicrel.cli train --config configs/gpu.yaml --config configs/gpu-SIZE.yaml
    --data.data_dir {pack}/data --trainer.default_root_dir /tmp/musicrel-runs --run_name gpu-SIZE[-LEN]
-   --model.max_seq_len LEN` (bf16 mixed precision, the model compiled, stopped after 9 minutes);
+   --model.config.max_seq_len LEN` (bf16 mixed precision, the model compiled, stopped after 9 minutes);
 3. `python3 -m musicrel.cli export <best-*.ckpt, else last.ckpt> --out $OUT/gpu-SIZE[-LEN]
    --dtype bfloat16 --max-shard-mib 16`, and copies the run's metrics.csv beside it.
 
@@ -364,7 +364,7 @@ export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 # 2. Train (the repository's own code comes first on sys.path: python -m from its root).
 RUN=gpu-$SIZE
 ctx=()
-if [[ -n $SEQ_LEN ]]; then RUN=$RUN-$SEQ_LEN; ctx=(--model.max_seq_len "$SEQ_LEN"); fi
+if [[ -n $SEQ_LEN ]]; then RUN=$RUN-$SEQ_LEN; ctx=(--model.config.max_seq_len "$SEQ_LEN"); fi
 start=$(date +%s)
 "$PYTHON" -m musicrel.cli train --config configs/gpu.yaml --config "configs/gpu-$SIZE.yaml" \
   --data.data_dir "$PACK/data" --trainer.default_root_dir "$RUNS" --run_name "$RUN" "${ctx[@]}" "$@"

@@ -122,6 +122,10 @@ class ModelConfig:
 
     @classmethod
     def from_hparams(cls, hparams) -> ModelConfig:
-        """The config held among other settings (a LightningModule's flat hyper-parameters)."""
+        """The config held among other settings (a LightningModule's hyper-parameters): their `config`, or,
+        in checkpoints of runs from before MusicLM took the config whole, its fields among the others."""
+        hparams = dict(hparams)
+        if "config" in hparams:
+            return cls.from_dict(dict(hparams["config"]))
         known = {f.name for f in fields(cls)}
-        return cls.from_dict({k: v for k, v in dict(hparams).items() if k in known})
+        return cls.from_dict({k: v for k, v in hparams.items() if k in known})

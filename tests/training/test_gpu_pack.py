@@ -125,8 +125,7 @@ def test_gpu_configs_state_their_parameter_counts():
         text = path.read_text()
         stated = re.findall(r"([\d,]+) at (?:max_seq_len )?(\d+)", text)
         assert [int(ctx) for _, ctx in stated] == [512, 1024, 2048], path
-        model = {**base["model"], **yaml.safe_load(text)["model"]}
-        fields = {k: v for k, v in model.items() if k in ModelConfig.__dataclass_fields__}
+        fields = {**base["model"].get("config", {}), **yaml.safe_load(text)["model"]["config"]}
         for count, ctx in stated:
             cfg = ModelConfig(vocab_size=EventCodec().vocab_size, **{**fields, "max_seq_len": int(ctx)})
             with torch.device("meta"):
@@ -160,7 +159,8 @@ def _block_server_packages(folder: Path) -> set[str]:
 CPU_TINY = [
     "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--model.compile", "false",
     "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
-    "--model.n_layers", "2", "--model.d_model", "32", "--model.n_heads", "2", "--model.d_ff", "64",
+    "--model.config.n_layers", "2", "--model.config.d_model", "32", "--model.config.n_heads", "2",
+    "--model.config.d_ff", "64",
     "--model.warmup_steps", "1", "--model.decay_steps", "2",
     "--data.batch_size", "2", "--data.examples_per_epoch", "8", "--data.num_workers", "1",
 ]  # fmt: skip

@@ -172,3 +172,11 @@ def test_dropout_is_active_only_in_training():
     assert not torch.allclose(model(x), model(x))
     model.eval()
     torch.testing.assert_close(model(x), model(x))
+
+
+def test_config_from_a_modules_hyper_parameters_new_and_old():
+    """MusicLM keeps the config whole (`config`); checkpoints of older runs hold its fields among the
+    others, and `musicrel export` reads both."""
+    cfg = tiny("skew")
+    assert ModelConfig.from_hparams({"config": cfg.to_dict(), "lr": 1e-3, "codec": {}}) == cfg
+    assert ModelConfig.from_hparams({**cfg.to_dict(), "lr": 1e-3, "codec": {}}) == cfg

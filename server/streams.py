@@ -8,7 +8,7 @@ its HTTP status: 413, 422, 429, 503, ...). Then the 200 goes out with these line
   (as in the plain response) and the number of samples;
 - `note_on` {sample, id, pitch, velocity, time} as soon as the note-on is generated; `note_off` {sample, id,
   time} when its end is known; `note_drop` {sample, id} for a strike the MIDI file leaves out (see
-  musicrel/streaming.py). Times are seconds from the start of the continuation;
+  musicrel/generation/streaming.py). Times are seconds from the start of the continuation;
 - `result`: the plain JSON response (every sample's MIDI in base64, timings, ...) plus `first_note_ms`;
 - or `error` {status, error: {code, message}}: what the plain endpoint would have answered (504 timeout,
   503 draining, 500 internal, ...); nothing follows it.

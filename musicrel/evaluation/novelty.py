@@ -7,8 +7,8 @@ contains, and a suffix array over the stream answers "what is the longest substr
 in the stream" with a binary search per query position: the suffix sharing the longest prefix with a string
 is next to that string's insertion point in sorted order. All query positions are searched at once (numpy,
 vectorised over the query), so a query costs O(m log N) symbol comparisons: a few ms for a 20 s continuation
-against millions of notes (see `tests/musicrel/test_novelty.py`, and docs/EVALUATION.md's Novelty section for
-measured figures).
+against millions of notes (see `tests/musicrel/evaluation/test_novelty.py`, and docs/EVALUATION.md's Novelty
+section for measured figures).
 
 Conventions a caller can rely on:
 - Notes are ordered by onset (rounded to `ONSET_STEP`, the codec's 10 ms grid), then pitch; simultaneous

@@ -4,7 +4,7 @@ operation, positive and negative); `musicrel bench reliability --fuzz-api` is th
 
 A schema cannot say "a Standard MIDI File": positive cases upload a real motif (with the generated fields),
 so any refusal is a failure; negative cases send what schemathesis makes of the file. The
-bytes themselves are fuzzed by tests/musicrel/test_parser_fuzz.py.
+bytes themselves are fuzzed by tests/musicrel/midi/test_parser_fuzz.py.
 
 schemathesis' pytest plugin breaks on pytest 9 (`Function._nodeid`), so its strategies are driven with plain
 hypothesis here."""

@@ -36,9 +36,10 @@ def register(subparsers) -> None:
 
 
 def _prepare(args) -> int:
+    from musicrel.data.prepared import MANIFEST
     from musicrel.errors import ConfigError
     from musicrel.midi.codec import CodecConfig, EventCodec
-    from training.prepare import MANIFEST, prepare
+    from training.prepare import prepare
 
     overrides = {
         k: v

@@ -53,8 +53,8 @@ def evaluate(
     max_windows: int | None = None,
     seq_len: int | None = None,
 ) -> dict:
+    from musicrel.data.prepared import load_manifest, load_split, source_ranges
     from musicrel.model.checkpoint import load_codec, load_model
-    from training.prepare import load_manifest, load_split, source_ranges
 
     model, codec = load_model(checkpoint), load_codec(checkpoint)
     manifest = load_manifest(data)

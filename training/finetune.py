@@ -25,13 +25,14 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
+from musicrel.data.prepared import MANIFEST, load_manifest
 from musicrel.errors import ConfigError
 from musicrel.model.checkpoint import load_codec, load_model, read_config, weights_sha256
 from musicrel.model.config import ModelConfig
 from training.evaluate import evaluate
 from training.export import export_checkpoint
 from training.module import MusicDataModule, MusicLM, default_precision
-from training.prepare import MANIFEST, load_manifest, prepare
+from training.prepare import prepare
 
 SPLIT_PERCENT = (80, 10, 10)  # a few dozen files: enough held out to stop early and to measure on
 MIN_FILES = 3  # one per split

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LightningCLI
 from torchmetrics import MeanMetric
 
+from musicrel.data.prepared import load_manifest, load_split, source_ranges
 from musicrel.model.config import ModelConfig
 from musicrel.model.transformer import MusicTransformer
 from training.data import STRETCH_FACTORS, CropDataset, ResumableLoader, ResumableSampler, WindowDataset
-from training.prepare import load_manifest, load_split, source_ranges
 
 
 class MusicLM(L.LightningModule):

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from musicrel.data.prepared import MANIFEST, SPLITS
 from musicrel.errors import ConfigError, MusicrelError
 
 # What one device command may carry along (the working tree's limit is the same).
@@ -44,8 +45,7 @@ SERVER_ONLY = (
     "pydantic-settings",
     "prometheus-client",
 )
-SPLITS = ("train", "val", "test")
-DATA_FILES = ("manifest.json", *(f"{s}{suffix}.npy" for s in SPLITS for suffix in ("", "_offsets")))
+DATA_FILES = (MANIFEST, *(f"{s}{suffix}.npy" for s in SPLITS for suffix in ("", "_offsets")))
 # Markers are evaluated for the GPU machine, not for this one.
 TARGET_ENV = {
     "python_version": GPU_PYTHON,
@@ -206,7 +206,7 @@ def pack_gpu(
 ) -> dict:
     """Write the pack (see the module docstring) and return pack.json's content. Refuses, writing nothing,
     when the data is not a prepared folder or the whole would exceed `limit_bytes`."""
-    from training.prepare import load_manifest
+    from musicrel.data.prepared import load_manifest
 
     data_dir, out = Path(data_dir), Path(out)
     manifest = load_manifest(data_dir)

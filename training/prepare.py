@@ -1,4 +1,5 @@
-"""`musicrel prepare`: MIDI files -> de-duplicated, split, memory-mappable token arrays.
+"""`musicrel prepare`: MIDI files -> de-duplicated, split, memory-mappable token arrays (read back by
+musicrel/data/prepared.py, the format's one reader).
 
 Layout of OUT:
     manifest.json             codec settings + hash, counts, token totals, every skipped file with its code
@@ -37,13 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
+from musicrel.data.prepared import FORMAT_VERSION, MANIFEST, SPLITS
 from musicrel.errors import ConfigError, InvalidMidiError
 from musicrel.midi.files import find_midi_files
 from training.compositions import CONTAINMENT, MIN_SHINGLES, NGRAM, group_versions, shingles
 
-SPLITS = ("train", "val", "test")
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 2
 # Percent of the hash space per split (train, val, test).
 SPLIT_PERCENT = (90, 5, 5)
 
@@ -399,35 +398,3 @@ def _write_novelty(out_dir: Path, members, first_path, sources, cache_dir: Path,
         "written": fresh,
         "seconds": round(time.perf_counter() - start, 2),
     }
-
-
-def load_manifest(data_dir) -> dict:
-    path = Path(data_dir) / MANIFEST
-    if not path.is_file():
-        raise ConfigError(
-            f"{data_dir} is not a prepared data folder (no {MANIFEST}); run `musicrel prepare`",
-            code="not_prepared",
-        )
-    return json.loads(path.read_text())
-
-
-def source_ranges(manifest: dict, split: str) -> dict[str, tuple[int, int]]:
-    """Where each source with tokens lies in a split's stream ([start, end)); {} when the split has fewer
-    than two such sources (a single-source or format-1 folder: the stream is one part)."""
-    ranges = {
-        name: (r["start"], r["end"])
-        for name, r in manifest["splits"][split].get("sources", {}).items()
-        if r["end"] - r["start"] >= 2
-    }
-    return ranges if len(ranges) > 1 else {}
-
-
-def load_split(data_dir, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """(stream, offsets) of a split, memory-mapped."""
-    if split not in SPLITS:
-        raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
-    data_dir = Path(data_dir)
-    load_manifest(data_dir)
-    stream = np.load(data_dir / f"{split}.npy", mmap_mode="r")
-    offsets = np.load(data_dir / f"{split}_offsets.npy")
-    return stream, offsets

@@ -19,7 +19,6 @@ report's writing live in metrics.py and report.py.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ import pretty_midi
 import torch
 from tqdm import tqdm
 
+from musicrel.data.prepared import MANIFEST, is_prepared, load_manifest
 from musicrel.errors import MusicrelError
 from musicrel.evaluation.metrics import (
     BOOTSTRAP_RESAMPLES,
@@ -119,12 +119,12 @@ class Piece:
 def held_out_files(folder: Path, split: str = "test", source: str | None = None) -> list[Path]:
     """The `split` files (a comma list: `test,val`) of a prepared data folder (its manifest.json), those of
     one `source` of a multi-source folder if given; else every MIDI file under folder."""
-    manifest = folder / "manifest.json"
-    if not manifest.is_file():
+    manifest = folder / MANIFEST
+    if not is_prepared(folder):
         if source is not None:
             raise EvaluationError(f"a source needs a prepared data folder: {folder}", code="no_input")
         return find_midi_files(folder)
-    splits = json.loads(manifest.read_text()).get("splits", {})
+    splits = load_manifest(folder).get("splits", {})
     files = []
     for name in split.split(","):
         if name not in splits:
@@ -300,7 +300,7 @@ def _parse_systems(systems) -> list[str]:
 def _fit_ngram(codec, input_dir: Path, ngram_data, asked: bool):
     """(n-gram model or None, its description or the reason it is left out)."""
     if ngram_data is None:
-        if not (input_dir / "manifest.json").is_file():
+        if not is_prepared(input_dir):
             reason = "no prepared data folder to fit it on: --input is not one, and no --ngram-data was given"
             if asked:
                 raise EvaluationError(f"ngram: {reason}", code="no_ngram_data")
@@ -327,7 +327,7 @@ def _load_novelty(input_dir: Path, ngram_data) -> tuple[NoveltyIndex | None, str
     """The train split's novelty index of the prepared folder the evaluation names (--ngram-data, else
     --input), or None and why."""
     folder = ngram_data if ngram_data is not None else input_dir
-    if not (Path(folder) / "manifest.json").is_file():
+    if not is_prepared(folder):
         return None, "no prepared data folder (--input or --ngram-data) whose novelty index to read"
     try:
         return load_index(folder), None
@@ -479,7 +479,7 @@ def evaluate_continuations(
     if not pieces:
         raise EvaluationError(f"no usable pieces in {input_dir} (skipped: {skipped})", code="no_input")
     runs, timings, example_system, examples = _run(codec, pieces, systems, options, progress)
-    split = options.split if (input_dir / "manifest.json").is_file() else None
+    split = options.split if is_prepared(input_dir) else None
     head = {"checkpoint": str(checkpoint), "input": str(input_dir), "split": split}
     return {**head, **_report(pieces, skipped, systems, options, runs, timings, example_system, examples)}
 

@@ -20,14 +20,13 @@ learned, not in the rules it obeys.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from musicrel.data.prepared import has_split, load_manifest, load_split
 from musicrel.errors import MusicrelError
 from musicrel.generation.grammar import Grammar, max_hold_seconds
 from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP
@@ -79,17 +78,13 @@ class NGramModel:
         cls, folder, codec, split: str = "train", order: int = DEFAULT_ORDER, k: float = DEFAULT_K
     ) -> NGramModel:
         """Fit on `split` of a folder written by `musicrel prepare`; its codec must be `codec`'s."""
-        folder = Path(folder)
-        manifest = folder / "manifest.json"
-        if not manifest.is_file() or not (folder / f"{split}.npy").is_file():
+        if not has_split(folder, split):
             raise NGramDataError(
                 f"{folder} is not a prepared data folder with a {split} split (musicrel prepare)"
             )
-        meta = json.loads(manifest.read_text())
-        if meta.get("codec") != codec.config.to_dict():
+        if load_manifest(folder).get("codec") != codec.config.to_dict():
             raise NGramDataError(f"{folder} was prepared with another codec than the checkpoint's")
-        stream = np.load(folder / f"{split}.npy", mmap_mode="r")
-        offsets = np.load(folder / f"{split}_offsets.npy")
+        stream, offsets = load_split(folder, split)
         if len(stream) == 0:
             raise NGramDataError(f"the {split} split of {folder} is empty")
         return cls(codec.vocab_size, order, k).fit(stream, offsets)

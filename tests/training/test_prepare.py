@@ -7,9 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
+from musicrel.data.prepared import load_split
 from musicrel.errors import ConfigError
 from musicrel.midi.codec import EventCodec
-from training.prepare import assign_splits, codec_hash, load_split, prepare, split_of
+from training.prepare import assign_splits, codec_hash, prepare, split_of
 
 SMALL = ("6338816_Etude_No._4.mid", "POP909_008.mid", "POP909_010.mid")
 

@@ -41,14 +41,13 @@ from musicrel.evaluation.metrics import (
     bootstrap_interval,
     compare,
     describe,
-    find_key,
     grammar_errors,
-    key_name,
 )
 from musicrel.evaluation.ngram import NGramModel
 from musicrel.evaluation.novelty import NoveltyIndex, load_index
 from musicrel.generation.decode import generate
 from musicrel.generation.decode_batch import generate_batch
+from musicrel.generation.keys import find_key, key_label
 from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut, render, render_result
 from musicrel.generation.sampling import SamplingParams, row_seed
 from musicrel.midi.codec import open_pitches, shift_steps
@@ -517,7 +516,7 @@ def _report(pieces, skipped, systems: _Systems, options: EvaluationOptions, runs
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "confidence": CONFIDENCE, "seed": BOOTSTRAP_SEED},
         "pieces": len(pieces),
         "files": [p.path for p in pieces],
-        "keys": [key_name(p.key) for p in pieces],
+        "keys": [None if p.key is None else key_label(p.key) for p in pieces],
         "skipped": skipped,
         "ngram": systems.ngram_info,
         "left_out": left_out,

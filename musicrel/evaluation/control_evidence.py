@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from musicrel.evaluation.metrics import PITCH_NAMES, find_key, polyphony
+from musicrel.evaluation.metrics import polyphony
 from musicrel.generation.controls import Controls, chord_tone_share, in_range_share, in_scale_share
+from musicrel.generation.keys import PITCH_NAMES, find_key, key_label
 from musicrel.midi.codec import open_pitches
 
 DENSITY_TOLERANCE = 0.2
@@ -57,7 +58,7 @@ def struck(codec, primer, pm) -> list:
 
 def _conditions(primer) -> dict[str, Controls | None]:
     key = find_key(primer.motif_notes) or (0, "major")
-    label = f"{PITCH_NAMES[key[0]]}:{key[1]}"
+    label = key_label(key)
     return {
         "none": None,
         "key only": Controls(key=label, key_strength="only"),

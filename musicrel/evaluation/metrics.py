@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from musicrel.generation.keys import correlation, key_profile, pitch_class_histogram
+
 # IOI bin edges in seconds: 10 ms grid up to 2 s, log-spaced (what separates a trill from a half note).
 IOI_EDGES = np.array([0.0, 0.04, 0.08, 0.12, 0.17, 0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, np.inf])
 # Note durations: the same grid, on to the held-note threshold.
@@ -34,9 +36,6 @@ VELOCITY_EDGES = np.arange(0, 129, 8)  # 16 bins of 8: finer than a player contr
 HELD_SECONDS = 4.0  # a note longer than this is "held" (the grammar closes forgotten notes after 1-8 s)
 REPEAT_N = 4  # n-gram length of the self-repetition figure: a motif of four intervals
 # Krumhansl & Kessler's (1982) probe-tone profiles, tonic first.
-MAJOR_PROFILE = np.array([6.35, 2.23, 3.48, 2.33, 4.38, 4.09, 2.52, 5.19, 2.39, 3.66, 2.29, 2.88])
-MINOR_PROFILE = np.array([6.33, 2.68, 3.52, 5.38, 2.60, 3.53, 2.54, 4.75, 3.98, 2.69, 3.34, 3.17])
-PITCH_NAMES = ("C", "C#", "D", "Eb", "E", "F", "F#", "G", "Ab", "A", "Bb", "B")
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
@@ -85,13 +84,6 @@ METRICS = (
 # Statistics of one note list
 
 
-def pitch_class_histogram(notes, weight: str = "count") -> np.ndarray:
-    """(12,) share of notes per pitch class, or of sounding time with weight="duration" (zeros: no notes)."""
-    w = [n.end - n.start for n in notes] if weight == "duration" else None
-    counts = np.bincount([n.pitch % 12 for n in notes], weights=w, minlength=12).astype(np.float64)
-    return counts / counts.sum() if counts.sum() > 0 else counts
-
-
 def _histogram(values, edges) -> np.ndarray:
     counts = np.histogram(values, bins=edges)[0].astype(np.float64)
     return counts / counts.sum() if counts.sum() else counts
@@ -132,38 +124,12 @@ def note_density(notes, seconds: float) -> float:
     return len(notes) / seconds if seconds > 0 else 0.0
 
 
-def key_profile(key: tuple[int, str]) -> np.ndarray:
-    """(12,) Krumhansl-Kessler profile of (tonic pitch class, "major" | "minor"), indexed by pitch class."""
-    tonic, mode = key
-    return np.roll(MAJOR_PROFILE if mode == "major" else MINOR_PROFILE, tonic)
-
-
-def _correlation(a: np.ndarray, b: np.ndarray) -> float:
-    if np.std(a) == 0 or np.std(b) == 0:
-        return math.nan
-    return float(np.corrcoef(a, b)[0, 1])
-
-
-def find_key(notes) -> tuple[int, str] | None:
-    """Krumhansl-Schmuckler: the (tonic, mode) whose profile correlates best with the duration-weighted
-    pitch-class histogram; None when the notes give no histogram to correlate (none, or all classes equal)."""
-    hist = pitch_class_histogram(notes, weight="duration")
-    if np.std(hist) == 0:
-        return None
-    keys = [(tonic, mode) for mode in ("major", "minor") for tonic in range(12)]
-    return max(keys, key=lambda k: _correlation(hist, key_profile(k)))
-
-
-def key_name(key: tuple[int, str] | None) -> str | None:
-    return None if key is None else f"{PITCH_NAMES[key[0]]} {key[1]}"
-
-
 def key_correlation(notes, key: tuple[int, str] | None) -> float:
     """Correlation (-1..1) of the notes' duration-weighted pitch-class histogram with `key`'s profile: how
     well they stay in the key (NaN without a key or notes)."""
     if key is None:
         return math.nan
-    return _correlation(pitch_class_histogram(notes, weight="duration"), key_profile(key))
+    return correlation(pitch_class_histogram(notes, weight="duration"), key_profile(key))
 
 
 def polyphony(notes) -> tuple[float, int]:

@@ -8,7 +8,8 @@ range) move probability between note-ons only, so they choose which pitches soun
 alone decides how many (a feedback loop on the note-on logits), and the polyphony cap masks new notes while
 the row already sounds that many.
 
-No torch here: the command line and the server's schemas read these at start-up.
+No torch here: the command line and the server's schemas read these at start-up. Over 450 lines: parsing,
+validation and the per-row rules of the six controls share one vocabulary (scales, chords), read together.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from musicrel.errors import GenerationError
+from musicrel.generation.keys import PITCH_NAMES, find_key, key_label
 
 # "prefer": a logit bias, in nats before temperature, against pitches outside the key (for a key) or toward
 # the chord's tones (for chords). 3 nats multiply the odds by 20: a model that already keeps 80 % of its notes
@@ -115,12 +117,6 @@ def parse_key(text: str) -> tuple[int, str]:
             f"key {text!r}: unknown scale {scale!r} (one of {', '.join(SCALES)})", code="unknown_key"
         )
     return _pitch_class(tonic.strip(), f"key {text!r}", "unknown_key"), scale
-
-
-def key_label(key: tuple[int, str]) -> str:
-    from musicrel.evaluation.metrics import PITCH_NAMES
-
-    return f"{PITCH_NAMES[key[0]]}:{key[1]}"
 
 
 def scale_pitch_classes(key: tuple[int, str]) -> frozenset[int]:
@@ -319,7 +315,6 @@ class Controls:
     def resolve(self, primer, step_ms: float) -> RowControls:
         """What these controls are for one row continuing `primer`: the key detected from the motif when
         "auto", chord durations in beats at the motif's tempo, everything in the codec's time steps."""
-        from musicrel.evaluation.metrics import find_key
 
         pitch_bias = np.zeros(128, dtype=np.float32)
         applied: dict = {}
@@ -396,7 +391,6 @@ def chords_outside_key(chords: list[Chord], key: tuple[int, str]) -> list[str]:
     """A warning per chord with tones outside the key's scale: the two controls pull apart (under "only"
     both, such a chord's outside tones cannot sound at all). Allowed, since a borrowed chord is music, but
     said: a typo in the key or the chords otherwise steers in silence."""
-    from musicrel.evaluation.metrics import PITCH_NAMES
 
     scale, out = scale_pitch_classes(key), []
     for chord in dict.fromkeys(c.symbol for c in chords):  # each symbol once, in order

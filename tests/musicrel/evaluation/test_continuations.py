@@ -27,7 +27,6 @@ from musicrel.evaluation.metrics import (
     compare,
     describe,
     duration_histogram,
-    find_key,
     grammar_errors,
     held_share,
     histogram_overlap,
@@ -43,6 +42,7 @@ from musicrel.evaluation.metrics import (
     velocity_histogram,
 )
 from musicrel.evaluation.report import format_report, write_report
+from musicrel.generation.keys import find_key
 from musicrel.generation.sampling import SamplingParams
 from tests.musicrel.evaluation.conftest import CODEC, N
 

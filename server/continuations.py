@@ -25,6 +25,7 @@ from musicrel.generation.primer import Primer, default_max_primer_tokens, prepar
 from musicrel.generation.sampling import SamplingParams
 from server.admission import Ticket
 from server.errors import ApiError
+from server.jobs import Job, QueueFullError, WorkerStoppedError
 from server.schemas import (
     BatchInfo,
     ContinuationParams,
@@ -37,7 +38,6 @@ from server.schemas import (
     Timings,
 )
 from server.service import Service
-from server.worker import Job, QueueFullError, WorkerStoppedError
 
 log = logging.getLogger("musicrel.server")
 

@@ -7,13 +7,11 @@ So the server process only parses and answers, and a child process (spawned: no 
 threads and an OpenMP pool) owns the model and runs the same `GenerationThread` on its own GIL. It is a plain
 `python -m server.engine FD` with one end of a socket pair, so it never re-imports the server's main module.
 
-They talk over one pipe in the typed messages below. Server -> engine: `SubmitJob`, `CancelJob`, `Stop`.
-Engine -> server: `Ready` or `EngineFailed`, a `JobUpdate` for each event of a job (the worker's `Started`,
-`Progress`, `Finished`, `Failed`: a job reports the same events in both processes), `MetricUpdate` for the
-worker's Prometheus updates, which the server applies to its own registry, and `Stopped`. Results are tokens
-(the server renders them). Deadlines and timings are time.monotonic(), one clock for both processes. The
-server keeps the bounded queue (429) itself: it counts the jobs not yet started. The first message is the
-Settings; if the server goes away the engine sees end-of-file and exits.
+They talk over one pipe in typed messages (server/messages.py); the engine's metric updates are applied to
+the server's own registry, and results are tokens (the server renders them). Deadlines and timings are
+time.monotonic(), one clock for both processes. The server keeps the bounded queue (429) itself: it counts
+the jobs not yet started. The first message is the Settings; if the server goes away the engine sees
+end-of-file and exits.
 """
 
 from __future__ import annotations
@@ -35,12 +33,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from server.metrics import Metrics
-from server.settings import Settings
-from server.worker import (
+from server.jobs import (
     Failed,
     Finished,
-    GenerationThread,
     Job,
     JobEvent,
     Progress,
@@ -48,8 +43,20 @@ from server.worker import (
     Started,
     WorkerStoppedError,
     to_loop,
-    warm_up,
 )
+from server.messages import (
+    CancelJob,
+    EngineFailed,
+    JobUpdate,
+    MetricUpdate,
+    Ready,
+    Stop,
+    Stopped,
+    SubmitJob,
+)
+from server.metrics import Metrics
+from server.settings import Settings
+from server.worker import GenerationThread, warm_up
 
 if TYPE_CHECKING:
     from musicrel.generation.primer import Primer
@@ -59,59 +66,6 @@ log = logging.getLogger("musicrel.server")
 
 MAX_RESTARTS = 3  # engine deaths in a row (none ready in between) before the service gives up
 _JOB_FIELDS = ("started_at", "finished_at", "batch_jobs", "batch_rows", "generation_s", "stop_reason")
-
-
-# ---- the messages -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SubmitJob:
-    id: int
-    primer: Primer
-    params: SamplingParams
-    deadline: float
-    stream: bool
-
-
-@dataclass(frozen=True)
-class CancelJob:
-    id: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    timeout: float | None  # how long the running rows may take to finish
-
-
-@dataclass(frozen=True)
-class Ready:
-    pass
-
-
-@dataclass(frozen=True)
-class EngineFailed:
-    why: str  # it cannot run (the checkpoint did not load, the warm-up failed): no restart
-
-
-@dataclass(frozen=True)
-class JobUpdate:
-    id: int
-    event: JobEvent
-    fields: dict | None = None  # with Finished and Failed: the worker's measurements (_JOB_FIELDS)
-
-
-@dataclass(frozen=True)
-class MetricUpdate:
-    name: str  # a Metrics attribute
-    labels: tuple
-    method: str  # inc, observe, set
-    args: tuple
-
-
-@dataclass(frozen=True)
-class Stopped:
-    pass
 
 
 @dataclass(eq=False)
@@ -441,8 +395,5 @@ def engine_main(conn: Any, settings: Settings) -> None:
 
 
 if __name__ == "__main__":
-    # The importable copy of this module runs: the messages it pickles must name server.engine, not __main__.
-    from server import engine
-
     connection = Connection(int(sys.argv[1]))
-    engine.engine_main(connection, connection.recv())
+    engine_main(connection, connection.recv())

@@ -40,9 +40,9 @@ from musicrel.generation.streaming import NoteEvent, NoteStream
 from server.admission import Ticket
 from server.continuations import as_json, finish, parse_upload, primer_info, submit
 from server.errors import ApiError, describe
+from server.jobs import Job, WorkerStoppedError
 from server.schemas import ContinuationParams
 from server.service import Service
-from server.worker import Job, WorkerStoppedError
 
 log = logging.getLogger("musicrel.server")
 

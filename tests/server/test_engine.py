@@ -201,8 +201,8 @@ def test_the_pipe_carries_typed_messages_and_tokens_not_midi():
     import numpy as np
 
     from musicrel.generation.decode_batch import ContinuationResult
-    from server.engine import CancelJob, JobUpdate, MetricUpdate, Ready, Stop, SubmitJob
-    from server.worker import Finished, Progress, Started
+    from server.jobs import Finished, Progress, Started
+    from server.messages import CancelJob, JobUpdate, MetricUpdate, Ready, Stop, SubmitJob
 
     result = ContinuationResult(
         tokens=[np.arange(5)], seed=3, primer_tokens=4, new_tokens=5, seconds=0.1, timings={"decode": 0.0}

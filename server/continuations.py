@@ -74,7 +74,6 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
     key = primer_key(data, params)
     primer = service.parsed_primers.get(key)
     if primer is not None:
-        service.parsed_primers.move_to_end(key)
         return primer
     prepare = partial(
         prepare_primer,
@@ -88,10 +87,7 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
     # Abandoned on cancel (the request's deadline): a parse that hangs then costs its own request and a
     # thread, not a place in the parse limiter for every later upload.
     primer = await anyio.to_thread.run_sync(prepare, limiter=service.parse_limiter, abandon_on_cancel=True)
-    if service.settings.primer_cache:
-        service.parsed_primers[key] = primer
-        while len(service.parsed_primers) > service.settings.primer_cache:
-            service.parsed_primers.popitem(last=False)
+    service.parsed_primers.put(key, primer)
     return primer
 
 

@@ -9,7 +9,6 @@ import logging
 import signal
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from musicrel.generation.lru import LRU
 from server.admission import Admission, Ticket
 from server.engine import EngineProcess
 from server.errors import ApiError
@@ -48,7 +48,7 @@ class Service:
         self.info: dict[str, Any] = {}
         self.parse_limiter: anyio.CapacityLimiter | None = None
         # Recently parsed motifs by (sha256 of the upload, primer_seconds, tracks); used on the loop only.
-        self.parsed_primers: OrderedDict[tuple, Primer] = OrderedDict()
+        self.parsed_primers: LRU[Primer] = LRU(settings.primer_cache)
         self.render_limiter: anyio.CapacityLimiter | None = None
         self.draining = False
         self.in_flight = 0  # continuation requests between arrival and answer (MetricsMiddleware)

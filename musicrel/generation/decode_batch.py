@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
@@ -26,6 +25,7 @@ from musicrel.errors import GenerationError
 from musicrel.generation.controls import RowControls
 from musicrel.generation.decode import decode_one_token, eval_mode, prefill, sample
 from musicrel.generation.grammar import Grammar, max_hold_seconds
+from musicrel.generation.lru import LRU
 from musicrel.generation.primer import (
     PRIMER_SECONDS,
     Primer,
@@ -156,7 +156,7 @@ class DecodeBatch:
                     f"{name} must be an integer >= {low}, got {value!r}", code="invalid_params"
                 )
         self.model, self.codec, self.max_rows, self.primer_cache = model, codec, max_rows, primer_cache
-        self._primers: OrderedDict[bytes, tuple[Tensor, Tensor]] = OrderedDict()  # K/V of recent primers
+        self._primers: LRU[tuple[Tensor, Tensor]] = LRU(primer_cache)  # K/V of recent primers
         self.window = model.cfg.max_seq_len
         self.keep_last = max(1, self.window // 2)  # tokens a row keeps when its window slides
         self.device = next(model.parameters()).device
@@ -339,9 +339,9 @@ class DecodeBatch:
             key = c.tobytes()
             if key in found or key in missing:
                 continue
-            if key in self._primers:
-                self._primers.move_to_end(key)
-                found[key] = self._primers[key]
+            kv = self._primers.get(key)
+            if kv is not None:
+                found[key] = kv
             else:
                 missing[key] = c
         if missing:
@@ -357,9 +357,7 @@ class DecodeBatch:
                 kv = small.k[:, u, :, width - len(c) : width], small.v[:, u, :, width - len(c) : width]
                 found[key] = kv
                 if remember and self.primer_cache:
-                    self._primers[key] = (kv[0].clone(), kv[1].clone())
-                    while len(self._primers) > self.primer_cache:
-                        self._primers.popitem(last=False)
+                    self._primers.put(key, (kv[0].clone(), kv[1].clone()))
         return [found[c.tobytes()] for c in contexts]
 
     def _reserve(self, length: int) -> None:

@@ -22,9 +22,10 @@ from musicrel.errors import MusicrelError
 COMMAND_MODULES = (
     "musicrel.cli.codec",  # encode, decode
     "training.cli",  # corpus, prepare, train, finetune, export, pack-gpu, evaluate
-    "musicrel.cli.generate",  # generate, evaluate-continuations
-    "musicrel.cli.controls",  # evaluate-controls
-    "musicrel.cli.sweep",  # sweep-sampling
+    "musicrel.cli.generate",
+    "musicrel.cli.evaluate_continuations",
+    "musicrel.cli.evaluate_controls",
+    "musicrel.cli.sweep_sampling",
     "server.cli",  # serve
     "musicrel.bench",  # bench codec | attention | generate
 )

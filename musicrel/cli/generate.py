@@ -1,11 +1,10 @@
-"""`musicrel generate` (continue every motif of a file or folder) and `musicrel evaluate-continuations`.
+"""`musicrel generate`: continue every motif of a file or folder.
 
 Torch and Lightning are imported inside the handlers so that `musicrel --help` stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -13,9 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from musicrel.cli.args import given
+from musicrel.cli.args import add_control_arguments, controls_from_args, positive_int, torch_setup
 from musicrel.cli.codec import parse_tracks
-from musicrel.cli.controls import add_control_arguments, controls_from_args
 from musicrel.midi.files import find_midi_files
 
 SUMMARY_FILE = "summary.json"
@@ -146,27 +144,6 @@ def _lightning_predict(model, codec, todo, params, args, novelty) -> list[dict] 
     return list({r["input"]: r for r in records}.values())
 
 
-def _torch_setup(args, rows: int = 8) -> str:
-    """Threads for torch: --threads, else as many as the CPUs left free by other processes allow for `rows`
-    decoding rows (generation.threads; torch's default, one per core, took 75-93 s instead of 3.6 s beside a
-    busy process). Says what it chose (on stderr unless --quiet). The OpenMP spin count is set by
-    musicrel.cli before torch loads."""
-    import torch
-
-    from musicrel.generation.threads import choose_threads
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-        said = f"{args.threads} torch thread{'s' if args.threads != 1 else ''} (--threads)"
-    else:
-        choice = choose_threads(rows)
-        torch.set_num_threads(choice.threads)
-        said = str(choice)
-    if not getattr(args, "quiet", False):
-        print(f"musicrel {args.command}: {said}", file=sys.stderr)
-    return said
-
-
 def _novelty_index(args):
     """--novelty's index, else the one shipped beside the checkpoint, else None (not reported)."""
     from musicrel.evaluation.novelty import INDEX_FILE, load_index
@@ -199,7 +176,7 @@ def _generate(args) -> int:
         print(f"musicrel generate: no .mid/.midi files in {root}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    threads = _torch_setup(args, rows=min(len(motifs), args.batch_size) * args.num_samples)
+    threads = torch_setup(args, rows=min(len(motifs), args.batch_size) * args.num_samples)
     model = load_model(args.checkpoint)
     codec = load_codec(args.checkpoint)
     novelty = _novelty_index(args)
@@ -261,48 +238,6 @@ def _generate(args) -> int:
     return 0 if counts["ok"] + counts["exists"] > 0 else 2
 
 
-def _evaluate(args) -> int:
-    _torch_setup(args)
-    from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
-    from musicrel.evaluation.report import format_report, write_report
-
-    # Options left out are not passed: their defaults live in EvaluationOptions and SamplingParams.
-    options = given(
-        args,
-        "motif_seconds",
-        "seconds",
-        "limit",
-        "seed",
-        "seeds",
-        "batch_size",
-        "split",
-        "temperature",
-        "top_k",
-        "top_p",
-        "systems",
-        "ngram_data",
-        "source",
-    )
-    options = EvaluationOptions(**options)
-    report = evaluate_continuations(args.checkpoint, args.input, options, progress=not args.quiet)
-    print(format_report(report))
-    if args.out:
-        paths = write_report(report, args.out)
-        print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
-
-
-def _systems(value: str) -> list[str]:
-    return [s.strip() for s in value.split(",") if s.strip()]
-
-
-def _positive_int(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return n
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "generate",
@@ -314,7 +249,7 @@ def register(subparsers) -> None:
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
     p.add_argument("--out", required=True, help="output folder")
     # Sampling options default to SamplingParams' (left out: not passed), but for two samples per motif.
-    p.add_argument("--num-samples", type=_positive_int, default=2, help="continuations per motif (2)")
+    p.add_argument("--num-samples", type=positive_int, default=2, help="continuations per motif (2)")
     p.add_argument("--seconds", type=float, default=None, help="length of each continuation in seconds")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, saved in summary)")
     p.add_argument("--temperature", type=float, default=None)
@@ -332,11 +267,11 @@ def register(subparsers) -> None:
     p.add_argument(
         "--tracks", type=parse_tracks, default="merge", help="'merge' or instrument indices, e.g. 0,2"
     )
-    p.add_argument("--batch-size", type=_positive_int, default=4, help="motifs generated together")
-    p.add_argument("--devices", type=_positive_int, default=None, help="spread over N devices (Lightning)")
+    p.add_argument("--batch-size", type=positive_int, default=4, help="motifs generated together")
+    p.add_argument("--devices", type=positive_int, default=None, help="spread over N devices (Lightning)")
     p.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "mps", "auto"], default=None)
     p.add_argument(
-        "--threads", type=_positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
     )
     p.add_argument(
         "--novelty",
@@ -347,49 +282,3 @@ def register(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_control_arguments(p)
     p.set_defaults(func=_generate)
-
-    e = subparsers.add_parser(
-        "evaluate-continuations",
-        help="continue held-out pieces and compare with their true continuations",
-        description="For each piece: the first --motif-seconds are the motif, the next --seconds the "
-        "reference. The model and the baselines (model without the grammar mask, untrained model, n-gram, "
-        "motif repeated, the real music that follows) continue every motif --seeds times; each metric is "
-        "printed with its 95%% bootstrap interval over pieces. Options left out take the defaults of "
-        "musicrel.evaluation.continuations.evaluate_continuations, and for sampling those of SamplingParams.",
-    )
-    e.add_argument("--checkpoint", required=True)
-    e.add_argument(
-        "--input",
-        required=True,
-        help="folder of held-out MIDI files, or a prepared data folder (manifest.json)",
-    )
-    e.add_argument("--split", default=None, help="split of a prepared data folder (a comma list: test,val)")
-    e.add_argument("--source", default=None, help="only this source's pieces of a multi-source folder")
-    e.add_argument("--motif-seconds", type=float, default=None)
-    e.add_argument("--seconds", type=float, default=None, help="length of the continuation and reference")
-    e.add_argument("--limit", type=_positive_int, default=None, help="use at most N pieces")
-    e.add_argument("--seeds", type=_positive_int, default=None, help="continuations per piece and system")
-    e.add_argument("--seed", type=int, default=None, help="base seed (each piece and sample derive theirs)")
-    e.add_argument("--temperature", type=float, default=None, help="the model's sampling temperature")
-    e.add_argument("--top-k", type=_positive_int, default=None, help="the model's top-k")
-    e.add_argument("--top-p", type=float, default=None, help="the model's nucleus mass")
-    e.add_argument(
-        "--systems",
-        type=_systems,
-        default=None,
-        help="comma list of model, model-no-grammar, untrained, ngram, repeat-motif, real-music "
-        "(default: all), e.g. --systems model for a sampling sweep",
-    )
-    e.add_argument(
-        "--ngram-data",
-        default=None,
-        help="prepared data folder whose train split the n-gram is fitted on (default: --input when it is "
-        "one; otherwise the n-gram is left out and the report says why)",
-    )
-    e.add_argument("--batch-size", type=_positive_int, default=None, help="pieces generated together")
-    e.add_argument("--out", default=None, help="write report.json, metrics.png and pianorolls.png here")
-    e.add_argument(
-        "--threads", type=_positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
-    )
-    e.add_argument("--quiet", action="store_true")
-    e.set_defaults(func=_evaluate)

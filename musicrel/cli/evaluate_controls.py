@@ -1,41 +1,10 @@
-"""The control flags of `musicrel generate` (`add_control_arguments`, `controls_from_args`) and
-`musicrel evaluate-controls`, which measures whether the controls hold on held-out motifs."""
+"""`musicrel evaluate-controls`: does each control hold on held-out motifs? (The control flags themselves are
+in args.py: `musicrel generate` reads them too.)"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-
-from musicrel.cli.args import given
-
-CONTROL_FLAGS = ("program", "key", "key_strength", "chords", "chord_strength", "density", "low_note",
-                 "high_note", "max_polyphony")  # fmt: skip
-
-
-def add_control_arguments(p) -> None:
-    g = p.add_argument_group(
-        "controls", "steer the continuation (musicrel.generation.controls; default: the model decides)"
-    )
-    g.add_argument("--program", default=None, help="General MIDI program of the output: 0-127 or a name "
-                   "such as 'Acoustic Guitar (nylon)' (default: the motif's)")  # fmt: skip
-    g.add_argument("--key", default=None, help="keep new notes in a key: C:major, A:minor, Bb:dorian, ... or "
-                   "'auto' (detected from the motif)")  # fmt: skip
-    g.add_argument("--key-strength", default=None, help="prefer (a bias), only (a mask) or a bias in nats")
-    g.add_argument("--chords", default=None, help="chord progression, repeated: 'C:2 G:2 Am:2 F:2' "
-                   "(seconds) or 'C:4b G:4b' (beats at the motif's tempo)")  # fmt: skip
-    g.add_argument("--chord-strength", default=None, help="prefer (a bias), only (a mask) or a bias in nats")
-    g.add_argument("--density", type=float, default=None, help="target notes per second (a feedback loop)")
-    g.add_argument("--low-note", type=int, default=None, help="lowest MIDI pitch of a new note")
-    g.add_argument("--high-note", type=int, default=None, help="highest MIDI pitch of a new note")
-    g.add_argument("--max-polyphony", type=int, default=None, help="most notes sounding at once")
-
-
-def controls_from_args(args):
-    """The Controls the flags ask for (ControlError when they cannot be honoured), or None for no flag."""
-    from musicrel.generation.controls import Controls
-
-    options = given(args, *CONTROL_FLAGS)
-    return Controls(**options) if options else None
 
 
 def _evaluate_controls(args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from musicrel.cli.args import given
+from musicrel.cli.args import given, positive_int, torch_setup
 
 
 def _floats(value: str) -> list[float]:
@@ -27,10 +27,9 @@ def _top_ks(value: str) -> list[int | None]:
 
 
 def _sweep(args) -> int:
-    from musicrel.cli.generate import _torch_setup
     from musicrel.evaluation.sweep import format_sweep, sweep_sampling, write_sweep
 
-    _torch_setup(args)
+    torch_setup(args)
     options = given(
         args, "temperatures", "top_ps", "top_ks", "split", "limit", "seeds", "motif_seconds", "seconds"
     )
@@ -43,8 +42,6 @@ def _sweep(args) -> int:
 
 
 def register(subparsers) -> None:
-    from musicrel.cli.generate import _positive_int
-
     s = subparsers.add_parser(
         "sweep-sampling",
         help="evaluate-continuations over a grid of temperature x top-p x top-k; recommends defaults",
@@ -61,11 +58,11 @@ def register(subparsers) -> None:
     s.add_argument("--top-ks", type=_top_ks, default=None, help="e.g. none,20")
     s.add_argument("--motif-seconds", type=float, default=None)
     s.add_argument("--seconds", type=float, default=None, help="length of the continuation and reference")
-    s.add_argument("--limit", type=_positive_int, default=None, help="use at most N pieces")
-    s.add_argument("--seeds", type=_positive_int, default=None, help="continuations per piece and setting")
+    s.add_argument("--limit", type=positive_int, default=None, help="use at most N pieces")
+    s.add_argument("--seeds", type=positive_int, default=None, help="continuations per piece and setting")
     s.add_argument("--out", default=None, help="write sweep.json and sweep.png here")
     s.add_argument(
-        "--threads", type=_positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
     )
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=_sweep)

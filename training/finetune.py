@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from musicrel.data.prepared import MANIFEST, load_manifest
-from musicrel.errors import ConfigError
+from musicrel.errors import ConfigError, is_int
 from musicrel.model.checkpoint import load_codec, load_model, read_config, weights_sha256
 from musicrel.model.config import ModelConfig
 from training.evaluate import evaluate
@@ -61,7 +61,7 @@ class FinetuneConfig:
         for name in ("warmup_steps", "max_steps", "val_every", "patience", "batch_size"):
             value = getattr(self, name)
             low = 0 if name == "warmup_steps" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.val_windows is not None and (isinstance(self.val_windows, bool) or not self.val_windows >= 1):
             raise ConfigError(f"val_windows must be an integer >= 1 or None, got {self.val_windows!r}")

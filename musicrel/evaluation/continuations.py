@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from musicrel.data.prepared import MANIFEST, is_prepared, load_manifest
-from musicrel.errors import MusicrelError
+from musicrel.errors import MusicrelError, is_int
 from musicrel.evaluation.metrics import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -364,7 +364,7 @@ class EvaluationOptions:
             raise EvaluationError("motif_seconds and seconds must be > 0", code="invalid_params")
         for name in ("seeds", "batch_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise EvaluationError(
                     f"{name} must be an integer >= 1, got {value!r}", code="invalid_params"
                 )

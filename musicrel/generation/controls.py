@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from musicrel.errors import GenerationError
+from musicrel.errors import GenerationError, is_int, is_number
 from musicrel.generation.keys import PITCH_NAMES, find_key, key_label
 
 # "prefer": a logit bias, in nats before temperature, against pitches outside the key (for a key) or toward
@@ -189,7 +189,7 @@ def strength_bias(value, name: str) -> float:
             raise ControlError(
                 f"{name} must be 'prefer', 'only' or a number of nats, got {value!r}", code="invalid_controls"
             ) from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_BIAS:
+    if not is_number(value) or not 0 <= value <= MAX_BIAS:
         raise ControlError(
             f"{name} must be 'prefer', 'only' or a number in [0, {MAX_BIAS:g}], got {value!r}",
             code="invalid_controls",
@@ -222,7 +222,7 @@ def parse_program(value) -> int:
             ) from None
     if isinstance(value, str):
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value <= 127:
+    if not is_int(value) or not 0 <= value <= 127:
         raise ControlError(
             f"program must be a General MIDI program 0-127, got {value!r}", code="invalid_controls"
         )
@@ -263,13 +263,13 @@ class Controls:
         object.__setattr__(self, "chord_strength", self._strength_value(self.chord_strength, strength))
         if self.density is not None:
             d = self.density
-            if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d <= MAX_DENSITY:
+            if not is_number(d) or not 0 < d <= MAX_DENSITY:
                 raise ControlError(f"density must be notes per second in (0, {MAX_DENSITY:g}], got {d!r}")
             object.__setattr__(self, "density", float(d))
         for name in ("low_note", "high_note"):
             v = getattr(self, name)
             if v is not None and (
-                isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= v <= 127
+                not is_int(v) or not 0 <= v <= 127
             ):
                 raise ControlError(f"{name} must be a MIDI pitch 0-127, got {v!r}")
             if v is not None:
@@ -281,7 +281,7 @@ class Controls:
             )
         p = self.max_polyphony
         if p is not None:
-            if isinstance(p, bool) or not isinstance(p, int | np.integer) or not 1 <= p <= 128:
+            if not is_int(p) or not 1 <= p <= 128:
                 raise ControlError(f"max_polyphony must be an integer in 1-128, got {p!r}")
             object.__setattr__(self, "max_polyphony", int(p))
         if self.key not in (None, "auto") and math.isinf(strength_bias(self.key_strength, "key_strength")):

@@ -21,7 +21,7 @@ import pretty_midi
 import torch
 from torch import Tensor
 
-from musicrel.errors import GenerationError
+from musicrel.errors import GenerationError, is_int
 from musicrel.generation.controls import RowControls
 from musicrel.generation.decode import decode_one_token, eval_mode, prefill, sample
 from musicrel.generation.grammar import Grammar, max_hold_seconds
@@ -151,7 +151,7 @@ class DecodeBatch:
     @torch.inference_mode()
     def __init__(self, model, codec, max_rows: int, primer_cache: int = 0):
         for name, value, low in (("max_rows", max_rows, 1), ("primer_cache", primer_cache, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 raise GenerationError(
                     f"{name} must be an integer >= {low}, got {value!r}", code="invalid_params"
                 )

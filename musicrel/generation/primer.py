@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pretty_midi
 
-from musicrel.errors import GenerationError
+from musicrel.errors import GenerationError, is_number
 from musicrel.midi.codec import CodecConfig, EventCodec, open_pitches, shift_steps
 
 PRIMER_SECONDS = 30.0  # how much of the motif's end the model reads, by default
@@ -139,7 +139,7 @@ def prepare_primer(
     default, or when that is later, at its last note-off: a whole piece is otherwise continued after its
     final cadence. GenerationError (no_notes) when no note starts before `motif_end`."""
     if motif_end is not None and (
-        isinstance(motif_end, bool) or not isinstance(motif_end, int | float) or not 0 < motif_end < math.inf
+        not is_number(motif_end) or not 0 < motif_end < math.inf
     ):
         raise GenerationError(f"motif_end must be seconds > 0, got {motif_end!r}", code="invalid_params")
     codec = _codec_for_tracks(codec, tracks)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from musicrel.errors import GenerationError
+from musicrel.errors import GenerationError, is_int, is_number
 from musicrel.generation.controls import Controls
 
 MAX_SEED = 2**63 - 1
@@ -37,7 +37,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         def number(name: str) -> float:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            if not is_number(value):
                 raise GenerationError(f"{name} must be a finite number, got {value!r}", code="invalid_params")
             return float(value)
 
@@ -45,7 +45,7 @@ class SamplingParams:
             value = getattr(self, name)
             if value is None and allow_none:
                 return
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+            if not is_int(value) or value < low:
                 raise GenerationError(
                     f"{name} must be an integer >= {low}, got {value!r}", code="invalid_params"
                 )

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from musicrel.errors import CheckpointError, ConfigError
+from musicrel.errors import CheckpointError, ConfigError, is_int
 
 FORMAT = "musicrel"
 FORMAT_VERSION = 1
@@ -54,7 +54,7 @@ def save_model(
 
     if dtype not in WEIGHT_DTYPES:
         raise ConfigError(f"weights dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
-    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1:
+    if not is_int(max_shard_bytes) or max_shard_bytes < 1:
         raise ConfigError(f"max_shard_bytes must be a positive integer, got {max_shard_bytes!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-from musicrel.errors import ConfigError
+from musicrel.errors import ConfigError, is_int, is_number
 
 ATTENTION_KINDS = ("skew", "shaw", "t5", "absolute")
 ABSOLUTE_KINDS = ("learned", "sinusoidal")
@@ -54,7 +54,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is None and allow_none:
                 return
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ConfigError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
 
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len"):
@@ -66,7 +66,7 @@ class ModelConfig:
             raise ConfigError(
                 f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float):
+        if not is_number(self.dropout):
             raise ConfigError(f"ModelConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ConfigError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout!r}")
@@ -78,7 +78,7 @@ class ModelConfig:
             raise ConfigError(
                 f"ModelConfig.absolute_kind must be one of {ABSOLUTE_KINDS}, got {self.absolute_kind!r}"
             )
-        if isinstance(self.t5_num_buckets, bool) or not isinstance(self.t5_num_buckets, int):
+        if not is_int(self.t5_num_buckets):
             raise ConfigError(
                 f"ModelConfig.t5_num_buckets must be an integer >= 2, got {self.t5_num_buckets!r}"
             )

@@ -36,7 +36,7 @@ COPY pyproject.toml README.md ./
 COPY musicrel ./musicrel
 COPY server ./server
 COPY training ./training
-RUN pip install . && python -c "import musicrel, server.app"
+RUN pip install ".[serve]" && python -c "import musicrel, server.app"
 
 # The shipped model; docker-compose.yml also mounts it read-only so a retrained one needs no rebuild.
 COPY checkpoints/default /app/checkpoints/default

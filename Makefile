@@ -12,14 +12,22 @@ CHECKPOINT ?= checkpoints/default
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 
-# Torch goes in first, pinned, so the project's looser `torch>=` never pulls a CUDA build.
-$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+# Torch goes in first, pinned, so the project's looser `torch>=` never pulls a CUDA build. `make run` installs
+# the library and the server; `make test` everything the tests reach (training, evaluation, the corpus).
+$(VENV)/.torch: | $(BIN)/activate
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,corpus,eval]"
 	touch $@
 
-run: $(VENV)/.installed
+$(VENV)/.installed-serve: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install --quiet -e ".[serve]"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install --quiet -e ".[serve,train,eval,corpus,dev]"
+	touch $@ $(VENV)/.installed-serve
+
+run: $(VENV)/.installed-serve
 	$(BIN)/musicrel serve --checkpoint $(CHECKPOINT) --host $(HOST) --port $(PORT)
 
 # Headless Chromium for the web-page test (Debian package; Playwright never downloads a browser here).

@@ -3,6 +3,9 @@ the CLI prints it, the service maps it to JSON `{"error": {"code", "message"}}`.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 
 class MusicrelError(Exception):
     """Base of every error musicrel raises on purpose."""
@@ -45,3 +48,15 @@ class GenerationError(MusicrelError, ValueError):
     """Generation settings that cannot be honoured (e.g. a primer longer than the model can read)."""
 
     code = "invalid_generation"
+
+
+# The one strict-number check behind the invalid_params / invalid_controls / ConfigError messages: Python
+# counts True as 1, and a setting given as true must be refused, not read as one row or one second.
+def is_int(value) -> bool:
+    """An integer (numpy's too), never a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """A finite real number (an integer or a float, numpy's too), never a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

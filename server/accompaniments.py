@@ -1,5 +1,5 @@
 """POST /v1/accompaniments: a melody in (a MIDI file, and which of its tracks is the melody), the same file
-out with a piano accompaniment on a track of its own (musicrel.accompaniment).
+out with a piano accompaniment on a track of its own (musicrel.generation.accompaniment).
 
 Everything of the route lives here (its form and answer schemas, the model holder, the route) so that the
 continuation modules stay as they are. The accompaniment model is a second checkpoint
@@ -29,8 +29,8 @@ from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from musicrel.controls import Controls, gm_program_name
 from musicrel.errors import InvalidMidiError
+from musicrel.generation.controls import Controls, gm_program_name
 from server.deps import ServiceDep, SettingsDep, WantsJsonDep, refuse_unknown_fields
 from server.errors import ApiError, limit_message
 from server.middleware import ACCOMPANIMENTS_PATH
@@ -109,7 +109,7 @@ class AccompanimentParams(BaseModel):
         return None if controls.is_empty else controls
 
     def library_params(self):
-        from musicrel.accompaniment import AccompanimentParams as Library
+        from musicrel.generation.accompaniment import AccompanimentParams as Library
 
         fields = self.model_dump(include={"temperature", "top_k", "top_p", "seed", "num_samples"})
         return Library(**fields, controls=self.controls())
@@ -169,7 +169,7 @@ class Accompanist:
         """Blocking (start-up thread). No folder is no error: the service runs without the route."""
         import torch
 
-        from musicrel.checkpoint import load_codec, load_model, weights_sha256
+        from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
 
         folder = Path(self.settings.accompany_checkpoint)
         if not (folder / "config.json").is_file():
@@ -184,7 +184,7 @@ class Accompanist:
             log.warning("accompaniment: %s", self.unavailable)
             return
         self.model, self.codec = model, codec
-        from musicrel.threads import CpuSampler
+        from musicrel.generation.threads import CpuSampler
 
         self.cpu = CpuSampler()
         card = folder / "MODEL_CARD.md"
@@ -206,8 +206,8 @@ class Accompanist:
         """Every path of a generation once (a four-note melody), so that the first request does not pay it."""
         import pretty_midi
 
-        from musicrel.accompaniment import AccompanimentParams as Library
-        from musicrel.accompaniment import accompany_midi
+        from musicrel.generation.accompaniment import AccompanimentParams as Library
+        from musicrel.generation.accompaniment import accompany_midi
 
         pm = pretty_midi.PrettyMIDI(initial_tempo=120)
         tune = pretty_midi.Instrument(0)
@@ -267,7 +267,7 @@ ParamsDep = Annotated[AccompanimentParams, Depends(get_params)]
 def parse_melody(codec: Any, data: bytes, track: int | None, max_seconds: float) -> tuple[Any, int, int]:
     """(PrettyMIDI, melody track, melody notes) or InvalidMidiError; the library's own checks, run before
     the generation lock is taken so that a bad file is refused at once, with the server's length limit."""
-    from musicrel.accompaniment import melody_notes, melody_track
+    from musicrel.generation.accompaniment import melody_notes, melody_track
 
     pm = codec.read(data)
     index = melody_track(pm, track)
@@ -286,7 +286,7 @@ def generate(
     passed or whose client left while it waited for the lock is not generated at all."""
     import torch
 
-    from musicrel.accompaniment import accompany_midi
+    from musicrel.generation.accompaniment import accompany_midi
     from server.batcher import generation_threads
 
     with accompanist.lock:

@@ -115,7 +115,7 @@ class Admission:
     def calibrate(self, codec: Any) -> None:
         """Time the parse of a synthetic 24 KB motif: parse time is about linear in the bytes (3.1-3.4 us/B
         measured here for real files of 40-170 KB and this one alike), so it prices the uploads admitted."""
-        from musicrel.primer import prepare_primer
+        from musicrel.generation.primer import prepare_primer
 
         data = calibration_midi()
         took = math.inf

@@ -51,7 +51,7 @@ def _share_uvicorn_logging() -> None:
 
 def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | None = None) -> FastAPI:
     """`decoder(model, codec, max_rows, primer_cache=n)` makes the worker's running batch (default:
-    musicrel.batch.DecodeBatch); tests pass a subclass that holds the worker or fails on purpose."""
+    generation.decode_batch.DecodeBatch); tests pass a subclass that holds the worker or fails on purpose."""
     settings = settings or Settings()
     metrics = Metrics()
     service = Service(settings, metrics, decoder=decoder)

@@ -85,10 +85,10 @@ def _random_checkpoint(folder: Path, **config) -> Path:
     """A random model of the default ModelConfig size, or of `config`'s (e.g. TINY_MODEL)."""
     import torch
 
-    from musicrel.checkpoint import save_model
-    from musicrel.codec import EventCodec
-    from musicrel.config import ModelConfig
-    from musicrel.model import MusicTransformer
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
 
     torch.manual_seed(0)
     codec = EventCodec()
@@ -149,10 +149,10 @@ def _in_process(
     rounds: int,
 ) -> list[tuple[tuple[float, int], tuple[float, int]]]:
     """Per round, (wall s, tokens) of the same requests on a DecodeBatch: one vs `concurrency` in flight."""
-    from musicrel.batch import DecodeBatch
-    from musicrel.checkpoint import load_codec, load_model
-    from musicrel.primer import default_max_primer_tokens, prepare_primer
-    from musicrel.sampling import SamplingParams
+    from musicrel.generation.decode_batch import DecodeBatch
+    from musicrel.generation.primer import default_max_primer_tokens, prepare_primer
+    from musicrel.generation.sampling import SamplingParams
+    from musicrel.model.checkpoint import load_codec, load_model
 
     model, codec = load_model(checkpoint), load_codec(checkpoint)
     primer = prepare_primer(codec, motif, max_tokens=default_max_primer_tokens(model))
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     # The in-process rows run with the server's thread count, so that they compare with its numbers.
     threads = args.torch_threads or Settings().torch_threads
     if threads == "auto":  # as the server's worker would choose for this concurrency
-        from server.batcher import generation_threads
+        from server.worker import generation_threads
 
         threads = generation_threads(args.concurrency).threads
     engine = os.environ.get("MUSICREL_ENGINE", Settings().engine)

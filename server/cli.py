@@ -8,8 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from musicrel.checkpoint import check_checkpoint  # no torch: cheap at start-up
 from musicrel.errors import ConfigError
+from musicrel.model.checkpoint import check_checkpoint  # no torch: cheap at start-up
 
 # After the drain (MUSICREL_DRAIN_TIMEOUT_S) uvicorn gives responses still open this long, then cancels them.
 GRACEFUL_SHUTDOWN_S = 5

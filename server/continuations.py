@@ -18,14 +18,14 @@ import anyio
 from fastapi import UploadFile
 from fastapi.responses import Response
 
-from musicrel.batch import ContinuationResult
-from musicrel.controls import gm_program_name
-from musicrel.novelty import novelty_report
-from musicrel.primer import Primer, default_max_primer_tokens, prepare_primer
-from musicrel.sampling import SamplingParams
+from musicrel.evaluation.novelty import novelty_report
+from musicrel.generation.controls import gm_program_name
+from musicrel.generation.decode_batch import ContinuationResult
+from musicrel.generation.primer import Primer, default_max_primer_tokens, prepare_primer, render_result
+from musicrel.generation.sampling import SamplingParams
 from server.admission import Ticket
-from server.batcher import Job, QueueFullError, WorkerStoppedError
 from server.errors import ApiError
+from server.jobs import Job, QueueFullError, WorkerStoppedError
 from server.schemas import (
     BatchInfo,
     ContinuationParams,
@@ -74,7 +74,6 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
     key = primer_key(data, params)
     primer = service.parsed_primers.get(key)
     if primer is not None:
-        service.parsed_primers.move_to_end(key)
         return primer
     prepare = partial(
         prepare_primer,
@@ -88,10 +87,7 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
     # Abandoned on cancel (the request's deadline): a parse that hangs then costs its own request and a
     # thread, not a place in the parse limiter for every later upload.
     primer = await anyio.to_thread.run_sync(prepare, limiter=service.parse_limiter, abandon_on_cancel=True)
-    if service.settings.primer_cache:
-        service.parsed_primers[key] = primer
-        while len(service.parsed_primers) > service.settings.primer_cache:
-            service.parsed_primers.popitem(last=False)
+    service.parsed_primers.put(key, primer)
     return primer
 
 
@@ -167,12 +163,12 @@ def submit(
 ) -> Job:
     """Queue the job; its admission ticket is handed over to the queue (the job now counts there). Refused,
     the ticket stays with the request, whose end releases it. `on_progress`: see GenerationWorker.submit."""
-    assert service.batcher is not None
+    assert service.worker is not None
     try:
-        job = service.batcher.submit(primer, sampling, deadline, on_progress=on_progress)
+        job = service.worker.submit(primer, sampling, deadline, on_progress=on_progress)
     except QueueFullError as exc:  # only if admission was bypassed (the ticket reserves a place)
         service.metrics.rejected.labels("queue_full").inc()
-        retry = service.admission.retry_after_s(service.batcher.queue_depth)
+        retry = service.admission.retry_after_s(service.worker.queue_depth)
         raise ApiError(
             429, "queue_full", f"server busy: {exc}; retry later", headers={"Retry-After": str(retry)}
         ) from exc
@@ -210,11 +206,15 @@ async def wait_for_result(
         raise ApiError(503, "draining", str(exc)) from exc
 
 
-def render(result: ContinuationResult, novelty=None, codec=None) -> list[tuple[bytes, Sample]]:
-    """Each sample's MIDI file and its description; with a novelty index, what it copied (the generated
-    notes alone: the motif may itself be a training piece)."""
+def write_samples(
+    codec, primer: Primer, job: Job, result: ContinuationResult, novelty=None
+) -> list[tuple[bytes, Sample]]:
+    """Each sample's MIDI file (rendered from its tokens here, on a render thread, never in the decoding
+    loop) and its description; with a novelty index, what it copied (the generated notes alone: the motif
+    may itself be a training piece)."""
     out = []
-    for i, (midi, tokens) in enumerate(zip(result.midis, result.tokens, strict=True)):
+    midis = render_result(codec, primer, result, job.params.include_primer)
+    for i, (midi, tokens) in enumerate(zip(midis, result.tokens, strict=True)):
         buffer = io.BytesIO()
         midi.write(buffer)
         data = buffer.getvalue()
@@ -271,7 +271,7 @@ async def finish(
 ) -> Continuation:
     """Write the samples' MIDI (on a render thread) and measure: the finished continuation."""
     rendered = await anyio.to_thread.run_sync(
-        render, result, service.novelty, service.codec, limiter=service.render_limiter
+        write_samples, service.codec, primer, job, result, service.novelty, limiter=service.render_limiter
     )
     done = time.monotonic()
     timings = Timings(

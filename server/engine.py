@@ -4,16 +4,14 @@ In one process, every request's Python work (multipart parsing, reading and writ
 the decoding loop for the GIL: torch releases the GIL inside each op and the loop has to win it back about a
 hundred times per step. On a 2-core machine a thread busy 5 % of the time made decoding steps 10-25 % slower.
 So the server process only parses and answers, and a child process (spawned: no fork of a process holding
-threads and an OpenMP pool) owns the model and runs the same `Batcher` on its own GIL. It is a plain
+threads and an OpenMP pool) owns the model and runs the same `GenerationThread` on its own GIL. It is a plain
 `python -m server.engine FD` with one end of a socket pair, so it never re-imports the server's main module.
 
-They talk over one pipe. Server -> engine: ("job", id, primer, params, deadline, stream), ("cancel", id,
-reason), ("stop", timeout). Engine -> server: ("ready",) or ("failed", why), ("started", id, at), ("progress",
-id, new tokens per sample) after each step of a streamed job, ("done" | "error", id, payload, job fields), and
-("metric", name, labels, method, args) for the worker's Prometheus updates, which the server applies to its
-own registry. Deadlines and timings are time.monotonic(), one clock for both processes. The server keeps the
-bounded queue (429) itself: it counts the jobs not yet started. The first message is the Settings; if the
-server goes away the engine sees end-of-file and exits.
+They talk over one pipe in typed messages (server/messages.py); the engine's metric updates are applied to
+the server's own registry, and results are tokens (the server renders them). Deadlines and timings are
+time.monotonic(), one clock for both processes. The server keeps the bounded queue (429) itself: it counts
+the jobs not yet started. The first message is the Settings; if the server goes away the engine sees
+end-of-file and exits.
 """
 
 from __future__ import annotations
@@ -35,13 +33,34 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from server.batcher import Batcher, Job, QueueFullError, WorkerStoppedError, warm_up
+from server.jobs import (
+    Failed,
+    Finished,
+    Job,
+    JobEvent,
+    Progress,
+    QueueFullError,
+    Started,
+    WorkerStoppedError,
+    to_loop,
+)
+from server.messages import (
+    CancelJob,
+    EngineFailed,
+    JobUpdate,
+    MetricUpdate,
+    Ready,
+    Stop,
+    Stopped,
+    SubmitJob,
+)
 from server.metrics import Metrics
 from server.settings import Settings
+from server.worker import GenerationThread, warm_up
 
 if TYPE_CHECKING:
-    from musicrel.primer import Primer
-    from musicrel.sampling import SamplingParams
+    from musicrel.generation.primer import Primer
+    from musicrel.generation.sampling import SamplingParams
 
 log = logging.getLogger("musicrel.server")
 
@@ -59,11 +78,11 @@ class RemoteJob(Job):
         first = self.stop_reason is None
         super().cancel(reason)
         if first and self.engine is not None:
-            self.engine._send(("cancel", self.id, reason))
+            self.engine._send(CancelJob(self.id, reason))
 
 
 class EngineProcess:
-    """A GenerationWorker (server/batcher.py) whose Batcher runs in a child process."""
+    """A GenerationWorker (server/worker.py) whose GenerationThread runs in a child process."""
 
     def __init__(
         self, settings: Settings, metrics: Metrics, on_dequeue: Callable[[int, int], None] | None = None
@@ -120,7 +139,7 @@ class EngineProcess:
         deadline: float,
         on_progress: Callable[[list[list[int]]], None] | None = None,
     ) -> Job:
-        loop = asyncio.get_running_loop()
+        future, report = to_loop(asyncio.get_running_loop(), on_progress)
         with self._lock:
             if self._stopping or self.failed or not self.ready.is_set():
                 raise WorkerStoppedError(self.failed or "the generation engine is not running")
@@ -131,27 +150,27 @@ class EngineProcess:
                 params,
                 rows=params.num_samples,
                 deadline=deadline,
-                future=loop.create_future(),
-                loop=loop,
+                report=report,
+                future=future,
                 id=next(self._ids),
+                stream=on_progress is not None,
                 engine=self,
-                on_progress=on_progress,
             )
             self._jobs[job.id] = job
             self._queued += 1
             self.metrics.queue_depth.set(self._queued)
-            self._send_locked(("job", job.id, primer, params, deadline, on_progress is not None))
+            self._send_locked(SubmitJob(job.id, primer, params, deadline, job.stream))
         return job
 
     @property
     def queue_depth(self) -> int:
         return self._queued
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: SubmitJob | CancelJob | Stop) -> None:
         with self._lock:
             self._send_locked(message)
 
-    def _send_locked(self, message: tuple) -> None:
+    def _send_locked(self, message: SubmitJob | CancelJob | Stop) -> None:
         # The engine may be gone: the reader then fails what was in flight.
         with contextlib.suppress(OSError, ValueError):
             self._conn.send(message)
@@ -161,7 +180,7 @@ class EngineProcess:
         with self._lock:
             self._stopping = True
             if self._alive():
-                self._send_locked(("stop", timeout))
+                self._send_locked(Stop(timeout))
         if self._reader is not None:
             self._reader.join(None if timeout is None else timeout + 10.0)
         if self._process is not None:
@@ -184,48 +203,44 @@ class EngineProcess:
                 message = conn.recv()
             except (EOFError, OSError):
                 break
-            kind = message[0]
-            if kind == "metric":
-                _, name, labels, method, args = message
-                if name != "queue_depth":  # the engine's queue is ours: counted in submit/_read
-                    metric = getattr(self.metrics, name)
-                    getattr(metric.labels(*labels) if labels else metric, method)(*args)
-            elif kind == "started":
-                _, job_id, at = message
-                with self._lock:
+            match message:
+                case MetricUpdate(name, labels, method, args):
+                    if name != "queue_depth":  # the engine's queue is ours: counted in submit/_read
+                        metric = getattr(self.metrics, name)
+                        getattr(metric.labels(*labels) if labels else metric, method)(*args)
+                case JobUpdate(job_id, Started(at)):
+                    with self._lock:
+                        job = self._jobs.get(job_id)
+                        if job is not None and job.started_at is None:
+                            job.started_at = at
+                            self._dequeued_locked()
+                case JobUpdate(job_id, Progress() as event):
                     job = self._jobs.get(job_id)
-                    if job is not None and job.started_at is None:
-                        job.started_at = at
-                        self._dequeued_locked()
-            elif kind == "progress":
-                _, job_id, tokens = message
-                job = self._jobs.get(job_id)
-                if job is not None and job.on_progress is not None:
-                    job._progress(tokens)
-            elif kind in ("done", "error"):
-                _, job_id, payload, fields = message
-                with self._lock:
-                    job = self._jobs.pop(job_id, None)
-                    if job is not None and job.started_at is None:  # dropped while queued
-                        self._dequeued_locked()
-                if job is None:
-                    continue
-                for name, value in fields.items():
-                    if name != "stop_reason" or value is not None:
-                        setattr(job, name, value)
-                job._deliver(payload if kind == "done" else None, payload if kind == "error" else None)
-            elif kind == "ready":
-                self._deaths = 0
-                with self._lock:  # before ready is set, so they keep their place ahead of new submissions
-                    for job in self._resend:
-                        stream = job.on_progress is not None
-                        self._send_locked(("job", job.id, job.primer, job.params, job.deadline, stream))
-                    self._resend = []
-                self.ready.set()
-            elif kind == "failed":
-                self.failed = message[1]
-            elif kind == "stopped":
-                break
+                    if job is not None:
+                        job.report(job, event)
+                case JobUpdate(job_id, Finished() | Failed() as event, fields):
+                    with self._lock:
+                        job = self._jobs.pop(job_id, None)
+                        if job is not None and job.started_at is None:  # dropped while queued
+                            self._dequeued_locked()
+                    if job is None:
+                        continue
+                    for name, value in fields.items():
+                        if name != "stop_reason" or value is not None:
+                            setattr(job, name, value)
+                    job.report(job, event)
+                case Ready():
+                    self._deaths = 0
+                    with self._lock:  # before ready is set, so they keep their place ahead of new submissions
+                        for job in self._resend:
+                            again = SubmitJob(job.id, job.primer, job.params, job.deadline, job.stream)
+                            self._send_locked(again)
+                        self._resend = []
+                    self.ready.set()
+                case EngineFailed(why):
+                    self.failed = why
+                case Stopped():
+                    break
         if self._stopping:
             return  # stop() fails what is left
         with self._lock:  # from here submit refuses, so no job slips in after the ones failed below
@@ -277,7 +292,7 @@ class EngineProcess:
 
 
 class _RemoteMetrics:
-    """Stands in for Metrics in the engine: every update becomes a ("metric", ...) message."""
+    """Stands in for Metrics in the engine: every update becomes a MetricUpdate message."""
 
     def __init__(self, send: Any, name: str | None = None, labels: tuple = ()) -> None:
         self._send, self._name, self._labels = send, name, labels
@@ -287,7 +302,7 @@ class _RemoteMetrics:
             return _RemoteMetrics(self._send, attr)
         if attr == "labels":
             return lambda *labels: _RemoteMetrics(self._send, self._name, labels)
-        return lambda *args: self._send(("metric", self._name, self._labels, attr, args))
+        return lambda *args: self._send(MetricUpdate(self._name, self._labels, attr, args))
 
 
 def _picklable(error: BaseException) -> BaseException:
@@ -299,7 +314,8 @@ def _picklable(error: BaseException) -> BaseException:
 
 
 def engine_main(conn: Any, settings: Settings) -> None:
-    """Entry point of the engine process: load the model, run a Batcher, serve the pipe until told to stop."""
+    """Entry point of the engine process: load the model, run a GenerationThread, serve the pipe until told
+    to stop."""
     # The server process decides when to stop (SIGTERM drains there first); Ctrl-C reaches the whole process
     # group, and the engine must not die under the requests that are draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -307,33 +323,35 @@ def engine_main(conn: Any, settings: Settings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     [engine] %(message)s")
     send_lock = threading.Lock()
 
-    def send(message: tuple) -> None:
+    def send(message: Ready | EngineFailed | JobUpdate | MetricUpdate | Stopped) -> None:
         with send_lock:
             conn.send(message)
 
     try:
         import torch
 
-        from musicrel.checkpoint import load_codec, load_model
+        from musicrel.model.checkpoint import load_codec, load_model
 
         torch.set_num_threads(1)  # see Service.load: only the worker thread runs an OpenMP team
         model = load_model(settings.checkpoint, device=settings.device)
         codec = load_codec(settings.checkpoint)
     except Exception as exc:
         log.exception("loading the checkpoint failed")
-        send(("failed", f"loading the checkpoint failed: {exc}"))
+        send(EngineFailed(f"loading the checkpoint failed: {exc}"))
         return
     jobs: dict[int, Job] = {}  # not answered yet, by id
 
-    def sink(event: str, job: Job, payload: Any) -> None:
-        if event in ("started", "progress"):
-            send((event, job.id, payload))
+    def report(job: Job, event: JobEvent) -> None:
+        if isinstance(event, Started | Progress):
+            send(JobUpdate(job.id, event))
             return
         jobs.pop(job.id, None)
         fields = {name: getattr(job, name) for name in _JOB_FIELDS}
-        send((event, job.id, payload if event == "done" else _picklable(payload), fields))
+        if isinstance(event, Failed):
+            event = Failed(_picklable(event.error))
+        send(JobUpdate(job.id, event, fields))
 
-    batcher = Batcher(
+    worker = GenerationThread(
         model,
         codec,
         metrics=_RemoteMetrics(send),
@@ -344,37 +362,36 @@ def engine_main(conn: Any, settings: Settings) -> None:
         warmup=(lambda batch: warm_up(codec, batch)) if settings.warmup else None,
         torch_threads=settings.torch_threads,
     )
-    batcher.start()
-    while not batcher.ready.wait(0.05):
-        if batcher.failed:
-            send(("failed", batcher.failed))
+    worker.start()
+    while not worker.ready.wait(0.05):
+        if worker.failed:
+            send(EngineFailed(worker.failed))
             return
-    send(("ready",))
+    send(Ready())
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):  # the server is gone: nobody waits for answers
-            batcher.stop(timeout=0)
+            worker.stop(timeout=0)
             return
-        kind = message[0]
-        if kind == "job":
-            _, job_id, primer, params, deadline, stream = message
-            rows = params.num_samples
-            job = Job(primer, params, rows=rows, deadline=deadline, sink=sink, id=job_id, stream=stream)
-            jobs[job_id] = job
-            try:
-                batcher.enqueue(job)
-            except Exception as exc:
-                job._deliver(error=exc)
-        elif kind == "cancel":
-            job = jobs.get(message[1])
-            if job is not None:
-                job.cancel(message[2])
-        elif kind == "stop":
-            batcher.stop(timeout=message[1])
-            with contextlib.suppress(OSError):
-                send(("stopped",))
-            return
+        match message:
+            case SubmitJob(job_id, primer, params, deadline, stream):
+                rows = params.num_samples
+                job = Job(primer, params, rows, deadline, report=report, id=job_id, stream=stream)
+                jobs[job_id] = job
+                try:
+                    worker.enqueue(job)
+                except Exception as exc:
+                    job._deliver(error=exc)
+            case CancelJob(job_id, reason):
+                job = jobs.get(job_id)
+                if job is not None:
+                    job.cancel(reason)
+            case Stop(timeout):
+                worker.stop(timeout=timeout)
+                with contextlib.suppress(OSError):
+                    send(Stopped())
+                return
 
 
 if __name__ == "__main__":

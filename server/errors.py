@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from musicrel.controls import ControlError
 from musicrel.errors import CheckpointError, MusicrelError
+from musicrel.generation.controls import ControlError
 from server.openapi import form_limits
 
 log = logging.getLogger("musicrel.server")

@@ -25,7 +25,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from musicrel.controls import CHORD_QUALITIES, SCALES, gm_program_name
+from musicrel.generation.controls import CHORD_QUALITIES, SCALES, gm_program_name
 
 NOTE_NAMES = ("C", "C#", "Db", "D", "Eb", "E", "F", "F#", "G", "Ab", "A", "Bb", "B")
 ENDPOINTS = {"json": 0.45, "midi": 0.2, "stream": 0.35}
@@ -73,7 +73,7 @@ def with_novelty_index(checkpoint: Path, folder: Path) -> Path:
     sometimes, and every sample, empty or not, goes through the novelty report)."""
     import pretty_midi
 
-    from musicrel.novelty import INDEX_FILE, NoveltyIndex
+    from musicrel.evaluation.novelty import INDEX_FILE, NoveltyIndex
 
     shutil.copytree(checkpoint, folder, dirs_exist_ok=True)
     pieces = []

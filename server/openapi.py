@@ -20,7 +20,14 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from musicrel.controls import CHORD_QUALITIES, MAX_BIAS, MAX_CHORDS, SCALES, STRENGTHS, gm_program_names
+from musicrel.generation.controls import (
+    CHORD_QUALITIES,
+    MAX_BIAS,
+    MAX_CHORDS,
+    SCALES,
+    STRENGTHS,
+    gm_program_names,
+)
 from server.settings import Settings
 
 # Each form route and the model its fields come from: the plain and the streaming continuation take the same
@@ -45,7 +52,7 @@ def re_escape(text: str) -> str:
     return "".join("\\" + c if c in r"\^$.|?*+()[]{}/-" else c for c in text)
 
 
-# The controls' text fields, as musicrel.controls parses them (its tables are the one source), in the subset
+# The controls' text fields, as generation.controls parses them (its tables are the one source), in the subset
 # of regular expressions both Python and ECMA read alike (ASCII blanks only; the parser takes more).
 _SP = "[ \t]*"
 _NOTE = "[A-Ga-g][#b]?"

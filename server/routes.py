@@ -203,8 +203,8 @@ async def examples(settings: SettingsDep) -> Any:
     responses={503: {"model": ErrorResponse}},
 )
 async def healthz(service: ServiceDep) -> Any:
-    if service.batcher is not None and service.batcher.failed:
-        return error_response(503, "failed", service.batcher.failed)
+    if service.worker is not None and service.worker.failed:
+        return error_response(503, "failed", service.worker.failed)
     return Health(status="ok")
 
 
@@ -225,8 +225,8 @@ async def readyz(service: ServiceDep) -> Any:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(service: ServiceDep) -> Response:
-    if service.batcher is not None:
-        service.metrics.queue_depth.set(service.batcher.queue_depth)
+    if service.worker is not None:
+        service.metrics.queue_depth.set(service.worker.queue_depth)
     return Response(generate_latest(exposition_registry(service.metrics)), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from musicrel.codec import CodecConfig
-from musicrel.controls import MAX_DENSITY, Controls, gm_program_names
-from musicrel.primer import PRIMER_SECONDS
-from musicrel.sampling import SamplingParams
+from musicrel.generation.controls import MAX_DENSITY, Controls, gm_program_names
+from musicrel.generation.primer import PRIMER_SECONDS
+from musicrel.generation.sampling import SamplingParams
+from musicrel.midi.codec import CodecConfig
 
 # The defaults are the library's (SamplingParams, PRIMER_SECONDS, Controls); the bounds are the server's own.
 _D = SamplingParams
@@ -57,7 +57,7 @@ class ContinuationParams(BaseModel):
         max_length=400,
         description='"merge" (every non-drum track) or comma-separated instrument indices, e.g. "0,2"',
     )
-    # Controls (musicrel.controls): empty leaves that aspect to the model. Text fields are checked by the
+    # Controls (generation.controls): empty leaves that aspect to the model. Text fields are checked by the
     # library (ControlError: unknown_chord, unknown_key, empty_range, invalid_controls -> 422).
     program: int | None = Field(
         _C.program,
@@ -152,7 +152,7 @@ class ContinuationParams(BaseModel):
 
 
 class Copy(BaseModel):
-    """The longest stretch of a sample that also occurs in the training data (musicrel.novelty)."""
+    """The longest stretch of a sample that also occurs in the training data (musicrel.evaluation.novelty)."""
 
     notes: int = Field(description="notes in the stretch (0: not even two notes in a row are shared)")
     seconds: float = Field(description="onset span of the stretch in the sample")

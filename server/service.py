@@ -9,7 +9,6 @@ import logging
 import signal
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -17,18 +16,19 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from musicrel.generation.lru import LRU
 from server.admission import Admission, Ticket
-from server.batcher import Batcher, GenerationWorker, warm_up
 from server.engine import EngineProcess
 from server.errors import ApiError
 from server.metrics import Metrics
 from server.settings import Settings
+from server.worker import GenerationThread, GenerationWorker, warm_up
 
 if TYPE_CHECKING:
-    from musicrel.codec import EventCodec
-    from musicrel.model import MusicTransformer
-    from musicrel.novelty import NoveltyIndex
-    from musicrel.primer import Primer
+    from musicrel.evaluation.novelty import NoveltyIndex
+    from musicrel.generation.primer import Primer
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.transformer import MusicTransformer
 
 log = logging.getLogger("musicrel.server")
 
@@ -43,12 +43,12 @@ class Service:
         self.model: MusicTransformer | None = None
         self.codec: EventCodec | None = None
         self.novelty: NoveltyIndex | None = None
-        self.batcher: GenerationWorker | None = None
+        self.worker: GenerationWorker | None = None
         self.admission = Admission(settings, metrics)
         self.info: dict[str, Any] = {}
         self.parse_limiter: anyio.CapacityLimiter | None = None
         # Recently parsed motifs by (sha256 of the upload, primer_seconds, tracks); used on the loop only.
-        self.parsed_primers: OrderedDict[tuple, Primer] = OrderedDict()
+        self.parsed_primers: LRU[Primer] = LRU(settings.primer_cache)
         self.render_limiter: anyio.CapacityLimiter | None = None
         self.draining = False
         self.in_flight = 0  # continuation requests between arrival and answer (MetricsMiddleware)
@@ -63,12 +63,12 @@ class Service:
         its own on the configured device."""
         import torch
 
-        from musicrel.checkpoint import load_codec, load_model, weights_sha256
-        from musicrel.novelty import INDEX_FILE, load_index
+        from musicrel.evaluation.novelty import INDEX_FILE, load_index
+        from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
 
         # Loading needs no parallelism, and an OpenMP team in this thread would count against the CPUs: with
         # more OpenMP threads than CPUs libgomp lets idle workers spin only 100 times before sleeping, which
-        # made the generation thread's steps 2x slower. (Its own count is set in that thread: Batcher.)
+        # made the generation thread's steps 2x slower. (Its own count is set in that thread: worker.py.)
         torch.set_num_threads(1)
         folder = Path(self.settings.checkpoint)
         device = "cpu" if self.uses_engine_process else self.settings.device
@@ -107,9 +107,9 @@ class Service:
         # at the end, 76 s, though each had generated within 2 s).
         self.render_limiter = anyio.CapacityLimiter(s.parse_threads)
         if self.uses_engine_process:
-            self.batcher = EngineProcess(s, self.metrics, on_dequeue=self.admission.departed)
+            self.worker = EngineProcess(s, self.metrics, on_dequeue=self.admission.departed)
         else:
-            self.batcher = Batcher(
+            self.worker = GenerationThread(
                 self.model,
                 self.codec,
                 metrics=self.metrics,
@@ -122,12 +122,12 @@ class Service:
                 torch_threads=s.torch_threads,
                 on_dequeue=self.admission.departed,
             )
-        self.batcher.start()
+        self.worker.start()
 
     def stop(self) -> None:
         self.draining = True
-        if self.batcher is not None:
-            self.batcher.stop(timeout=self.settings.drain_timeout_s)
+        if self.worker is not None:
+            self.worker.stop(timeout=self.settings.drain_timeout_s)
         if self._previous_sigterm is not None:
             with contextlib.suppress(ValueError):
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
@@ -136,7 +136,7 @@ class Service:
 
     @property
     def warm(self) -> bool:
-        return self.batcher is not None and self.batcher.ready.is_set()
+        return self.worker is not None and self.worker.ready.is_set()
 
     @property
     def ready(self) -> bool:
@@ -145,8 +145,8 @@ class Service:
     def not_ready_reason(self, draining: bool | None = None) -> tuple[str, str]:
         if self.draining if draining is None else draining:
             return "draining", "the service is shutting down; retry on another instance"
-        if self.batcher is not None and self.batcher.failed:
-            return "not_ready", self.batcher.failed
+        if self.worker is not None and self.worker.failed:
+            return "not_ready", self.worker.failed
         return "not_ready", "the model is loading or warming up"
 
     def check_accepting(self, draining: bool) -> None:
@@ -159,8 +159,8 @@ class Service:
         """Before a continuation's upload (`size` bytes, None if chunked) is read: 503 unless accepting, 429
         when the queue is full."""
         self.check_accepting(draining)
-        assert self.batcher is not None  # check_accepting refuses until the worker is warm
-        return self.admission.admit(self.batcher.queue_depth, size)
+        assert self.worker is not None  # check_accepting refuses until the worker is warm
+        return self.admission.admit(self.worker.queue_depth, size)
 
     # ---- draining on SIGTERM ---------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ its HTTP status: 413, 422, 429, 503, ...). Then the 200 goes out with these line
   (as in the plain response) and the number of samples;
 - `note_on` {sample, id, pitch, velocity, time} as soon as the note-on is generated; `note_off` {sample, id,
   time} when its end is known; `note_drop` {sample, id} for a strike the MIDI file leaves out (see
-  musicrel/streaming.py). Times are seconds from the start of the continuation;
+  musicrel/generation/streaming.py). Times are seconds from the start of the continuation;
 - `result`: the plain JSON response (every sample's MIDI in base64, timings, ...) plus `first_note_ms`;
 - or `error` {status, error: {code, message}}: what the plain endpoint would have answered (504 timeout,
   503 draining, 500 internal, ...); nothing follows it.
@@ -34,13 +34,13 @@ from fastapi import UploadFile
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from musicrel.batch import ContinuationResult
-from musicrel.primer import Primer
-from musicrel.streaming import NoteEvent, NoteStream
+from musicrel.generation.decode_batch import ContinuationResult
+from musicrel.generation.primer import Primer
+from musicrel.generation.streaming import NoteEvent, NoteStream
 from server.admission import Ticket
-from server.batcher import Job, WorkerStoppedError
 from server.continuations import as_json, finish, parse_upload, primer_info, submit
 from server.errors import ApiError, describe
+from server.jobs import Job, WorkerStoppedError
 from server.schemas import ContinuationParams
 from server.service import Service
 

@@ -117,7 +117,7 @@ def user_repo(tmp_path) -> Path:
 
 
 def test_readme_training_path_gives_an_exported_model_and_its_music(user_repo):
-    from musicrel.checkpoint import load_model
+    from musicrel.model.checkpoint import load_model
 
     _, code = readme_blocks()["train"]
     # One torch thread per command: on a shared 2-core machine two are slower (the commands are as written).

@@ -23,8 +23,8 @@ def _step_fn(layers: int, width: int, seq_len: int, batch: int, mode: str, threa
     import torch
     import torch.nn.functional as F
 
-    from musicrel.config import ModelConfig
-    from musicrel.model import MusicTransformer
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
 
     torch.manual_seed(0)
     cfg = ModelConfig(

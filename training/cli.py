@@ -36,9 +36,10 @@ def register(subparsers) -> None:
 
 
 def _prepare(args) -> int:
-    from musicrel.codec import CodecConfig, EventCodec
+    from musicrel.data.prepared import MANIFEST
     from musicrel.errors import ConfigError
-    from training.prepare import MANIFEST, prepare
+    from musicrel.midi.codec import CodecConfig, EventCodec
+    from training.prepare import prepare
 
     overrides = {
         k: v
@@ -179,7 +180,7 @@ def _pack_gpu(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from training.evaluate import evaluate, format_table
+    from training.evaluate import evaluate, format_nll_table
 
     result = evaluate(
         args.checkpoint,
@@ -189,7 +190,7 @@ def _evaluate(args) -> int:
         max_windows=args.max_windows,
         seq_len=args.seq_len,
     )
-    print(format_table(result))
+    print(format_nll_table(result))
     return 0
 
 
@@ -203,7 +204,7 @@ def _curves(args) -> int:
 
 
 def _register_rest(subparsers) -> None:
-    from musicrel.checkpoint import MAX_SHARD_BYTES, WEIGHT_DTYPES  # no torch: cheap at start-up
+    from musicrel.model.checkpoint import MAX_SHARD_BYTES, WEIGHT_DTYPES  # no torch: cheap at start-up
     from training.pack import PACK_LIMIT_BYTES
 
     p = subparsers.add_parser("prepare", help="encode MIDI files into a training data folder")

@@ -53,8 +53,8 @@ def evaluate(
     max_windows: int | None = None,
     seq_len: int | None = None,
 ) -> dict:
-    from musicrel.checkpoint import load_codec, load_model
-    from training.prepare import load_manifest, load_split, source_ranges
+    from musicrel.data.prepared import load_manifest, load_split, source_ranges
+    from musicrel.model.checkpoint import load_codec, load_model
 
     model, codec = load_model(checkpoint), load_codec(checkpoint)
     manifest = load_manifest(data)
@@ -104,7 +104,7 @@ def _figures(s: dict) -> dict:
     }
 
 
-def format_table(r: dict) -> str:
+def format_nll_table(r: dict) -> str:
     rows = [
         ("split", r["split"]),
         ("pieces", r["pieces"]),

@@ -35,9 +35,9 @@ def read_lightning_checkpoint(path) -> dict:
 
 def model_from_lightning_checkpoint(path):
     """(model in eval mode, EventCodec, the raw checkpoint dict) from a .ckpt of `musicrel train`."""
-    from musicrel.codec import CodecConfig, EventCodec
-    from musicrel.config import ModelConfig
-    from musicrel.model import MusicTransformer
+    from musicrel.midi.codec import CodecConfig, EventCodec
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
 
     ckpt = read_lightning_checkpoint(path)
     hp = ckpt["hyper_parameters"]
@@ -64,9 +64,12 @@ def model_from_lightning_checkpoint(path):
 
 
 def default_card(path, ckpt, model) -> str:
+    from musicrel.model.config import ModelConfig
+
     hp = ckpt["hyper_parameters"]
+    cfg = ModelConfig.from_hparams(hp).to_dict()
     arch = ", ".join(
-        f"{k}={hp[k]}" for k in ("attention", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len")
+        f"{k}={cfg[k]}" for k in ("attention", "n_layers", "d_model", "n_heads", "d_ff", "max_seq_len")
     )
     return (
         f"# musicrel model\n\nExported from `{path}` "
@@ -79,8 +82,8 @@ def export_checkpoint(
     path, out, card: str | Path | None = None, max_shard_bytes: int | None = None, dtype: str = "float32"
 ) -> Path:
     """Write the model folder; weights over `max_shard_bytes` (default: checkpoint.MAX_SHARD_BYTES) are
-    sharded, `dtype` is their storage dtype (see musicrel.checkpoint.save_model)."""
-    from musicrel.checkpoint import MAX_SHARD_BYTES, save_model
+    sharded, `dtype` is their storage dtype (see musicrel.model.checkpoint.save_model)."""
+    from musicrel.model.checkpoint import MAX_SHARD_BYTES, save_model
 
     model, codec, ckpt = model_from_lightning_checkpoint(path)
     text = Path(card).read_text() if card is not None else default_card(path, ckpt, model)

@@ -25,12 +25,14 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from musicrel.checkpoint import load_codec, load_model, read_config, weights_sha256
-from musicrel.errors import ConfigError
+from musicrel.data.prepared import MANIFEST, load_manifest
+from musicrel.errors import ConfigError, is_int
+from musicrel.model.checkpoint import load_codec, load_model, read_config, weights_sha256
+from musicrel.model.config import ModelConfig
 from training.evaluate import evaluate
 from training.export import export_checkpoint
 from training.module import MusicDataModule, MusicLM, default_precision
-from training.prepare import MANIFEST, load_manifest, prepare
+from training.prepare import prepare
 
 SPLIT_PERCENT = (80, 10, 10)  # a few dozen files: enough held out to stop early and to measure on
 MIN_FILES = 3  # one per split
@@ -59,7 +61,7 @@ class FinetuneConfig:
         for name in ("warmup_steps", "max_steps", "val_every", "patience", "batch_size"):
             value = getattr(self, name)
             low = 0 if name == "warmup_steps" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.val_windows is not None and (isinstance(self.val_windows, bool) or not self.val_windows >= 1):
             raise ConfigError(f"val_windows must be an integer >= 1 or None, got {self.val_windows!r}")
@@ -111,10 +113,9 @@ def data_summary(manifest: dict) -> dict:
 
 def build_module(base, codec, fc: FinetuneConfig) -> MusicLM:
     """A MusicLM with the base model's configuration and weights and the fine-tuning schedule."""
-    fields = read_config(base)["model"]
     lm = MusicLM(
+        ModelConfig.from_dict(read_config(base)["model"]),
         codec=codec.config.to_dict(),
-        **fields,
         lr=fc.lr,
         weight_decay=fc.weight_decay,
         warmup_steps=fc.warmup_steps,

@@ -1,10 +1,10 @@
 """Lightning side of training: the LightningModule around MusicTransformer, the DataModule over a prepared
 folder, and the LightningCLI that reads configs/*.yaml (+ command-line overrides) for `musicrel train`.
 
-The YAML's `model:` section holds the ModelConfig fields (plus optimiser settings); `vocab_size` and the codec
-settings are not written there: they come from the prepared data (`data.data_dir`'s manifest) and are linked
-into the module, whose hyper-parameters (plain JSON-able types) therefore hold everything `musicrel export`
-needs.
+The YAML's `model:` section holds `config:` (a ModelConfig, read whole) and the optimiser settings; the
+config's `vocab_size` and the codec settings are not written there: they come from the prepared data
+(`data.data_dir`'s manifest) and are linked into the module, whose hyper-parameters (plain JSON-able types)
+therefore hold everything `musicrel export` needs.
 """
 
 from __future__ import annotations
@@ -21,14 +21,10 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LightningCLI
 from torchmetrics import MeanMetric
 
-from musicrel.config import ModelConfig
-from musicrel.model import MusicTransformer
+from musicrel.data.prepared import load_manifest, load_split, source_ranges
+from musicrel.model.config import ModelConfig
+from musicrel.model.transformer import MusicTransformer
 from training.data import STRETCH_FACTORS, CropDataset, ResumableLoader, ResumableSampler, WindowDataset
-from training.prepare import load_manifest, load_split, source_ranges
-
-# LightningCLI builds the YAML's flat `model:` section from MusicLM's signature, so the ModelConfig fields are
-# spelled out there; their defaults are ModelConfig's own.
-_M = ModelConfig
 
 
 class MusicLM(L.LightningModule):
@@ -36,21 +32,8 @@ class MusicLM(L.LightningModule):
 
     def __init__(
         self,
-        vocab_size: int,
+        config: ModelConfig,
         codec: dict | None = None,
-        n_layers: int = _M.n_layers,
-        d_model: int = _M.d_model,
-        n_heads: int = _M.n_heads,
-        d_ff: int = _M.d_ff,
-        max_seq_len: int = _M.max_seq_len,
-        dropout: float = _M.dropout,
-        attention: str = _M.attention,
-        max_relative_distance: int | None = _M.max_relative_distance,
-        absolute_kind: str = _M.absolute_kind,
-        t5_num_buckets: int = _M.t5_num_buckets,
-        t5_max_distance: int = _M.t5_max_distance,
-        query_chunk_size: int | None = _M.query_chunk_size,
-        tie_embeddings: bool = _M.tie_embeddings,
         lr: float = 3e-4,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
@@ -63,9 +46,9 @@ class MusicLM(L.LightningModule):
     ):
         """
         Args:
-            vocab_size: Linked from the prepared data's codec (not set in the YAML).
+            config: The model (musicrel/model/config.py), the YAML's `model.config` section; its vocab_size
+                is linked from the prepared data's codec (not set in the YAML).
             codec: Linked codec settings (CodecConfig.to_dict()) of the prepared data; saved for export.
-            n_layers..tie_embeddings: ModelConfig fields (see musicrel/config.py).
             lr: Peak learning rate of AdamW, reached after `warmup_steps` of linear warm-up.
             decay_steps: Steps of the cosine decay to `min_lr_ratio * lr` (default: trainer.max_steps, else
                 the estimated steps of the run).
@@ -76,8 +59,11 @@ class MusicLM(L.LightningModule):
                 A resumed run takes the weights of its Lightning checkpoint instead.
         """
         super().__init__()
-        self.save_hyperparameters()
-        self.cfg = ModelConfig.from_hparams(self.hparams)
+        # A checkpoint's hyper-parameters hold plain types only (export reads it with weights_only=True), so
+        # the config is kept there as its dict; load_from_checkpoint hands that dict back.
+        self.cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(dict(config))
+        self.save_hyperparameters(ignore=["config"])
+        self.hparams["config"] = self.cfg.to_dict()
         self.model = MusicTransformer(self.cfg)
         if init_from:
             self.model.load_state_dict(_weights_from(init_from, self.cfg, codec))
@@ -184,9 +170,9 @@ def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
     are `cfg`'s and `codec`'s. Dropout and query chunking do not change the weights and may differ, and so
     may the codec's reading policies (tracks, caps). A model without melody tokens can start one with them:
     its rows are kept and a MELODY_ON/OFF row starts as the NOTE_ON/OFF row of its pitch."""
-    from musicrel.checkpoint import load_model, read_config
-    from musicrel.codec import CodecConfig, EventCodec
     from musicrel.errors import ConfigError
+    from musicrel.midi.codec import CodecConfig, EventCodec
+    from musicrel.model.checkpoint import load_model, read_config
 
     saved = read_config(folder)
     free = {"dropout", "query_chunk_size", "vocab_size"}
@@ -260,7 +246,7 @@ class MusicDataModule(L.LightningDataModule):
         """
         Args:
             data_dir: Output folder of `musicrel prepare`.
-            seq_len: Tokens per example (linked from model.max_seq_len).
+            seq_len: Tokens per example (linked from model.config.max_seq_len).
             examples_per_epoch: Random crops per epoch (default: train tokens / seq_len).
             val_windows: At most this many non-overlapping validation windows (None = the whole split).
             seed: Crop positions and augmentations are a function of (seed, epoch, index).
@@ -285,7 +271,7 @@ class MusicDataModule(L.LightningDataModule):
     @property
     def codec(self):
         if self._codec is None:
-            from musicrel.codec import CodecConfig, EventCodec
+            from musicrel.midi.codec import CodecConfig, EventCodec
 
             self._codec = EventCodec(CodecConfig.from_dict(self.codec_config))
         return self._codec
@@ -349,8 +335,8 @@ class MusicCLI(LightningCLI):
     loss printed as it goes with the checkpoints' paths at the end (`TrainingProgress`)."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("model.max_seq_len", "data.seq_len")
-        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+        parser.link_arguments("model.config.max_seq_len", "data.seq_len")
+        parser.link_arguments("data.vocab_size", "model.config.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.codec_config", "model.codec", apply_on="instantiate")
         parser.add_argument(
             "--run_name", default="run", help="Logs go to <trainer.default_root_dir>/<run_name>/"
@@ -381,7 +367,7 @@ class MusicCLI(LightningCLI):
 
 def _choose_threads() -> None:
     """torch's threads for training, unless OMP_NUM_THREADS says: the CPUs other processes leave free
-    (musicrel.threads). On the shared 2-core machine a step of two threads took 3.5x as long as one whenever
+    (generation.threads). On the shared 2-core machine a step of two threads took 3.5x as long as one whenever
     anything else ran (3.78 s vs 1.06 s, 8 x 512 tokens, bf16): a team waits at every barrier for the thread
     the scheduler parked."""
     import os
@@ -389,7 +375,7 @@ def _choose_threads() -> None:
 
     if os.environ.get("OMP_NUM_THREADS"):
         return
-    from musicrel.threads import choose_threads
+    from musicrel.generation.threads import choose_threads
 
     choice = choose_threads(rows=1_000_000)  # a training batch splits across any number of threads
     torch.set_num_threads(choice.threads)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from musicrel.data.prepared import MANIFEST, SPLITS
 from musicrel.errors import ConfigError, MusicrelError
 
 # What one device command may carry along (the working tree's limit is the same).
@@ -44,8 +45,7 @@ SERVER_ONLY = (
     "pydantic-settings",
     "prometheus-client",
 )
-SPLITS = ("train", "val", "test")
-DATA_FILES = ("manifest.json", *(f"{s}{suffix}.npy" for s in SPLITS for suffix in ("", "_offsets")))
+DATA_FILES = (MANIFEST, *(f"{s}{suffix}.npy" for s in SPLITS for suffix in ("", "_offsets")))
 # Markers are evaluated for the GPU machine, not for this one.
 TARGET_ENV = {
     "python_version": GPU_PYTHON,
@@ -120,8 +120,8 @@ def closure(
 
 
 def training_requirements(requires: Callable[[str], list[str] | None] = _installed_requires) -> list[str]:
-    """musicrel's own requirements (pyproject's dependencies, read from the installed metadata), without
-    optional extras and without those only the server imports."""
+    """musicrel's own requirements for training (pyproject's dependencies and its `train` extra, read from the
+    installed metadata), without the other extras and without those only the server imports."""
     from packaging.requirements import Requirement
 
     reqs = requires("musicrel")
@@ -134,7 +134,10 @@ def training_requirements(requires: Callable[[str], list[str] | None] = _install
     for r in reqs:
         req = Requirement(r)
         if req.marker is not None and "extra" in str(req.marker):
-            continue
+            if not req.marker.evaluate({"extra": "train"}):
+                continue
+            req.marker = None  # wanted on the GPU machine as a plain requirement
+            r = str(req)
         if normalize(req.name) not in server:
             out.append(r)
     return out
@@ -203,7 +206,7 @@ def pack_gpu(
 ) -> dict:
     """Write the pack (see the module docstring) and return pack.json's content. Refuses, writing nothing,
     when the data is not a prepared folder or the whole would exceed `limit_bytes`."""
-    from training.prepare import load_manifest
+    from musicrel.data.prepared import load_manifest
 
     data_dir, out = Path(data_dir), Path(out)
     manifest = load_manifest(data_dir)
@@ -293,7 +296,7 @@ On the GPU machine, from the repository root (the pack travels with the working 
 
 ```bash
 bash {pack}/run.sh 8m              # SIZE: {", ".join(SIZES)} (configs/gpu-SIZE.yaml); context 512
-bash {pack}/run.sh 20m 1024        # another context: --model.max_seq_len 1024
+bash {pack}/run.sh 20m 1024        # another context: --model.config.max_seq_len 1024
 bash {pack}/run.sh 8m 1024 -- --data.batch_size 32   # after --: more `musicrel train` overrides
 ```
 
@@ -304,7 +307,7 @@ It does, in order:
    then `export PYTHONPATH=/tmp/site`;
 2. `python3 -m musicrel.cli train --config configs/gpu.yaml --config configs/gpu-SIZE.yaml
    --data.data_dir {pack}/data --trainer.default_root_dir /tmp/musicrel-runs --run_name gpu-SIZE[-LEN]
-   --model.max_seq_len LEN` (bf16 mixed precision, the model compiled, stopped after 9 minutes);
+   --model.config.max_seq_len LEN` (bf16 mixed precision, the model compiled, stopped after 9 minutes);
 3. `python3 -m musicrel.cli export <best-*.ckpt, else last.ckpt> --out $OUT/gpu-SIZE[-LEN]
    --dtype bfloat16 --max-shard-mib 16`, and copies the run's metrics.csv beside it.
 
@@ -361,7 +364,7 @@ export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 # 2. Train (the repository's own code comes first on sys.path: python -m from its root).
 RUN=gpu-$SIZE
 ctx=()
-if [[ -n $SEQ_LEN ]]; then RUN=$RUN-$SEQ_LEN; ctx=(--model.max_seq_len "$SEQ_LEN"); fi
+if [[ -n $SEQ_LEN ]]; then RUN=$RUN-$SEQ_LEN; ctx=(--model.config.max_seq_len "$SEQ_LEN"); fi
 start=$(date +%s)
 "$PYTHON" -m musicrel.cli train --config configs/gpu.yaml --config "configs/gpu-$SIZE.yaml" \
   --data.data_dir "$PACK/data" --trainer.default_root_dir "$RUNS" --run_name "$RUN" "${ctx[@]}" "$@"

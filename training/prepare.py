@@ -1,11 +1,12 @@
-"""`musicrel prepare`: MIDI files -> de-duplicated, split, memory-mappable token arrays.
+"""`musicrel prepare`: MIDI files -> de-duplicated, split, memory-mappable token arrays (read back by
+musicrel/data/prepared.py, the format's one reader).
 
 Layout of OUT:
     manifest.json             codec settings + hash, counts, token totals, every skipped file with its code
     train.npy / val.npy / test.npy
                               uint16, one stream per split: [bos] piece [eos] [bos] piece [eos] ...
     train_offsets.npy ...     int64 [n_pieces + 1]: where each piece's bos starts (last = stream length)
-    novelty.npz               the train split's novelty index (`musicrel.novelty`): which training piece a
+    novelty.npz               the train split's novelty index (`evaluation.novelty`): which training piece a
                               generated note sequence copies the longest stretch of
     cache/<codec hash>/<sha256>.npy | .json
                               the encoded events (or the InvalidMidiError) of one file content, so that a
@@ -37,13 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
+from musicrel.data.prepared import FORMAT_VERSION, MANIFEST, SPLITS
 from musicrel.errors import ConfigError, InvalidMidiError
-from musicrel.files import find_midi_files
+from musicrel.midi.files import find_midi_files
 from training.compositions import CONTAINMENT, MIN_SHINGLES, NGRAM, group_versions, shingles
 
-SPLITS = ("train", "val", "test")
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 2
 # Percent of the hash space per split (train, val, test).
 SPLIT_PERCENT = (90, 5, 5)
 
@@ -108,7 +107,7 @@ def _init_worker(codec_config: dict) -> None:
     global _CODEC
     import warnings
 
-    from musicrel.codec import CodecConfig, EventCodec
+    from musicrel.midi.codec import CodecConfig, EventCodec
 
     warnings.simplefilter("ignore")  # pretty_midi warns about odd meta events on every other file
     _CODEC = EventCodec(CodecConfig.from_dict(codec_config))
@@ -158,7 +157,7 @@ def prepare(
     to 100. `weights` maps source names to mixing weights (default 1)."""
     from tqdm import tqdm
 
-    from musicrel.codec import EventCodec
+    from musicrel.midi.codec import EventCodec
 
     codec = codec or EventCodec()
     split_percent = tuple(int(p) for p in split_percent)
@@ -374,8 +373,8 @@ def _notes(codec, path: Path) -> list:
 def _write_novelty(out_dir: Path, members, first_path, sources, cache_dir: Path, codec, key: str) -> dict:
     """Build the train split's novelty index from the cached tokens (decoded as the model's outputs are, so
     both sides are on the codec's grid); skipped when the index on disk was built from the same split."""
-    from musicrel.novelty import FORMAT_VERSION as NOVELTY_VERSION
-    from musicrel.novelty import INDEX_FILE, NoveltyIndex, read_header
+    from musicrel.evaluation.novelty import FORMAT_VERSION as NOVELTY_VERSION
+    from musicrel.evaluation.novelty import INDEX_FILE, NoveltyIndex, read_header
 
     path = out_dir / INDEX_FILE
     header = read_header(path) or {}
@@ -399,35 +398,3 @@ def _write_novelty(out_dir: Path, members, first_path, sources, cache_dir: Path,
         "written": fresh,
         "seconds": round(time.perf_counter() - start, 2),
     }
-
-
-def load_manifest(data_dir) -> dict:
-    path = Path(data_dir) / MANIFEST
-    if not path.is_file():
-        raise ConfigError(
-            f"{data_dir} is not a prepared data folder (no {MANIFEST}); run `musicrel prepare`",
-            code="not_prepared",
-        )
-    return json.loads(path.read_text())
-
-
-def source_ranges(manifest: dict, split: str) -> dict[str, tuple[int, int]]:
-    """Where each source with tokens lies in a split's stream ([start, end)); {} when the split has fewer
-    than two such sources (a single-source or format-1 folder: the stream is one part)."""
-    ranges = {
-        name: (r["start"], r["end"])
-        for name, r in manifest["splits"][split].get("sources", {}).items()
-        if r["end"] - r["start"] >= 2
-    }
-    return ranges if len(ranges) > 1 else {}
-
-
-def load_split(data_dir, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """(stream, offsets) of a split, memory-mapped."""
-    if split not in SPLITS:
-        raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
-    data_dir = Path(data_dir)
-    load_manifest(data_dir)
-    stream = np.load(data_dir / f"{split}.npy", mmap_mode="r")
-    offsets = np.load(data_dir / f"{split}_offsets.npy")
-    return stream, offsets

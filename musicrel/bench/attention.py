@@ -58,9 +58,9 @@ def _memory_case(case: str, L: int, B: int, H: int, D: int, chunk: int) -> dict:
     excluded, except for the `layer_*` cases of (d), which count them since they grow with L as well."""
     import torch
 
-    from musicrel.attention import causal_allowed, relative_logits_naive, relative_logits_skew
-    from musicrel.config import ModelConfig
-    from musicrel.model import CausalSelfAttention
+    from musicrel.model.attention import causal_allowed, relative_logits_naive, relative_logits_skew
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import CausalSelfAttention
 
     torch.set_num_threads(1)
 
@@ -167,8 +167,8 @@ def run(args) -> int:
     spin = os.environ.get("GOMP_SPINCOUNT", "default")
     import torch
 
-    from musicrel.config import ModelConfig
-    from musicrel.model import CausalSelfAttention, MusicTransformer
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import CausalSelfAttention, MusicTransformer
 
     quick = args.quick
     repeats = args.repeats or (3 if quick else 7)

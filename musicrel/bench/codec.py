@@ -76,7 +76,7 @@ def _pass(fn, files) -> Callable[[], None]:
 
 
 def run(args) -> int:
-    from musicrel.codec import EventCodec
+    from musicrel.midi.codec import EventCodec
 
     folder = args.dir or _default_dir()
     files = sorted(Path(folder).glob("*.mid"))

@@ -60,17 +60,17 @@ def run(args) -> int:
     import numpy as np
     import torch
 
-    from musicrel.batch import generate_batch
-    from musicrel.checkpoint import load_codec, load_model
-    from musicrel.codec import EventCodec
-    from musicrel.config import ModelConfig
-    from musicrel.controls import Controls
-    from musicrel.generate import decode_one_token, generate, prefill
-    from musicrel.grammar import Grammar
-    from musicrel.model import MusicTransformer
-    from musicrel.primer import Primer
-    from musicrel.sampling import SamplingParams
-    from musicrel.threads import choose_threads
+    from musicrel.generation.controls import Controls
+    from musicrel.generation.decode import decode_one_token, generate, prefill
+    from musicrel.generation.decode_batch import generate_batch
+    from musicrel.generation.grammar import Grammar
+    from musicrel.generation.primer import Primer
+    from musicrel.generation.sampling import SamplingParams
+    from musicrel.generation.threads import choose_threads
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.checkpoint import load_codec, load_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
 
     if args.threads:
         torch.set_num_threads(args.threads)

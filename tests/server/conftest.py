@@ -2,22 +2,31 @@
 
 `tiny_checkpoint` and `live_server` are session-scoped (the page and deployment tests use them too);
 `start_server` is a context manager for tests that need their own process (e.g. to send it SIGTERM).
+The in-process helpers the API tests share (`serve`, `post`, `Gate`, `MOTIF`, ...) are here too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import pretty_midi
 import pytest
+from fastapi.testclient import TestClient
+
+from musicrel.generation.decode_batch import DecodeBatch
+from server.app import create_app
+from server.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 60.0
@@ -31,10 +40,10 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     """A 1-layer, d_model=32 random MusicTransformer saved with the default codec (fast to load and run)."""
     import torch
 
-    from musicrel.checkpoint import save_model
-    from musicrel.codec import EventCodec
-    from musicrel.config import ModelConfig
-    from musicrel.model import MusicTransformer
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
 
     torch.manual_seed(0)
     codec = EventCodec()
@@ -51,10 +60,10 @@ def tiny_accompany_checkpoint(tmp_path_factory) -> Path:
     """A tiny random accompaniment model: the melody codec (MELODY_ON/OFF tokens, tracks 0 and 1) and a
     1-layer MusicTransformer, as tests/musicrel/test_accompaniment.py builds it."""
     import torch
-
     from musicrel.checkpoint import save_model
-    from musicrel.codec import CodecConfig, EventCodec
     from musicrel.config import ModelConfig
+
+    from musicrel.midi.codec import CodecConfig, EventCodec
     from musicrel.model import MusicTransformer
 
     torch.manual_seed(0)
@@ -147,3 +156,152 @@ def live_server(tiny_checkpoint, tiny_accompany_checkpoint, tmp_path_factory) ->
     accompany = {"MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint)}
     with start_server(tiny_checkpoint, folder, **accompany) as server:
         yield server.url
+
+
+FAST = {"seconds": "0.3", "seed": "7"}  # a short continuation keeps each generation cheap on the tiny model
+
+
+def motif(n_notes: int = 16, programs: tuple[int, ...] = (0,)) -> bytes:
+    """A small pretty_midi-written file: one rising line per program."""
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    for k, program in enumerate(programs):
+        inst = pretty_midi.Instrument(program=program)
+        for i in range(n_notes):
+            inst.notes.append(pretty_midi.Note(70 + 5 * k, 48 + 12 * k + i % 12, i * 0.2, i * 0.2 + 0.18))
+        pm.instruments.append(inst)
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    return buffer.getvalue()
+
+
+MOTIF = motif()
+
+
+class Gate:
+    """Makes the worker's running batch (create_app's `decoder=`): a DecodeBatch whose decoding steps wait at
+    the gate until it is opened (or until every live job should stop, so deadlines and disconnects still end
+    it), then really run. Records the results of the jobs that finish."""
+
+    def __init__(self, open_: bool = True):
+        self.opened = threading.Event()
+        self.entered = threading.Event()
+        self.results: list = []
+        if open_:
+            self.opened.set()
+
+    def hold(self) -> None:
+        """Close the gate and forget what passed it so far (the warm-up)."""
+        self.opened.clear()
+        self.entered.clear()
+        self.results.clear()
+
+    def __call__(self, model, codec, max_rows, **options):
+        gate = self
+
+        class Gated(DecodeBatch):
+            def step(self, should_stop=None):
+                gate.entered.set()
+                while not gate.opened.wait(0.01):
+                    if should_stop is not None and all(should_stop(j) for j in self.live_jobs):
+                        break
+                finished = super().step(should_stop)
+                gate.results += [result for _, result in finished]
+                return finished
+
+        return Gated(model, codec, max_rows, **options)
+
+
+@contextlib.contextmanager
+def serve(checkpoint, *, decoder=None, wait_ready: bool = True, raise_errors: bool = True, **overrides):
+    overrides.setdefault("engine", "thread")  # fast to start; the engine process has its own tests
+    app = create_app(Settings(checkpoint=checkpoint, **overrides), decoder=decoder)
+    with TestClient(app, raise_server_exceptions=raise_errors) as client:
+        service = app.state.service
+        if wait_ready:
+            assert service.worker.ready.wait(60), service.worker.failed
+        yield client, service
+
+
+def post(client: TestClient, data: bytes = MOTIF, json: bool = False, **fields) -> httpx.Response:
+    headers = {"accept": "application/json"} if json else {}
+    return client.post(
+        "/v1/continuations", files={"file": ("motif.mid", data, "audio/midi")}, data=fields, headers=headers
+    )
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def metric(service, name: str, **labels) -> float:
+    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return body["error"]
+
+
+def concurrently(fn, n: int) -> list:
+    results: list = [None] * n
+
+    def run(i: int) -> None:
+        results[i] = fn(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+class Broken(DecodeBatch):
+    """Admission fails for primers over 40 tokens (the warm-up's is shorter)."""
+
+    def admit(self, jobs):
+        if any(len(primer.tokens) > 40 for primer, _ in jobs):
+            raise RuntimeError("boom")
+        return super().admit(jobs)
+
+
+def post_then_leave(client: TestClient, fields: dict, leave: Callable[[], bool]) -> list:
+    """POST a continuation straight to the ASGI app, the client going away once `leave()` is true after its
+    body was sent (TestClient itself cannot disconnect). Returns the ASGI messages the app sent."""
+    request = httpx.Request("POST", "http://test/v1/continuations", files={"file": ("m.mid", MOTIF)},
+                            data=fields)  # fmt: skip
+    body = request.read()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/continuations", "raw_path": b"/v1/continuations",
+        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("test", 80),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
+    }  # fmt: skip
+    messages: list = []
+
+    async def call_and_leave() -> None:
+        import anyio
+
+        sent = False
+
+        async def receive():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            while not leave():
+                await anyio.sleep(0.005)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            messages.append(message)
+
+        await client.app(scope, receive, send)
+
+    client.portal.call(call_and_leave)
+    return messages

@@ -20,8 +20,18 @@ from server.admission import Admission, DrainMeter
 from server.errors import ApiError
 from server.metrics import Metrics
 from server.settings import Settings
-from tests.server.conftest import start_server
-from tests.server.test_api import FAST, MOTIF, Gate, error_of, metric, post, serve, wait_for
+from tests.server.conftest import (
+    FAST,
+    MOTIF,
+    Gate,
+    concurrently,
+    error_of,
+    metric,
+    post,
+    serve,
+    start_server,
+    wait_for,
+)
 
 BOUNDARY = "b0undary"
 
@@ -215,7 +225,7 @@ def test_a_full_queue_refuses_before_reading_the_upload(tiny_checkpoint):
         assert gate.entered.wait(10)  # one generating...
         threads.append(threading.Thread(target=post, args=(client,), kwargs=FAST))
         threads[1].start()
-        wait_for(lambda: service.batcher.queue_depth == 1)  # ...and one queued: the queue is full
+        wait_for(lambda: service.worker.queue_depth == 1)  # ...and one queued: the queue is full
         reads = 0
 
         async def counting_receive():
@@ -380,8 +390,8 @@ def test_a_cold_burst_is_told_the_time_to_parse_and_generate_what_is_ahead():
 def test_the_service_calibrates_its_parse_speed_and_prices_the_uploads_it_admitted(
     tiny_checkpoint, monkeypatch, real_midi_files
 ):
-    from musicrel.codec import EventCodec
-    from musicrel.primer import prepare_primer
+    from musicrel.generation.primer import prepare_primer
+    from musicrel.midi.codec import EventCodec
     from server import continuations
 
     release = threading.Event()
@@ -577,16 +587,10 @@ def test_extreme_but_valid_sampling_fails_no_request_of_its_batch(tiny_checkpoin
     decoding step failed every request of the batch with a 500 (schemathesis found it)."""
     with serve(tiny_checkpoint, batch_window_ms=1500) as (client, _):
         fields = [{"temperature": "1e-45"}, {"top_p": "1e-46"}, {}]
-        responses = _together(lambda i: post(client, json=True, seconds="1", seed=str(i), **fields[i]), 3)
+        responses = concurrently(lambda i: post(client, json=True, seconds="1", seed=str(i), **fields[i]), 3)
         assert [r.status_code for r in responses] == [200, 200, 200], [r.text for r in responses]
         assert max(r.json()["batch"]["requests"] for r in responses) > 1  # they really shared a batch
         assert all(r.json()["new_tokens"] > 0 for r in responses)
-
-
-def _together(fn, n: int) -> list:
-    from tests.server.test_api import _concurrently
-
-    return _concurrently(fn, n)
 
 
 # ---- faults ----------------------------------------------------------------------------------------------

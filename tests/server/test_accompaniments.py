@@ -13,7 +13,7 @@ import pretty_midi
 import pytest
 from fastapi.testclient import TestClient
 
-from musicrel.accompaniment import ACCOMPANIMENT_NAME
+from musicrel.generation.accompaniment import ACCOMPANIMENT_NAME
 from tests.server.test_api import error_of, metric, serve
 
 FIELDS = {"seed": "7"}

@@ -4,12 +4,10 @@ forms, micro-batching, back-pressure, deadlines, disconnects and draining."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import io
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pretty_midi
@@ -18,101 +16,27 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from musicrel.batch import DecodeBatch
-from server.app import create_app
+from musicrel.generation.decode_batch import DecodeBatch
 from server.settings import Settings
+from tests.server.conftest import (
+    FAST,
+    MOTIF,
+    Broken,
+    Gate,
+    concurrently,
+    error_of,
+    metric,
+    motif,
+    post,
+    post_then_leave,
+    serve,
+    wait_for,
+)
 
-FAST = {"seconds": "0.3", "seed": "7"}  # a short continuation keeps each generation cheap on the tiny model
 MIDI_CODES = {
     "not_midi", "truncated", "bad_data_byte", "bad_event", "no_notes", "smpte_division", "zero_division",
     "too_large", "too_many_tracks", "too_many_events", "too_long", "no_such_track",
 }  # fmt: skip
-
-
-def motif(n_notes: int = 16, programs: tuple[int, ...] = (0,)) -> bytes:
-    """A small pretty_midi-written file: one rising line per program."""
-    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
-    for k, program in enumerate(programs):
-        inst = pretty_midi.Instrument(program=program)
-        for i in range(n_notes):
-            inst.notes.append(pretty_midi.Note(70 + 5 * k, 48 + 12 * k + i % 12, i * 0.2, i * 0.2 + 0.18))
-        pm.instruments.append(inst)
-    buffer = io.BytesIO()
-    pm.write(buffer)
-    return buffer.getvalue()
-
-
-MOTIF = motif()
-
-
-class Gate:
-    """Makes the worker's running batch (create_app's `decoder=`): a DecodeBatch whose decoding steps wait at
-    the gate until it is opened (or until every live job should stop, so deadlines and disconnects still end
-    it), then really run. Records the results of the jobs that finish."""
-
-    def __init__(self, open_: bool = True):
-        self.opened = threading.Event()
-        self.entered = threading.Event()
-        self.results: list = []
-        if open_:
-            self.opened.set()
-
-    def hold(self) -> None:
-        """Close the gate and forget what passed it so far (the warm-up)."""
-        self.opened.clear()
-        self.entered.clear()
-        self.results.clear()
-
-    def __call__(self, model, codec, max_rows, **options):
-        gate = self
-
-        class Gated(DecodeBatch):
-            def step(self, should_stop=None):
-                gate.entered.set()
-                while not gate.opened.wait(0.01):
-                    if should_stop is not None and all(should_stop(j) for j in self.live_jobs):
-                        break
-                finished = super().step(should_stop)
-                gate.results += [result for _, result in finished]
-                return finished
-
-        return Gated(model, codec, max_rows, **options)
-
-
-@contextlib.contextmanager
-def serve(checkpoint, *, decoder=None, wait_ready: bool = True, raise_errors: bool = True, **overrides):
-    overrides.setdefault("engine", "thread")  # fast to start; the engine process has its own tests
-    app = create_app(Settings(checkpoint=checkpoint, **overrides), decoder=decoder)
-    with TestClient(app, raise_server_exceptions=raise_errors) as client:
-        service = app.state.service
-        if wait_ready:
-            assert service.batcher.ready.wait(60), service.batcher.failed
-        yield client, service
-
-
-def post(client: TestClient, data: bytes = MOTIF, json: bool = False, **fields) -> httpx.Response:
-    headers = {"accept": "application/json"} if json else {}
-    return client.post(
-        "/v1/continuations", files={"file": ("motif.mid", data, "audio/midi")}, data=fields, headers=headers
-    )
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
-def metric(service, name: str, **labels) -> float:
-    return service.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-def error_of(response: httpx.Response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"}, body
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    return body["error"]
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +63,7 @@ def test_health_ready_docs(client):
 
 
 def test_model_info(client, tiny_checkpoint):
-    from musicrel.codec import EventCodec
+    from musicrel.midi.codec import EventCodec
 
     info = client.get("/v1/model").json()
     assert info["sha256"] == hashlib.sha256((tiny_checkpoint / "model.safetensors").read_bytes()).hexdigest()
@@ -385,25 +309,11 @@ def test_oversize_upload_is_413_before_parsing(tiny_checkpoint):
 # ---- load: micro-batching, queue, deadline, disconnect, drain ------------------------------------
 
 
-def _concurrently(fn, n: int) -> list:
-    results: list = [None] * n
-
-    def run(i: int) -> None:
-        results[i] = fn(i)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results
-
-
 def test_concurrent_requests_share_batches(tiny_checkpoint):
     n = 6
     with serve(tiny_checkpoint, batch_window_ms=1500, max_batch_rows=16) as (client, service):
         batches_before = metric(service, "musicrel_batches_total")
-        responses = _concurrently(lambda i: post(client, json=True, seconds="0.3", seed=str(i)), n)
+        responses = concurrently(lambda i: post(client, json=True, seconds="0.3", seed=str(i)), n)
         assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
         batches = metric(service, "musicrel_batches_total") - batches_before
         assert metric(service, "musicrel_batched_jobs_total") == n
@@ -425,7 +335,7 @@ def test_queue_full_is_429_and_deadline_is_504(tiny_checkpoint):
         second: dict = {}
         queued = threading.Thread(target=lambda: second.update(r=post(client, **FAST)))
         queued.start()
-        wait_for(lambda: service.batcher.queue_depth == 1)
+        wait_for(lambda: service.worker.queue_depth == 1)
         # ... the second fills the queue, so a third is turned away at once.
         response = post(client, **FAST)
         assert response.status_code == 429 and error_of(response)["code"] == "queue_full"
@@ -441,43 +351,6 @@ def test_queue_full_is_429_and_deadline_is_504(tiny_checkpoint):
         assert gate.results[-1].stopped and gate.results[-1].new_tokens == 0
         gate.opened.set()
         assert post(client, **FAST).status_code == 200  # the service carries on
-
-
-def post_then_leave(client: TestClient, fields: dict, leave: Callable[[], bool]) -> list:
-    """POST a continuation straight to the ASGI app, the client going away once `leave()` is true after its
-    body was sent (TestClient itself cannot disconnect). Returns the ASGI messages the app sent."""
-    request = httpx.Request("POST", "http://test/v1/continuations", files={"file": ("m.mid", MOTIF)},
-                            data=fields)  # fmt: skip
-    body = request.read()
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": "/v1/continuations", "raw_path": b"/v1/continuations",
-        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("test", 80),
-        "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
-    }  # fmt: skip
-    messages: list = []
-
-    async def call_and_leave() -> None:
-        import anyio
-
-        sent = False
-
-        async def receive():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            while not leave():
-                await anyio.sleep(0.005)
-            return {"type": "http.disconnect"}
-
-        async def send(message):
-            messages.append(message)
-
-        await client.app(scope, receive, send)
-
-    client.portal.call(call_and_leave)
-    return messages
 
 
 def test_client_disconnect_stops_generation(tiny_checkpoint):
@@ -504,7 +377,7 @@ def test_not_ready_until_warm(tiny_checkpoint):
         assert refused.status_code == 503 and error_of(refused)["code"] == "not_ready"
         assert "retry-after" in refused.headers
         gate.opened.set()
-        assert service.batcher.ready.wait(30)
+        assert service.worker.ready.wait(30)
         assert client.get("/readyz").status_code == 200
 
 
@@ -516,15 +389,6 @@ def test_draining_refuses_new_work(tiny_checkpoint):
         refused = post(client, **FAST)
         assert refused.status_code == 503 and error_of(refused)["code"] == "draining"
         assert client.get("/healthz").status_code == 200
-
-
-class Broken(DecodeBatch):
-    """Admission fails for primers over 40 tokens (the warm-up's is shorter)."""
-
-    def admit(self, jobs):
-        if any(len(primer.tokens) > 40 for primer, _ in jobs):
-            raise RuntimeError("boom")
-        return super().admit(jobs)
 
 
 def test_unexpected_failure_is_json_500(tiny_checkpoint):
@@ -541,7 +405,7 @@ def test_a_job_that_fails_admission_fails_alone(tiny_checkpoint):
         service,
     ):
         data = [short, MOTIF, short]
-        responses = _concurrently(lambda i: post(client, data[i], json=True, seconds="0.3", seed=str(i)), 3)
+        responses = concurrently(lambda i: post(client, data[i], json=True, seconds="0.3", seed=str(i)), 3)
         assert [r.status_code for r in responses] == [200, 500, 200], [r.text for r in responses]
         assert metric(service, "musicrel_batched_jobs_total") == 2  # the good two (warm-up is not counted)
         assert sorted(responses[i].json()["seed"] for i in (0, 2)) == [0, 2]
@@ -562,7 +426,7 @@ def test_a_request_joins_the_running_batch(tiny_checkpoint):
         second: dict = {}
         joining = threading.Thread(target=lambda: second.update(r=post(client, json=True, **FAST)))
         joining.start()
-        wait_for(lambda: service.batcher.queue_depth == 1)
+        wait_for(lambda: service.worker.queue_depth == 1)
         gate.opened.set()
         joining.join(30)
         running.join(60)
@@ -610,11 +474,11 @@ def test_torch_threads_apply_in_the_generation_thread(tiny_checkpoint, threads):
 
 
 def test_auto_torch_threads_are_chosen_in_the_generation_thread(tiny_checkpoint, monkeypatch):
-    """The default: the worker asks musicrel.threads, for its batch's rows, keeping a CPU for requests."""
+    """The default: the worker asks generation.threads, for its batch's rows, keeping a CPU for requests."""
     import torch
 
-    import server.batcher as batcher
-    from musicrel.threads import ThreadChoice
+    import server.worker as worker
+    from musicrel.generation.threads import ThreadChoice
 
     asked: list = []
 
@@ -622,8 +486,8 @@ def test_auto_torch_threads_are_chosen_in_the_generation_thread(tiny_checkpoint,
         asked.append((threading.current_thread().name, rows, reserve))
         return ThreadChoice(3, 4.0, 0.5, rows, reserve)
 
-    monkeypatch.setattr(batcher, "choose_threads", choose)
-    monkeypatch.setattr(batcher, "cpu_budget", lambda: 4.0)
+    monkeypatch.setattr(worker, "choose_threads", choose)
+    monkeypatch.setattr(worker, "cpu_budget", lambda: 4.0)
     seen: list = []
 
     def decoder(model, codec, max_rows, **options):
@@ -643,7 +507,7 @@ def test_samples_report_what_they_copied_when_the_checkpoint_ships_a_novelty_ind
 ):
     import shutil
 
-    from musicrel.novelty import INDEX_FILE, NoveltyIndex
+    from musicrel.evaluation.novelty import INDEX_FILE, NoveltyIndex
 
     plain = post(client, json=True, seed=11, seconds=6).json()
     assert plain["samples"][0]["novelty"] is None
@@ -780,7 +644,7 @@ def test_bad_control_is_refused_before_the_upload_is_parsed(client):
 
 
 def test_model_info_lists_the_general_midi_names_the_page_offers(client):
-    from musicrel.controls import gm_program_names
+    from musicrel.generation.controls import gm_program_names
 
     programs = client.get("/v1/model").json()["programs"]
     assert programs == gm_program_names() and len(programs) == 128

@@ -4,7 +4,7 @@ operation, positive and negative); `musicrel bench reliability --fuzz-api` is th
 
 A schema cannot say "a Standard MIDI File": positive cases upload a real motif (with the generated fields),
 so any refusal is a failure; negative cases send what schemathesis makes of the file. The
-bytes themselves are fuzzed by tests/musicrel/test_parser_fuzz.py.
+bytes themselves are fuzzed by tests/musicrel/midi/test_parser_fuzz.py.
 
 schemathesis' pytest plugin breaks on pytest 9 (`Function._nodeid`), so its strategies are driven with plain
 hypothesis here."""
@@ -25,7 +25,7 @@ from schemathesis.core.failures import FailureGroup
 
 from server.app import create_app
 from server.settings import Settings
-from tests.server.test_api import MOTIF
+from tests.server.conftest import MOTIF
 
 # Per operation and mode: about 45 s for the file on 2 shared cores. The long run sets more
 # (`musicrel bench reliability --fuzz-api N`).

@@ -10,9 +10,9 @@ import pytest
 
 from musicrel.errors import GenerationError, InvalidMidiError
 from server.engine import MAX_RESTARTS, _picklable
-from tests.server.test_api import (
+from tests.server.conftest import (
     FAST,
-    _concurrently,
+    concurrently,
     error_of,
     metric,
     post,
@@ -24,7 +24,7 @@ from tests.server.test_api import (
 
 def started(service) -> bool:
     """Whether a job the engine runs has begun decoding (the engine reported it)."""
-    return any(job.started_at for job in list(service.batcher._jobs.values()))
+    return any(job.started_at for job in list(service.worker._jobs.values()))
 
 
 def test_errors_cross_the_pipe_with_their_code():
@@ -58,7 +58,7 @@ def test_engine_process_answers_like_the_thread_engine(tiny_checkpoint):
             )
             assert body["timings"]["generation_ms"] > 0 and body["timings"]["queue_ms"] >= 0
         if engine == "process":
-            assert service.batcher._process.returncode == 0  # stopped cleanly with the app
+            assert service.worker._process.returncode == 0  # stopped cleanly with the app
     assert answers["process"] == answers["thread"]
 
 
@@ -72,12 +72,12 @@ def test_engine_queue_bound_is_kept_by_the_server(tiny_checkpoint):
         first: dict = {}
         waiting = threading.Thread(target=lambda: first.update(r=post(client, **FAST)))
         waiting.start()
-        wait_for(lambda: service.batcher.queue_depth == 1)
+        wait_for(lambda: service.worker.queue_depth == 1)
         response = post(client, **FAST)
         assert response.status_code == 429 and error_of(response)["code"] == "queue_full"
         waiting.join(60)
         assert first["r"].status_code == 200
-        assert service.batcher.queue_depth == 0
+        assert service.worker.queue_depth == 0
         assert metric(service, "musicrel_queue_depth") == 0
 
 
@@ -86,7 +86,7 @@ def test_concurrent_requests_share_the_engine_batch(tiny_checkpoint):
         client,
         service,
     ):
-        responses = _concurrently(lambda i: post(client, json=True, seconds="0.3", seed=str(i)), 4)
+        responses = concurrently(lambda i: post(client, json=True, seconds="0.3", seed=str(i)), 4)
         assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
         assert sorted(r.json()["seed"] for r in responses) == [0, 1, 2, 3]
         assert max(r.json()["batch"]["requests"] for r in responses) > 1
@@ -114,13 +114,13 @@ def test_a_dead_engine_fails_its_requests_and_is_replaced(tiny_checkpoint):
         running = threading.Thread(target=lambda: result.update(r=post(client, seconds="600")))
         running.start()
         wait_for(lambda: started(service), 30)
-        first = service.batcher._process
+        first = service.worker._process
         first.kill()  # as the OOM killer would
         running.join(30)
         assert result["r"].status_code == 503 and "engine" in error_of(result["r"])["message"]
         assert client.get("/healthz").status_code == 200  # alive: a new engine is starting
         wait_for(lambda: client.get("/readyz").status_code == 200, 60)
-        assert service.batcher._process is not first and first.returncode == -9
+        assert service.worker._process is not first and first.returncode == -9
         assert post(client, **FAST).status_code == 200
 
 
@@ -128,12 +128,12 @@ def test_an_engine_that_keeps_dying_fails_liveness(tiny_checkpoint):
     with serve(tiny_checkpoint, engine="process") as (client, service):
         killed: list = []
         for _ in range(MAX_RESTARTS + 1):  # each replacement dies before it is ready
-            wait_for(lambda: service.batcher._process not in killed, 30)
-            process = service.batcher._process
+            wait_for(lambda: service.worker._process not in killed, 30)
+            process = service.worker._process
             process.kill()
             killed.append(process)
-        wait_for(lambda: service.batcher.failed is not None, 30)
-        assert service.batcher._process in killed  # no engine after the last death
+        wait_for(lambda: service.worker.failed is not None, 30)
+        assert service.worker._process in killed  # no engine after the last death
         for route in ("/healthz", "/readyz"):
             response = client.get(route)
             assert response.status_code == 503 and "times in a row" in error_of(response)["message"]
@@ -148,11 +148,11 @@ def test_an_engine_that_cannot_load_says_why(tiny_checkpoint):
         pytest.skip("needs a machine without CUDA: the engine must fail to load on device cuda")
     # The server's own copy loads on the CPU; the engine's, on the configured device, cannot.
     with serve(tiny_checkpoint, engine="process", device="cuda", wait_ready=False) as (client, service):
-        wait_for(lambda: service.batcher.failed is not None, 60)
+        wait_for(lambda: service.worker.failed is not None, 60)
         response = client.get("/readyz")
         assert response.status_code == 503
         assert "loading the checkpoint failed" in error_of(response)["message"]
-        assert not service.batcher.ready.is_set()
+        assert not service.worker.ready.is_set()
 
 
 def test_a_client_that_leaves_frees_its_row_for_the_next_request(tiny_checkpoint):
@@ -183,11 +183,39 @@ def test_a_dead_engine_fails_only_the_requests_it_was_decoding(tiny_checkpoint):
         wait_for(lambda: started(service), 30)
         queued = threading.Thread(target=lambda: answers.update(b=post(client, json=True, **FAST)))
         queued.start()
-        wait_for(lambda: service.batcher.queue_depth == 1, 30)
-        first = service.batcher._process
+        wait_for(lambda: service.worker.queue_depth == 1, 30)
+        first = service.worker._process
         first.kill()
         running.join(30)
         queued.join(90)
         assert answers["a"].status_code == 503 and "engine" in error_of(answers["a"])["message"]
         assert answers["b"].status_code == 200, answers["b"].text
-        assert service.batcher._process is not first and service.batcher.queue_depth == 0
+        assert service.worker._process is not first and service.worker.queue_depth == 0
+
+
+def test_the_pipe_carries_typed_messages_and_tokens_not_midi():
+    """Every message is a dataclass that pickles as it is sent; a finished job crosses as its tokens (the
+    server renders them)."""
+    import pickle
+
+    import numpy as np
+
+    from musicrel.generation.decode_batch import ContinuationResult
+    from server.jobs import Finished, Progress, Started
+    from server.messages import CancelJob, JobUpdate, MetricUpdate, Ready, Stop, SubmitJob
+
+    result = ContinuationResult(
+        tokens=[np.arange(5)], seed=3, primer_tokens=4, new_tokens=5, seconds=0.1, timings={"decode": 0.0}
+    )
+    messages = [
+        SubmitJob(1, None, None, 2.0, stream=True), CancelJob(1, "disconnected"), Stop(None), Ready(),
+        JobUpdate(1, Started(1.0)), JobUpdate(1, Progress([[1, 2]])),
+        MetricUpdate("stopped", ("x",), "inc", ()),
+        JobUpdate(1, Finished(result), {"stop_reason": None}),
+    ]  # fmt: skip
+    for message in messages:
+        again = pickle.loads(pickle.dumps(message))
+        assert type(again) is type(message)
+    sent = pickle.loads(pickle.dumps(messages[-1]))
+    assert [t.tolist() for t in sent.event.result.tokens] == [[0, 1, 2, 3, 4]]
+    assert not hasattr(sent.event.result, "midis")

@@ -7,7 +7,7 @@ import json
 import pretty_midi
 import pytest
 
-from musicrel.codec import EventCodec
+from musicrel.midi.codec import EventCodec
 from server.examples import EXAMPLES, EXAMPLES_DIR, build_examples
 
 MAX_EXAMPLE_BYTES = 20_000

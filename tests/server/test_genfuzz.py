@@ -9,7 +9,7 @@ import os
 import pytest
 
 from server import genfuzz
-from tests.server.test_api import serve
+from tests.server.conftest import serve
 
 CASES = int(os.environ.get("MUSICREL_GENFUZZ_CASES", "60"))
 

@@ -11,8 +11,7 @@ import time
 import httpx
 import pretty_midi
 
-from tests.server.conftest import start_server
-from tests.server.test_api import MOTIF
+from tests.server.conftest import MOTIF, start_server
 
 
 def test_live_continuation_of_a_shared_file(live_server, real_midi_files):

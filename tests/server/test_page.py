@@ -166,13 +166,13 @@ def test_every_menu_choice_is_accepted_by_the_library(form_inputs, name):
 def test_the_key_menu_offers_off_auto_and_every_major_and_minor_key(form_inputs):
     values = [value for value, _ in form_inputs["key"]["options"]]
     assert values[:2] == ["", "auto"]
-    from musicrel.controls import parse_key
+    from musicrel.generation.controls import parse_key
 
     assert len({parse_key(v) for v in values[2:]}) == 24
 
 
 def test_the_instrument_menu_starts_at_the_motifs_and_is_filled_from_the_api(form_inputs):
-    """The 128 names come from /v1/model (`programs`, musicrel.controls.gm_program_names), not a copy here."""
+    """The 128 names come from /v1/model (`programs`, controls.gm_program_names), not a copy here."""
     assert form_inputs["program"]["options"] == [["", "the motif's"]]
     assert "info.programs" in (STATIC_DIR / "app.js").read_text()
 

@@ -255,7 +255,7 @@ C_MAJOR = {0, 2, 4, 5, 7, 9, 11}
 def test_steer_key_only_range_and_instrument_hold_in_the_streamed_notes(page, motif_file):
     """The Steer section's key "only", range and instrument reach the model: every note heard live and every
     note of the result is in C major, in 60-72, and played by the chosen program."""
-    from musicrel.controls import gm_program_names
+    from musicrel.generation.controls import gm_program_names
 
     page.wait_for_function("document.querySelectorAll('#program option').length > 1")
     names = page.eval_on_selector_all("#program option", "os => os.slice(1).map(o => o.textContent)")

@@ -13,10 +13,10 @@ from musicrel.errors import CheckpointError
 def sharded(tmp_path):
     import torch
 
-    from musicrel.checkpoint import save_model
-    from musicrel.codec import EventCodec
-    from musicrel.config import ModelConfig
-    from musicrel.model import MusicTransformer
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
 
     torch.manual_seed(0)
     config = ModelConfig(

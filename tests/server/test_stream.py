@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.streams import MEDIA_TYPE
-from tests.server.test_api import MOTIF, Broken, Gate, error_of, metric, motif, serve, wait_for
+from tests.server.conftest import MOTIF, Broken, Gate, error_of, metric, motif, serve, wait_for
 
 PATH = "/v1/continuations/stream"
 FIELDS = {"seconds": "1", "seed": "11", "num_samples": "2"}
@@ -172,7 +172,7 @@ def test_notes_arrive_while_generating_and_leaving_frees_the_rows(tiny_checkpoin
         wait_for(lambda: gate.results and gate.results[-1].stopped)
         result = gate.results[-1]
         assert 0 < result.new_tokens < 60 * 20  # stopped long before 60 s of music
-        assert batches[-1].rows == [] and service.batcher.queue_depth == 0
+        assert batches[-1].rows == [] and service.worker.queue_depth == 0
         assert metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1
         assert events_of(stream(client, seconds="0.3"))[-1]["type"] == "result"  # the service carries on
 
@@ -228,7 +228,7 @@ def test_the_plain_endpoints_limits_apply(tiny_checkpoint):
         assert gate.entered.wait(10)  # the first stream holds the worker's only row...
         second = threading.Thread(target=lambda: held.update(q=stream(client, seconds="0.3", seed="2")))
         second.start()
-        wait_for(lambda: service.batcher.queue_depth == 1)  # ...the second fills the queue...
+        wait_for(lambda: service.worker.queue_depth == 1)  # ...the second fills the queue...
         refused = stream(client, seconds="0.3")  # ...so a third is refused before its upload is read
         assert refused.status_code == 429 and error_of(refused)["code"] == "queue_full"
         assert int(refused.headers["retry-after"]) >= 1

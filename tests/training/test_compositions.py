@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pretty_midi
 
-from musicrel.codec import EventCodec
+from musicrel.midi.codec import EventCodec
 from training.compositions import containment, group_versions, shingles
 
 CODEC = EventCodec()

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from musicrel.codec import EventCodec
+from musicrel.midi.codec import EventCodec
 from training.data import CropDataset, ResumableLoader, ResumableSampler, WindowDataset, augment
 
 CODEC = EventCodec()

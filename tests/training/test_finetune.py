@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from musicrel.checkpoint import load_model, save_model, weights_sha256
 from musicrel.cli import main
-from musicrel.codec import CodecConfig, EventCodec
-from musicrel.config import ModelConfig
 from musicrel.errors import ConfigError
-from musicrel.model import MusicTransformer
+from musicrel.midi.codec import CodecConfig, EventCodec
+from musicrel.model.checkpoint import load_model, save_model, weights_sha256
+from musicrel.model.config import ModelConfig
+from musicrel.model.transformer import MusicTransformer
 from training.finetune import FinetuneConfig, build_module, finetune
 from training.prepare import prepare
 

@@ -80,18 +80,28 @@ def test_the_pack_folder_is_git_ignored():
 
 def test_package_list_logic():
     graph = {
-        "musicrel": ["torch>=2", "lightning", "fastapi", "midi[extra1]", "music21; extra == 'corpus'"],
+        "musicrel": [
+            "torch>=2",
+            "midi[extra1]",
+            "lightning; extra == 'train'",
+            "fastapi",
+            "fastapi; extra == 'serve'",
+            "datasketch; extra == 'train'",
+            "music21; extra == 'corpus'",
+        ],  # fmt: skip
         "torch": ["typing-extensions", "filelock"],
         "lightning": ["torch", "pyyaml", "tqdm"],
         "midi": ["six", "old-backport; python_version < '3.11'", "plugin; extra == 'extra1'"],
         "plugin": ["typing_extensions", "protobuf; sys_platform == 'linux'"],
         "fastapi": ["starlette"],
         **{n: [] for n in ("typing-extensions", "filelock", "pyyaml", "tqdm", "six", "protobuf")},
+        "datasketch": [],
     }
-    # the server's packages are left out; markers are those of the GPU machine (python 3.12, linux);
+    # the train extra is in, the server's packages (an extra, or a core dependency of older metadata) and the
+    # other extras are left out; markers are those of the GPU machine (python 3.12, linux);
     # what torch and lightning bring (typing-extensions, pyyaml, tqdm) is there already
     requires = lambda name: graph.get(normalize(name))  # noqa: E731 (as metadata, by normalized name)
-    assert missing_on_gpu(requires) == ["midi", "plugin", "protobuf", "six"]
+    assert missing_on_gpu(requires) == ["datasketch", "midi", "plugin", "protobuf", "six"]
     del graph["six"]
     with pytest.raises(MusicrelError, match="six") as exc:
         missing_on_gpu(requires)
@@ -108,9 +118,9 @@ def test_gpu_configs_state_their_parameter_counts():
     """The counts written in configs/gpu-*.yaml are those of the real model at each context."""
     import yaml
 
-    from musicrel.codec import EventCodec
-    from musicrel.config import ModelConfig
-    from musicrel.model import MusicTransformer
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
 
     base = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())
     assert base["trainer"]["precision"] == "bf16-mixed" and base["model"]["compile"] is True
@@ -120,8 +130,7 @@ def test_gpu_configs_state_their_parameter_counts():
         text = path.read_text()
         stated = re.findall(r"([\d,]+) at (?:max_seq_len )?(\d+)", text)
         assert [int(ctx) for _, ctx in stated] == [512, 1024, 2048], path
-        model = {**base["model"], **yaml.safe_load(text)["model"]}
-        fields = {k: v for k, v in model.items() if k in ModelConfig.__dataclass_fields__}
+        fields = {**base["model"].get("config", {}), **yaml.safe_load(text)["model"]["config"]}
         for count, ctx in stated:
             cfg = ModelConfig(vocab_size=EventCodec().vocab_size, **{**fields, "max_seq_len": int(ctx)})
             with torch.device("meta"):
@@ -155,15 +164,16 @@ def _block_server_packages(folder: Path) -> set[str]:
 CPU_TINY = [
     "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--model.compile", "false",
     "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
-    "--model.n_layers", "2", "--model.d_model", "32", "--model.n_heads", "2", "--model.d_ff", "64",
+    "--model.config.n_layers", "2", "--model.config.d_model", "32", "--model.config.n_heads", "2",
+    "--model.config.d_ff", "64",
     "--model.warmup_steps", "1", "--model.decay_steps", "2",
     "--data.batch_size", "2", "--data.examples_per_epoch", "8", "--data.num_workers", "1",
 ]  # fmt: skip
 
 
 def test_run_sh_trains_exports_and_loads_on_a_cpu(tiny_data, tmp_path):
-    from musicrel.checkpoint import load_codec, load_model
-    from musicrel.generate import generate
+    from musicrel.generation.decode import generate
+    from musicrel.model.checkpoint import load_codec, load_model
 
     pack = tmp_path / "pack"
     pack_gpu(tiny_data, pack, wheels=False)

@@ -7,9 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
-from musicrel.codec import EventCodec
+from musicrel.data.prepared import load_split
 from musicrel.errors import ConfigError
-from training.prepare import assign_splits, codec_hash, load_split, prepare, split_of
+from musicrel.midi.codec import EventCodec
+from training.prepare import assign_splits, codec_hash, prepare, split_of
 
 SMALL = ("6338816_Etude_No._4.mid", "POP909_008.mid", "POP909_010.mid")
 
@@ -69,7 +70,7 @@ def test_rerun_does_no_work(small_sources, tmp_path):
 
 
 def test_other_codec_settings_do_not_reuse_the_cache(small_sources, tmp_path):
-    from musicrel.codec import CodecConfig
+    from musicrel.midi.codec import CodecConfig
 
     out = tmp_path / "data"
     prepare([small_sources / "POP909_008.mid"], out, workers=1, progress=False)

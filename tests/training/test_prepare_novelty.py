@@ -9,10 +9,11 @@ import shutil
 import numpy as np
 import pytest
 
-from musicrel.codec import EventCodec
-from musicrel.novelty import NoveltyIndexError, load_index
+from musicrel.data.prepared import load_split
+from musicrel.evaluation.novelty import NoveltyIndexError, load_index
+from musicrel.midi.codec import EventCodec
 from tests.training.conftest import write_pattern_midi
-from training.prepare import load_split, prepare
+from training.prepare import prepare
 
 
 def test_prepare_writes_a_novelty_index_of_the_train_split(pattern_midi_dir, tmp_path):

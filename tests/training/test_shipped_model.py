@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from musicrel.checkpoint import load_codec, load_model
+from musicrel.model.checkpoint import load_codec, load_model
 from training.evaluate import score_stream
 
 SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "default"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from musicrel.checkpoint import load_codec, load_model
 from musicrel.cli import main
+from musicrel.model.checkpoint import load_codec, load_model
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -136,7 +136,7 @@ def test_train_help_is_lightning_cli_help(capsys, monkeypatch):
     assert exc.value.code == 0
     captured = capsys.readouterr()
     out = captured.out
-    assert "--trainer.max_steps" in out and "--model.n_layers" in out and "--data.data_dir" in out
+    assert "--trainer.max_steps" in out and "--model.config.n_layers" in out and "--data.data_dir" in out
     assert "musicrel train: " in captured.err and "CPUs available" in captured.err  # the threads it chose
 
 
@@ -156,18 +156,19 @@ def test_init_from_starts_from_a_model_folder_and_refuses_another_shape(runs, tm
     hp = {k: v for k, v in _load(a / "checkpoints" / "last.ckpt")["hyper_parameters"].items()}
     hp = {k: v for k, v in hp.items() if not k.startswith("_")}
     base = load_model(tmp_path / "m")
-    module = MusicLM(**{**hp, "init_from": str(tmp_path / "m"), "dropout": 0.3})  # dropout may differ
+    module = MusicLM(**{**hp, "init_from": str(tmp_path / "m"), "config": {**hp["config"], "dropout": 0.3}})
     for (name, p), q in zip(module.model.state_dict().items(), base.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
     with pytest.raises(ConfigError, match=r"d_model .* there") as err:
-        MusicLM(**{**hp, "init_from": str(tmp_path / "m"), "d_model": hp["d_model"] * 2})
+        wider = {**hp["config"], "d_model": hp["config"]["d_model"] * 2}
+        MusicLM(**{**hp, "init_from": str(tmp_path / "m"), "config": wider})
     assert err.value.code == "shape_mismatch"
     other_codec = {**hp["codec"], "velocity_bins": 16}
     with pytest.raises(ConfigError) as err:
         MusicLM(**{**hp, "codec": other_codec, "init_from": str(tmp_path / "m")})
     assert err.value.code == "codec_mismatch"
     # a model with melody tokens starts from one without: every row kept, each melody row its note's
-    from musicrel.codec import CodecConfig, EventCodec
+    from musicrel.midi.codec import CodecConfig, EventCodec
 
     melody = {**hp["codec"], "melody": True, "tracks": [0, 1]}
     grown = EventCodec(CodecConfig.from_dict(melody))

@@ -1,0 +1,64 @@
+"""The `musicrel` command. Each subcommand lives in the module that owns its feature and exposes
+`register(subparsers)`, which adds its parser and sets `func(args) -> int | None` as the default."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# Set before torch starts OpenMP: how long idle workers spin before they sleep. A decode step is dozens of
+# small parallel ops with Python in between; waking sleeping workers for each (OMP_WAIT_POLICY=PASSIVE) made
+# it 2.4x slower on an idle 2-core machine, and 10,000 spins still let them fall asleep between ops, while
+# libgomp's default 300,000 starves other processes longer on a busy machine. 100,000 measured as fast as the
+# default (`musicrel bench generate`). An explicit setting wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "100000")
+
+from musicrel.errors import MusicrelError
+
+# Modules are imported for their `register`; they keep heavy imports (torch, lightning) inside handlers
+# so that `musicrel --help` stays fast.
+COMMAND_MODULES = (
+    "musicrel.cli.codec",  # encode, decode
+    "training.cli",  # corpus, prepare, train, finetune, export, pack-gpu, evaluate
+    "musicrel.cli.generate",
+    "musicrel.cli.evaluate_continuations",
+    "musicrel.cli.accompany",
+    "musicrel.cli.evaluate_accompaniments",
+    "musicrel.cli.evaluate_controls",
+    "musicrel.cli.sweep_sampling",
+    "server.cli",  # serve
+    "musicrel.bench",  # bench codec | attention | generate
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="musicrel", description="Music Transformer: MIDI in, continuation out."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MusicrelError as exc:
+        print(f"musicrel {args.command}: error [{exc.code}]: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # missing file, permission denied, disk full: one line, no traceback
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"musicrel {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"musicrel {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""`musicrel generate`: continue every motif of a file or folder.
+
+Torch and Lightning are imported inside the handlers so that `musicrel --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from musicrel.cli.args import (
+    add_control_arguments,
+    controls_from_args,
+    output_paths,
+    positive_int,
+    torch_setup,
+    write_midi,
+)
+from musicrel.cli.codec import parse_tracks
+from musicrel.midi.files import find_midi_files
+
+SUMMARY_FILE = "summary.json"
+
+
+def run_jobs(
+    model, codec, items, params, primer_seconds: float, tracks, novelty=None, motif_end: float | None = None
+) -> list[dict]:
+    """Continue the motifs of `items` ((motif path, output paths) pairs) in ONE batch; write the outputs and
+    return one record per motif. Unreadable motifs get an error record and do not stop the others. With a
+    novelty index, each sample's longest stretch shared with the training data is in the record."""
+    from musicrel.errors import MusicrelError
+    from musicrel.evaluation.novelty import novelty_report
+    from musicrel.generation.decode_batch import generate_batch
+    from musicrel.generation.primer import default_max_primer_tokens, prepare_primer, render_result
+
+    records, jobs, ready = [], [], []
+    for motif, outputs in items:
+        record = {"input": str(motif)}
+        try:
+            primer = prepare_primer(
+                codec,
+                motif,
+                primer_seconds,
+                tracks,
+                max_tokens=default_max_primer_tokens(model),
+                motif_end=motif_end,
+            )
+        except MusicrelError as exc:
+            record.update(status="error", error={"code": exc.code, "message": str(exc)})
+        except OSError as exc:
+            record.update(status="error", error={"code": "unreadable", "message": exc.strerror or str(exc)})
+        else:
+            jobs.append((primer, params))
+            ready.append((record, outputs))
+            record["primer"] = {  # what the model read of the file, and the instrument it plays on
+                "start_time": round(primer.start_time, 3),
+                "end_time": round(primer.end_time, 3),
+                "cropped": primer.cropped,
+                "program": primer.program,
+                "program_reason": primer.program_reason,
+            }
+        records.append(record)
+    if jobs:
+        results = generate_batch(model, codec, jobs)
+        for (record, outputs), (primer, _), result in zip(ready, jobs, results, strict=True):
+            midis = render_result(codec, primer, result, params.include_primer)
+            for pm, path in zip(midis, outputs, strict=True):
+                write_midi(pm, path)
+            record.update(
+                status="ok",
+                outputs=[str(p) for p in outputs],
+                seed=result.seed,
+                primer_tokens=result.primer_tokens,
+                new_tokens=result.new_tokens,
+                seconds=round(result.seconds, 3),
+                timings={k: round(v, 4) for k, v in result.timings.items()},
+            )
+            if result.controls is not None:  # what was applied to this motif (the key detected, ...)
+                record["controls"] = result.controls
+            if result.warnings:  # controls that pull apart (a chord outside the key)
+                record["warnings"] = result.warnings
+            if novelty is not None:  # the generated notes alone: the motif may itself be a training piece
+                record["novelty"] = [
+                    novelty_report(novelty, codec.decode_notes(tk))["longest_copy"] for tk in result.tokens
+                ]
+    return records
+
+
+def _lightning_predict(model, codec, todo, params, args, novelty) -> list[dict] | None:
+    """Spread the motifs over devices with Lightning's predict loop (DDP when devices > 1)."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Motifs(Dataset):
+        def __init__(self, items):
+            self.items = items
+
+        def __len__(self):
+            return len(self.items)
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+    class Generator(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def predict_step(self, batch, batch_idx):
+            return run_jobs(
+                self.model, codec, batch, params, args.primer_seconds, args.tracks, novelty, args.motif_end
+            )
+
+    loader = DataLoader(Motifs(todo), batch_size=args.batch_size, collate_fn=list, shuffle=False)
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        logger=False,
+        enable_progress_bar=not args.quiet,
+        enable_model_summary=False,
+    )
+    batches = trainer.predict(Generator(), loader) or []
+    records = [r for batch in batches for r in batch]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, records)
+        records = [r for part in gathered for r in part]
+    if not trainer.is_global_zero:
+        return None
+    # The distributed sampler may repeat a motif to even out the ranks: keep one record per input.
+    return list({r["input"]: r for r in records}.values())
+
+
+def _novelty_index(args):
+    """--novelty's index, else the one shipped beside the checkpoint, else None (not reported)."""
+    from musicrel.evaluation.novelty import INDEX_FILE, load_index
+
+    if args.novelty is not None:
+        return load_index(args.novelty)
+    return load_index(args.checkpoint) if (Path(args.checkpoint) / INDEX_FILE).is_file() else None
+
+
+def _generate(args) -> int:
+    from tqdm import tqdm
+
+    from musicrel.generation.primer import PRIMER_SECONDS
+    from musicrel.generation.sampling import SamplingParams
+    from musicrel.model.checkpoint import load_codec, load_model
+
+    # Options left out are not passed: their defaults live in SamplingParams (and PRIMER_SECONDS).
+    sampling = ("seconds", "temperature", "top_k", "top_p", "seed", "max_new_tokens")
+    params = SamplingParams(
+        num_samples=args.num_samples,
+        include_primer=args.include_primer,
+        controls=controls_from_args(args),
+        **{k: getattr(args, k) for k in sampling if getattr(args, k) is not None},
+    )
+    if args.primer_seconds is None:
+        args.primer_seconds = PRIMER_SECONDS
+    root, out = Path(args.input), Path(args.out)
+    motifs = find_midi_files(root)
+    if not motifs:
+        print(f"musicrel generate: no .mid/.midi files in {root}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    threads = torch_setup(args, rows=min(len(motifs), args.batch_size) * args.num_samples)
+    model = load_model(args.checkpoint)
+    codec = load_codec(args.checkpoint)
+    novelty = _novelty_index(args)
+    out.mkdir(parents=True, exist_ok=True)
+
+    records, todo = [], []
+    for motif in motifs:
+        outputs = output_paths(motif, root, out, args.num_samples)
+        if all(p.is_file() for p in outputs):
+            records.append({"input": str(motif), "outputs": [str(p) for p in outputs], "status": "exists"})
+        else:
+            todo.append((motif, outputs))
+
+    if args.devices is not None or args.accelerator is not None:
+        args.devices = args.devices or 1
+        args.accelerator = args.accelerator or "cpu"
+        done = _lightning_predict(model, codec, todo, params, args, novelty)
+        if done is None:
+            return 0  # a non-zero rank: rank 0 writes the summary
+    else:
+        done = []
+        with tqdm(total=len(todo), unit="motif", disable=args.quiet, file=sys.stderr) as bar:
+            for i in range(0, len(todo), args.batch_size):
+                batch = todo[i : i + args.batch_size]
+                done += run_jobs(
+                    model, codec, batch, params, args.primer_seconds, args.tracks, novelty, args.motif_end
+                )
+                bar.update(len(batch))
+    records += done
+
+    for r in records:
+        if r["status"] == "error":
+            print(f"musicrel generate: skipped {r['input']}: [{r['error']['code']}] {r['error']['message']}",
+                  file=sys.stderr)  # fmt: skip
+    counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "exists", "error")}
+    summary = {
+        "checkpoint": str(args.checkpoint),
+        "input": str(root),
+        "settings": {
+            **dataclasses.asdict(params),
+            "primer_seconds": args.primer_seconds,
+            "motif_end": args.motif_end,
+            "tracks": args.tracks,
+            "batch_size": args.batch_size,
+            "devices": args.devices,
+            "accelerator": args.accelerator,
+            "novelty_index": novelty and {"pieces": len(novelty.names), "notes": novelty.notes},
+            "threads": threads,
+        },
+        "counts": counts,
+        "seconds_total": round(time.perf_counter() - started, 3),
+        "files": sorted(records, key=lambda r: r["input"]),
+    }
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    print(
+        f"{counts['ok']} motifs continued, {counts['exists']} already done, {counts['error']} skipped "
+        f"({summary['seconds_total']} s); summary: {out / SUMMARY_FILE}"
+    )
+    return 0 if counts["ok"] + counts["exists"] > 0 else 2
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="continue every motif of a MIDI file or folder",
+        description="Continue every .mid/.midi motif of --input (recursive); writes <name>.sample<i>.mid and "
+        "summary.json to --out. Outputs that already exist are skipped, so an interrupted run resumes.",
+    )
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + model.safetensors)")
+    p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
+    p.add_argument("--out", required=True, help="output folder")
+    # Sampling options default to SamplingParams' (left out: not passed), but for two samples per motif.
+    p.add_argument("--num-samples", type=positive_int, default=2, help="continuations per motif (2)")
+    p.add_argument("--seconds", type=float, default=None, help="length of each continuation in seconds")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, saved in summary)")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="cap on tokens per continuation")
+    p.add_argument("--primer-seconds", type=float, default=None, help="seconds of the motif the model reads")
+    p.add_argument(
+        "--motif-end",
+        type=float,
+        default=None,
+        help="where each motif ends, in seconds (default: its last note)",
+    )
+    p.add_argument("--include-primer", action="store_true", help="output = motif + continuation")
+    p.add_argument(
+        "--tracks", type=parse_tracks, default="merge", help="'merge' or instrument indices, e.g. 0,2"
+    )
+    p.add_argument("--batch-size", type=positive_int, default=4, help="motifs generated together")
+    p.add_argument("--devices", type=positive_int, default=None, help="spread over N devices (Lightning)")
+    p.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "mps", "auto"], default=None)
+    p.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
+    )
+    p.add_argument(
+        "--novelty",
+        default=None,
+        help="folder holding novelty.npz (a prepared data folder) to report what each sample copied from "
+        "the training data (default: the checkpoint folder's, if it ships one)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_control_arguments(p)
+    p.set_defaults(func=_generate)

@@ -1,0 +1,68 @@
+"""`musicrel sweep-sampling`: the sampling defaults chosen by measurement (see musicrel.evaluation.sweep)."""
+
+from __future__ import annotations
+
+import argparse
+
+from musicrel.cli.args import given, positive_int, torch_setup
+
+
+def _floats(value: str) -> list[float]:
+    try:
+        return [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {value!r}") from None
+
+
+def _top_ks(value: str) -> list[int | None]:
+    out: list[int | None] = []
+    for v in (v.strip() for v in value.split(",") if v.strip()):
+        if v in ("none", "-"):
+            out.append(None)
+        elif v.isdigit() and int(v) >= 1:
+            out.append(int(v))
+        else:
+            raise argparse.ArgumentTypeError(f"top-k values are integers >= 1 or 'none', got {v!r}")
+    return out
+
+
+def _sweep(args) -> int:
+    from musicrel.evaluation.sweep import format_sweep, sweep_sampling, write_sweep
+
+    torch_setup(args)
+    options = given(
+        args, "temperatures", "top_ps", "top_ks", "split", "limit", "seeds", "motif_seconds", "seconds"
+    )
+    sweep = sweep_sampling(args.checkpoint, args.input, progress=not args.quiet, **options)
+    print(format_sweep(sweep))
+    if args.out:
+        paths = write_sweep(sweep, args.out)
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def register(subparsers) -> None:
+    s = subparsers.add_parser(
+        "sweep-sampling",
+        help="evaluate-continuations over a grid of temperature x top-p x top-k; recommends defaults",
+        description="Continue the same held-out pieces with every setting of the grid (and the current "
+        "defaults), score each piece by its mean histogram overlap with the truth, and recommend the best "
+        "setting whose density ratio is in 0.8-1.25 only if it beats the defaults piece by piece beyond the "
+        "95%% interval. Options left out take musicrel.evaluation.sweep.sweep_sampling's defaults.",
+    )
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--input", required=True, help="a prepared data folder (or a folder of MIDI files)")
+    s.add_argument("--split", default=None, help="split of a prepared folder (default: val)")
+    s.add_argument("--temperatures", type=_floats, default=None, help="e.g. 0.8,0.9,1.0,1.1")
+    s.add_argument("--top-ps", type=_floats, default=None, help="e.g. 0.9,0.95,1.0")
+    s.add_argument("--top-ks", type=_top_ks, default=None, help="e.g. none,20")
+    s.add_argument("--motif-seconds", type=float, default=None)
+    s.add_argument("--seconds", type=float, default=None, help="length of the continuation and reference")
+    s.add_argument("--limit", type=positive_int, default=None, help="use at most N pieces")
+    s.add_argument("--seeds", type=positive_int, default=None, help="continuations per piece and setting")
+    s.add_argument("--out", default=None, help="write sweep.json and sweep.png here")
+    s.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
+    )
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=_sweep)

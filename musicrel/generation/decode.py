@@ -1,0 +1,159 @@
+"""Decoding, the gpt-fast way: `prefill` runs the primer once into a preallocated KV cache, `decode_one_token`
+then costs O(L) per token, `sample` does all logits processing after the grammar (the model never samples),
+and `generate` is an iterator of tokens, so a caller can stream them or stop at any step.
+
+`generate` decodes one fixed batch of rows: the reference the KV cache is tested against
+(`use_cache=False`), the unmasked baseline of evaluation and the benchmarks. Serving, where jobs
+join and leave a running batch, is `generation.decode_batch.DecodeBatch`, built from the same three functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from musicrel.errors import GenerationError
+from musicrel.generation.grammar import Grammar
+
+
+@contextmanager
+def eval_mode(model):
+    """Decode without dropout, and hand the model back in the mode it came in (training samples from it)."""
+    was_training = model.training
+    if was_training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
+
+
+def prefill(model, tokens: Tensor, cache, left_pad: Tensor | None = None) -> Tensor:
+    """Run the (left-padded) primer into an empty cache; logits of the last position (B, vocab)."""
+    cache.reset(left_pad)
+    return model(tokens, cache=cache)[:, -1]
+
+
+def decode_one_token(model, token: Tensor, cache) -> Tensor:
+    """token (B,) -> logits for the next position (B, vocab); the cache grows by one."""
+    return model(token[:, None], cache=cache)[:, -1]
+
+
+MIN_TEMPERATURE = 1e-6
+
+
+def sample(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    generators: Sequence[torch.Generator],
+) -> Tensor:
+    """Draw one token per row: logits (B, V); temperature, top_p (B,) float; top_k (B,) long (V = off);
+    one torch.Generator per row, so a row's draws never depend on the other rows. Returns (B,) long."""
+    B, V = logits.shape
+    # Below MIN_TEMPERATURE sampling is greedy anyway; any positive temperature is valid, but one under
+    # float32's range (1e-45) divided logits into inf/NaN, no token kept its probability, and the index -1
+    # failed the decoding step of every request in the batch (500s, found by schemathesis; top_p too, below).
+    logits = logits.float() / temperature.float().clamp_min(MIN_TEMPERATURE)[:, None]
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # (B, V)
+    rank = torch.arange(V, device=logits.device)
+    keep = rank[None] < top_k[:, None]  # top-k is a prefix of the sorted order
+    probs = sorted_logits.masked_fill(~keep, float("-inf")).softmax(dim=-1)  # (B, V)
+    # Nucleus: keep the smallest prefix whose mass reaches top_p (the most likely token always stays).
+    # The first token is kept outright: a top_p under float32's range (1e-46) is 0 here, and `< 0` kept none.
+    keep &= ((probs.cumsum(dim=-1) - probs) < top_p[:, None]) | (rank[None] == 0)
+    cdf = (probs * keep).cumsum(dim=-1)  # (B, V)
+    # Inverse-CDF sampling with one uniform per row from that row's own generator.
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+    u = u.to(cdf.device, torch.float32) * cdf[:, -1]
+    index = (cdf <= u[:, None]).sum(dim=-1)
+    # Rounding may put u at the very top: fall back to the last token that has probability.
+    last = ((probs * keep) > 0).sum(dim=-1) - 1
+    index = torch.minimum(index, last)
+    return order.gather(1, index[:, None]).squeeze(1)
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    prompt: Tensor,
+    max_new_tokens: int,
+    *,
+    left_pad: Tensor | None = None,
+    temperature: Tensor | float = 1.0,
+    top_k: Tensor | int | None = None,
+    top_p: Tensor | float = 1.0,
+    generators: Sequence[torch.Generator] | None = None,
+    grammar: Grammar | None = None,
+    use_cache: bool = True,
+) -> Generator[Tensor, Tensor | None, None]:
+    """Yield the next token of every row, (B,) long, up to max_new_tokens times; stop early by not iterating.
+
+    prompt (B, P) is left-padded (`left_pad` (B,) counts the padding). Past the context window the window
+    slides: the last half window is prefilled again and decoding goes on. `use_cache=False` recomputes the
+    whole window for every token (the reference the cache is measured and tested against).
+
+    Rows that are done can be dropped: `gen.send(keep)` with a (B,) bool mask of the rows to go on with
+    returns the next tokens of those rows only (their order kept), so finished rows cost nothing.
+    """
+    B, P = prompt.shape
+    device = prompt.device
+    window = model.cfg.max_seq_len
+    if window < P:
+        raise GenerationError(
+            f"prompt of {P} tokens exceeds the context window ({window})", code="primer_too_long"
+        )
+    keep_last = max(1, window // 2)
+    left_pad = torch.zeros(B, dtype=torch.long, device=device) if left_pad is None else left_pad.to(device)
+    temperature, top_p = (
+        torch.as_tensor(x, dtype=torch.float32).expand(B).to(device) for x in (temperature, top_p)
+    )
+    V = model.cfg.vocab_size
+    top_k = torch.as_tensor(V if top_k is None else top_k, dtype=torch.long).expand(B).to(device)
+    generators = list(generators) if generators is not None else [torch.Generator() for _ in range(B)]
+
+    seq = torch.empty(B, P + max_new_tokens, dtype=torch.long, device=device)  # all tokens, no torch.cat
+    seq[:, :P] = prompt
+    cap = min(window, P + max_new_tokens)  # the cache's size; only a full window ever slides
+    start = 0  # first position of the window the model sees
+    with eval_mode(model):
+        cache = model.new_cache(B, cap, left_pad) if use_cache else None
+        lp = left_pad
+        logits = prefill(model, prompt, cache, lp) if use_cache else model(prompt, left_pad=lp)[:, -1]
+        for i in range(max_new_tokens):
+            if grammar is not None:
+                logits = grammar.constrain(logits)
+            token = sample(logits, temperature, top_k, top_p, generators)
+            if grammar is not None:
+                token = grammar.advance(token)
+            n = P + i + 1
+            seq[:, n - 1] = token
+            keep = yield token
+            if i + 1 == max_new_tokens:
+                return
+            if keep is not None and not bool(keep.all()):
+                rows = keep.to(device).nonzero().squeeze(1)
+                if not len(rows):
+                    return
+                seq, token, left_pad, lp = seq[rows], token[rows], left_pad[rows], lp[rows]
+                temperature, top_k, top_p = temperature[rows], top_k[rows], top_p[rows]
+                generators = [generators[r] for r in rows.tolist()]
+                if grammar is not None:
+                    grammar.select(rows)
+                if cache is not None:
+                    cache = cache.select(rows)
+            slid = n - start > cap
+            if slid:  # the window is full: keep its last half and prefill that again
+                start = n - keep_last
+                lp = (left_pad - start).clamp(min=0)
+            if cache is None:
+                logits = model(seq[:, start:n], left_pad=lp)[:, -1]
+            elif slid:
+                logits = prefill(model, seq[:, start:n], cache, lp)
+            else:
+                logits = decode_one_token(model, token, cache)

@@ -1,0 +1,509 @@
+"""Continuous batching: `DecodeBatch` decodes the rows of many jobs together, one token each per step, while
+jobs join and leave between steps; `generate_batch` runs a list of jobs to completion on one, and
+`continue_midi` is the one-call library entry (motif in, MIDI out). A finished job's result holds tokens: the
+caller renders them (`primer.render_result`), so no row waits while another job's MIDI is written, and the
+engine process ships tokens, not MIDI objects.
+
+Over 450 lines on purpose: admit, step, the window slide and swap-remove all edit one cache layout (live rows
+first, one shared length, per-row left padding), and they are read together or not at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+import pretty_midi
+import torch
+from torch import Tensor
+
+from musicrel.errors import GenerationError, is_int
+from musicrel.generation.controls import RowControls
+from musicrel.generation.decode import decode_one_token, eval_mode, prefill, sample
+from musicrel.generation.grammar import Grammar, max_hold_seconds
+from musicrel.generation.lru import LRU
+from musicrel.generation.primer import (
+    PRIMER_SECONDS,
+    Primer,
+    default_max_primer_tokens,
+    prepare_primer,
+    render_result,
+)
+from musicrel.generation.sampling import SamplingParams, row_seed
+from musicrel.midi.codec import EventCodec, shift_steps
+
+# continue_midi's own defaults: a reproducible pair of samples (SamplingParams draws one random seed).
+CONTINUE_MIDI_DEFAULTS = {"seed": 0, "num_samples": 2}
+
+
+@dataclass
+class ContinuationResult:
+    """A finished job: each sample's tokens and how they were made. MIDI: `primer.render_result`."""
+
+    tokens: list  # np.ndarray of generated tokens per sample
+    seed: int
+    primer_tokens: int
+    new_tokens: int  # all samples together
+    seconds: float  # music generated (the longest sample)
+    # seconds: prefill (of the admission that took the job in), decode (admitted to done)
+    timings: dict
+    stopped: bool = False  # should_stop ended this job early
+    controls: dict | None = None  # what params.controls applied (the key detected, ...), for the metadata
+    warnings: list = field(default_factory=list)  # controls that pull apart (a chord outside the key, ...)
+
+
+@dataclass(eq=False)
+class _Job:
+    id: int
+    primer: Primer
+    params: SamplingParams
+    seed: int
+    tokens: np.ndarray  # the primer tokens the model reads (cropped to leave room in the window)
+    samples: list  # generated tokens per sample, filled in as its row leaves the batch
+    rows_left: int
+    admitted: float  # time.perf_counter() when its prefill was done
+    prefill_s: float
+    stopped: bool = False
+    controls: RowControls | None = None  # params.controls resolved against the primer
+
+
+@dataclass(eq=False)
+class _Row:
+    job: _Job
+    sample: int
+    history: np.ndarray  # primer, then generated tokens (preallocated); the last one is the pending token
+    filled: int  # tokens in history
+    max_new: int
+
+    @property
+    def new_tokens(self) -> int:
+        return self.filled - len(self.job.tokens)
+
+
+@dataclass(eq=False)
+class _Rows:
+    """Everything a live row carries, one entry per row in batch order: rows leave (`select`) and join
+    (`extend`) together, so no field can fall out of step with the others."""
+
+    rows: list[_Row]
+    pending: Tensor  # (n,) long: the next token to feed
+    temperature: Tensor  # (n,)
+    top_k: Tensor  # (n,) long
+    top_p: Tensor  # (n,)
+    generators: list[torch.Generator]
+    grammar: Grammar
+
+    def select(self, order: list[int]) -> None:
+        """Keep the rows at `order`, in that order."""
+        index = torch.as_tensor(order, dtype=torch.long, device=self.pending.device)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Grammar):
+                value.select(index)
+            elif isinstance(value, Tensor):
+                setattr(self, f.name, value[index])
+            else:
+                setattr(self, f.name, [value[r] for r in order])
+
+    def extend(self, other: _Rows) -> None:
+        """Append the rows of `other` (jobs joining)."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, Tensor):
+                setattr(self, f.name, torch.cat([mine, theirs]))
+            else:
+                mine.extend(theirs)  # a list, or the Grammar
+
+
+def _check_params(j: int, params) -> None:
+    if not isinstance(params, SamplingParams):
+        raise GenerationError(
+            f"job {j}: params must be SamplingParams, got {type(params).__name__}", code="invalid_params"
+        )
+
+
+class DecodeBatch:
+    """Continuous batching: the rows of many jobs decode together, one token each per `step()`, and jobs join
+    (`admit`) and leave (done or stopped) between steps, so no row waits for a batch to finish.
+
+    One KV cache of max_rows rows (growing up to max_seq_len positions) holds every row; live rows are its
+    first rows and share one length, each with its own left padding. A row's K/V never depend on where it sits
+    in the cache (relative schemes use distances; the absolute one counts from the row's first real token), so
+    rows are copied and shifted along the cache freely:
+    - admit: a primer minus its last token is prefilled in a small cache (once per distinct primer, e.g. for
+      every sample of a job) and copied to end at the shared length (the running rows shift right first when
+      it is longer). Its last token becomes the row's pending token, so in `step` every row does the same:
+      feed the pending token, sample the next one. With `primer_cache` > 0 the K/V of that many recent
+      distinct primers are kept: the same motif again (say with another seed) needs no prefill at all.
+    - a row that leaves is replaced by a kept row from the end of the live block (swap-remove): only the rows
+      that move are copied, so rows have no lasting order. Padding that no kept row needs any more is dropped
+      only when it is a quarter of the length or more, as that copies every row;
+    - when the shared length reaches the window, rows whose context fills it slide (the last half window is
+      prefilled again, as `generate` does) and the others shift left.
+    Each row samples with its own generator seeded by (job seed, sample index): a job's tokens are the same
+    whatever it shares the batch with and whenever it is admitted.
+    """
+
+    @torch.inference_mode()
+    def __init__(self, model, codec, max_rows: int, primer_cache: int = 0):
+        for name, value, low in (("max_rows", max_rows, 1), ("primer_cache", primer_cache, 0)):
+            if not is_int(value) or value < low:
+                raise GenerationError(
+                    f"{name} must be an integer >= {low}, got {value!r}", code="invalid_params"
+                )
+        self.model, self.codec, self.max_rows, self.primer_cache = model, codec, max_rows, primer_cache
+        self._primers: LRU[tuple[Tensor, Tensor]] = LRU(primer_cache)  # K/V of recent primers
+        self.window = model.cfg.max_seq_len
+        self.keep_last = max(1, self.window // 2)  # tokens a row keeps when its window slides
+        self.device = next(model.parameters()).device
+        # k, v (n_layers, max_rows, H, max_len, D); max_len grows as needed, up to the window.
+        self._cache = model.new_cache(max_rows, min(self.window, 64))
+        self.left_pad = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # (max_rows,)
+        self.length = 0  # positions the live rows share
+        self.live = self._new_rows([], [], [])  # per live row, in batch order
+        self._ids = itertools.count()
+        self._shift_steps = shift_steps(codec)
+
+    @property
+    def rows(self) -> list[_Row]:
+        return self.live.rows
+
+    def _new_rows(self, rows: list[_Row], generators: list[torch.Generator], holds: list[int]) -> _Rows:
+        params = [row.job.params for row in rows]
+        step_ms = self.codec.config.step_ms
+
+        def tensor(values: list, dtype=torch.float32) -> Tensor:
+            return torch.as_tensor(values, dtype=dtype, device=self.device)
+
+        return _Rows(
+            rows=rows,
+            pending=tensor([int(row.job.tokens[-1]) for row in rows], torch.long),
+            temperature=tensor([p.temperature for p in params]),
+            top_k=tensor([p.top_k or self.model.cfg.vocab_size for p in params], torch.long),
+            top_p=tensor([p.top_p for p in params]),
+            generators=generators,
+            grammar=Grammar(
+                self.codec,
+                [row.job.tokens for row in rows],
+                [p.limit_steps(step_ms) for p in params],
+                holds,
+                device=self.device,
+                controls=[row.job.controls for row in rows],
+            ),
+        )
+
+    @property
+    def free_rows(self) -> int:
+        return self.max_rows - len(self.rows)
+
+    @property
+    def live_jobs(self) -> list[int]:
+        """Ids of the jobs still decoding, in the order they were admitted (rows themselves have no order)."""
+        return sorted({row.job.id for row in self.rows})
+
+    def generated(self, job_id: int) -> list[np.ndarray] | None:
+        """The tokens each sample of a running job has generated so far (views into the rows' histories,
+        whose filled part never changes), for a caller that streams them between steps; None when the job
+        is not in the batch (finished: its result holds every token)."""
+        rows = [row for row in self.rows if row.job.id == job_id]
+        if not rows:
+            return None
+        job = rows[0].job
+        out = list(job.samples)  # samples already done hold their tokens; live rows fill in below
+        for row in rows:
+            out[row.sample] = row.history[len(job.tokens) : row.filled]
+        return out
+
+    @torch.inference_mode()
+    def admit(self, jobs: Sequence[tuple[Primer, SamplingParams]]) -> list[int]:
+        """Add jobs (num_samples rows each) to the batch; returns their ids, as `step` reports them.
+
+        Everything is checked and prefilled before the batch changes: a job that raises (GenerationError for
+        bad params, a primer token outside the vocabulary or more rows than are free) leaves it as it was."""
+        start = time.perf_counter()
+        crop, V = default_max_primer_tokens(self.model), self.model.cfg.vocab_size
+        primers, controls = [], []
+        step_ms = self.codec.config.step_ms
+        for j, (primer, params) in enumerate(jobs):
+            _check_params(j, params)
+            controls.append(None if params.controls is None else params.controls.resolve(primer, step_ms))
+            tokens = np.asarray(primer.tokens, dtype=np.int64).reshape(-1)[-crop:]
+            if not len(tokens):
+                tokens = np.array([self.codec.bos_id])
+            if tokens.min() < 0 or tokens.max() >= V:
+                raise GenerationError(f"job {j}: primer tokens must be in 0..{V - 1}", code="invalid_primer")
+            primers.append(tokens)
+        n_new = sum(params.num_samples for _, params in jobs)
+        if n_new > self.free_rows:
+            raise GenerationError(
+                f"{n_new} rows do not fit: {self.free_rows} of {self.max_rows} are free", code="batch_full"
+            )
+        if not jobs:
+            return []
+        row_jobs = [j for j, (_, params) in enumerate(jobs) for _ in range(params.num_samples)]
+        contexts = [primers[j][:-1] for j in row_jobs]
+        with eval_mode(self.model):
+            kv = self._prefill(contexts, remember=True)
+        width = max(len(c) for c in contexts)
+        admitted = time.perf_counter()
+
+        # Nothing below fails: commit.
+        n = len(self.rows)
+        self._reserve(max(width, self.length))
+        if n == 0:
+            self.length = width
+        elif width > self.length:
+            self._shift(width - self.length)
+        L = self.length
+        for r, (k, v) in enumerate(kv):
+            self._cache.k[:, n + r, :, L - k.size(2) : L] = k
+            self._cache.v[:, n + r, :, L - v.size(2) : L] = v
+        self.left_pad[n : n + n_new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
+        ids, rows, generators = [], [], []
+        for j, (primer, params) in enumerate(jobs):
+            seed = secrets.randbelow(2**31) if params.seed is None else params.seed
+            job = _Job(
+                id=next(self._ids),
+                primer=primer,
+                params=params,
+                seed=seed,
+                tokens=primers[j],
+                samples=[np.zeros(0, dtype=np.int64)] * params.num_samples,
+                rows_left=params.num_samples,
+                admitted=admitted,
+                prefill_s=admitted - start,
+                controls=controls[j],
+            )
+            ids.append(job.id)
+            max_new = params.token_budget()
+            for i in range(params.num_samples):
+                history = np.empty(len(job.tokens) + max_new, dtype=np.int64)
+                history[: len(job.tokens)] = job.tokens
+                rows.append(_Row(job, i, history, len(job.tokens), max_new))
+                generators.append(torch.Generator().manual_seed(row_seed(seed, i)))
+        holds = [round(max_hold_seconds(row.job.primer) * 1000.0 / step_ms) for row in rows]
+        self.live.extend(self._new_rows(rows, generators, holds))
+        return ids
+
+    @torch.inference_mode()
+    def step(self, should_stop: Callable[[int], bool] | None = None) -> list[tuple[int, ContinuationResult]]:
+        """One token for every live row. Returns (job id, result) for the jobs that finished: music long
+        enough, max_new_tokens reached, or should_stop(job id) True (checked first: no token for them)."""
+        finished = []
+        if should_stop is not None:
+            stop = {job_id for job_id in self.live_jobs if should_stop(job_id)}
+            if stop:
+                for row in self.rows:
+                    row.job.stopped |= row.job.id in stop
+                finished += self._drop([row.job.id not in stop for row in self.rows])
+        if not self.rows:
+            return finished
+        n = len(self.rows)
+        with eval_mode(self.model):
+            if self.length == self.window:
+                self._make_room()
+            self._reserve(self.length + 1)
+            cache = replace(
+                self._cache,
+                k=self._cache.k[:, :n],
+                v=self._cache.v[:, :n],
+                left_pad=self.left_pad[:n],
+                length=self.length,
+            )
+            logits = decode_one_token(self.model, self.live.pending, cache)
+        self.length += 1
+        live, grammar = self.live, self.live.grammar
+        token = sample(grammar.constrain(logits), live.temperature, live.top_k, live.top_p, live.generators)
+        live.pending = token = grammar.advance(token)
+        reached = (grammar.elapsed >= grammar.limit).tolist()
+        keep = []
+        for row, t, done in zip(self.rows, token.tolist(), reached, strict=True):
+            row.history[row.filled] = t
+            row.filled += 1
+            keep.append(not done and row.new_tokens < row.max_new)
+        return finished + self._drop(keep)
+
+    def _prefill(self, contexts: list[np.ndarray], remember: bool = False) -> list[tuple[Tensor, Tensor]]:
+        """K and V of each context: (n_layers, H, len, D) each, one pair per context (views, not copies).
+
+        Contexts that are alike (every sample of a job) share one forward pass: prefill is compute bound.
+        With `remember`, the K/V of the last `primer_cache` distinct contexts are kept, so a primer seen
+        again (the same motif with another seed) costs no forward pass at all."""
+        found: dict[bytes, tuple[Tensor, Tensor]] = {}
+        missing: dict[bytes, np.ndarray] = {}
+        for c in contexts:
+            key = c.tobytes()
+            if key in found or key in missing:
+                continue
+            kv = self._primers.get(key)
+            if kv is not None:
+                found[key] = kv
+            else:
+                missing[key] = c
+        if missing:
+            width = max(len(c) for c in missing.values())
+            tokens = torch.full((len(missing), width), self.codec.pad_id, dtype=torch.long)  # (U, width)
+            left_pad = torch.tensor([width - len(c) for c in missing.values()])  # (U,)
+            for u, c in enumerate(missing.values()):
+                tokens[u, width - len(c) :] = torch.from_numpy(c)
+            small = self.model.new_cache(len(missing), max(1, width))
+            if width:
+                prefill(self.model, tokens.to(self.device), small, left_pad.to(self.device))
+            for u, (key, c) in enumerate(missing.items()):
+                kv = small.k[:, u, :, width - len(c) : width], small.v[:, u, :, width - len(c) : width]
+                found[key] = kv
+                if remember and self.primer_cache:
+                    self._primers.put(key, (kv[0].clone(), kv[1].clone()))
+        return [found[c.tobytes()] for c in contexts]
+
+    def _reserve(self, length: int) -> None:
+        """Grow the cache (doubling, up to the window) to hold `length` positions, keeping the live rows: a
+        batch of short jobs never allocates a whole window per row."""
+        size = self._cache.max_len
+        if length <= size:
+            return
+        cache = self.model.new_cache(self.max_rows, min(self.window, max(length, 2 * size)))
+        n, L = len(self.rows), self.length
+        cache.k[:, :n, :, :L] = self._cache.k[:, :n, :, :L]
+        cache.v[:, :n, :, :L] = self._cache.v[:, :n, :, :L]
+        self._cache = cache
+
+    def _shift(self, offset: int) -> None:
+        """Move every live row `offset` positions along the cache (right > 0; left < 0 drops padding only)."""
+        n, L = len(self.rows), self.length
+        src, dst = slice(max(0, -offset), L), slice(max(0, offset), L + offset)
+        for buf in (self._cache.k, self._cache.v):
+            buf[:, :n, :, dst] = buf[:, :n, :, src].clone()
+        self.left_pad[:n] = (self.left_pad[:n] + offset).clamp(min=0)
+        self.length = L + offset
+
+    def _make_room(self) -> None:
+        """The cache is full. Rows whose context fills the window slide: they keep their last `keep_last`
+        tokens, all but the pending one prefilled again. The others only shift left."""
+        lp = self.left_pad[: len(self.rows)].tolist()
+        keep = self.keep_last - 1
+        slide = [r for r, pad in enumerate(lp) if pad == 0]
+        length = max([keep] + [self.length - pad for pad in lp if pad > 0])
+        contexts = [
+            self.rows[r].history[self.rows[r].filled - self.keep_last : self.rows[r].filled - 1]
+            for r in slide
+        ]
+        kv = self._prefill(contexts) if slide else []
+        self._shift(length - self.length)
+        for r, (k, v) in zip(slide, kv, strict=True):
+            self._cache.k[:, r, :, length - keep : length] = k
+            self._cache.v[:, r, :, length - keep : length] = v
+            self.left_pad[r] = length - keep
+
+    def _drop(self, keep: list[bool]) -> list[tuple[int, ContinuationResult]]:
+        """Remove the rows not kept: their samples are done; jobs with no rows left are finished.
+
+        Swap-remove: each hole among the first m (kept) rows takes a kept row from beyond them, so only those
+        rows' K/V are copied (their real positions only: a row's padding is masked, whatever it holds) and a
+        departure costs what moves, not the whole live cache. Every per-row state follows the same order."""
+        finished = []
+        for row, kept in zip(self.rows, keep, strict=True):
+            if kept:
+                continue
+            job = row.job
+            job.samples[row.sample] = row.history[len(job.tokens) : row.filled].copy()
+            job.rows_left -= 1
+            if job.rows_left == 0:
+                finished.append((job.id, self._result(job)))
+        m = sum(keep)
+        if m == len(keep):
+            return finished
+        if not m:
+            self.live.select([])
+            self.length = 0
+            return finished
+        holes = [r for r in range(m) if not keep[r]]
+        movers = [r for r in range(m, len(keep)) if keep[r]]  # as many as holes
+        order = list(range(m))
+        for hole, mover in zip(holes, movers, strict=True):
+            order[hole] = mover
+        index = torch.as_tensor(order, dtype=torch.long, device=self.device)
+        L = self.length
+        left_pad = self.left_pad[index]  # (m,)
+        # Leading positions that are padding in every kept row could go, but that copies every kept row (what
+        # swap-remove avoids). Kept, they only cost attention over masked positions (a row slides when its own
+        # context fills the window; `_make_room` shifts padded rows then). So drop them once they are a
+        # quarter of the length: later steps attend over <= 3/4 of the positions, repaying the copy in ~12.
+        shift = int(left_pad.min())
+        if 4 * shift >= L:
+            for buf in (self._cache.k, self._cache.v):
+                buf[:, :m, :, : L - shift] = buf[:, index, :, shift:L]
+            self.length = L - shift
+            left_pad = left_pad - shift
+        else:
+            for hole, mover in zip(holes, movers, strict=True):
+                start = int(left_pad[hole])
+                for buf in (self._cache.k, self._cache.v):
+                    buf[:, hole, :, start:L].copy_(buf[:, mover, :, start:L])
+        self.left_pad[:m] = left_pad
+        self.live.select(order)
+        return finished
+
+    def _result(self, job: _Job) -> ContinuationResult:
+        step_s = self.codec.config.step_ms / 1000.0
+        applied = job.controls.applied if job.controls is not None else None
+        return ContinuationResult(
+            tokens=job.samples,
+            seed=job.seed,
+            primer_tokens=len(job.tokens),
+            new_tokens=int(sum(len(t) for t in job.samples)),
+            seconds=max(float(self._shift_steps[t].sum()) * step_s for t in job.samples),
+            timings={"prefill": job.prefill_s, "decode": time.perf_counter() - job.admitted},
+            stopped=job.stopped,
+            controls=applied,
+            warnings=list(job.controls.warnings) if job.controls is not None else [],
+        )
+
+
+def generate_batch(
+    model,
+    codec,
+    jobs: Sequence[tuple[Primer, SamplingParams]],
+    should_stop: Callable[[int], bool] | None = None,
+) -> list[ContinuationResult]:
+    """Continue every job's primer num_samples times, all rows as ONE batch (a `DecodeBatch`).
+
+    A row stops when its music reaches params.seconds, after params.max_new_tokens, or when should_stop(job
+    index) returns True (checked every step); rows that are done leave the batch, so the others run faster.
+    """
+    if not jobs:
+        return []
+    for j, (_, params) in enumerate(jobs):
+        _check_params(j, params)
+    batch = DecodeBatch(model, codec, max_rows=sum(params.num_samples for _, params in jobs))
+    ids = batch.admit(jobs)
+    index = {job_id: j for j, job_id in enumerate(ids)}
+    stop = None if should_stop is None else (lambda job_id: should_stop(index[job_id]))
+    results: dict[int, ContinuationResult] = {}
+    while batch.rows:
+        results.update(batch.step(stop))
+    return [results[job_id] for job_id in ids]
+
+
+def continue_midi(
+    model,
+    midi,
+    *,
+    primer_seconds: float = PRIMER_SECONDS,
+    tracks="merge",
+    codec=None,
+    **sampling,
+) -> list[pretty_midi.PrettyMIDI]:
+    """Continue `midi` (path, bytes or PrettyMIDI); one PrettyMIDI per sample. `sampling`: SamplingParams
+    fields (seconds, temperature, top_k, top_p, seed, num_samples, max_new_tokens, include_primer, controls),
+    whose
+    defaults are SamplingParams' but for CONTINUE_MIDI_DEFAULTS."""
+    codec = codec or EventCodec()
+    params = SamplingParams(**{**CONTINUE_MIDI_DEFAULTS, **sampling})
+    primer = prepare_primer(codec, midi, primer_seconds, tracks, max_tokens=default_max_primer_tokens(model))
+    result = generate_batch(model, codec, [(primer, params)])[0]
+    return render_result(codec, primer, result, params.include_primer)

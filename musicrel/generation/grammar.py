@@ -1,0 +1,319 @@
+"""The token grammar: rules every generated stream obeys, enforced by changing the logits before sampling.
+
+`Grammar.constrain` is the one place where logits are changed (a rule is a mask, or a move of probability
+mass as `_repair_orphans` does); `Grammar.advance` records what was drawn. The transformer's decoding loops
+and the n-gram baseline run the same rules. Per-row state is tensors with one row per stream, so rows leave
+(`select`) and join (`extend`) a running batch.
+
+The user's controls (`generation.controls`: key, chords, range, polyphony, density) are rules here too, per
+row: a batch where no row has any runs exactly the code path (and draws exactly the tokens) it did before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from musicrel.generation.controls import (
+    DENSITY_CHORD,
+    DENSITY_KI,
+    DENSITY_KP,
+    DENSITY_MAX_BIAS,
+    DENSITY_SHIFT_TILT,
+    DENSITY_WINDOW,
+    RowControls,
+)
+from musicrel.midi.codec import open_pitches, shift_steps
+
+# A note the model never closes is closed by the grammar after the motif's longest note times HOLD_FACTOR,
+# within these bounds. Measured note lengths (codec.to_notes, sustain pedal applied): 99.9th percentile 8.0 s
+# on 400 music21 works and 9.2 s on the real piano/pop files; 99th 2.0 s and 3.7 s.
+HOLD_FACTOR = 1.5
+MIN_HOLD_SECONDS = 1.0
+MAX_HOLD_SECONDS = 8.0
+
+_FOREVER = 2**62  # steps: "no limit" that still adds to an onset without overflow
+_SILENT = -(2**62)  # onset of a pitch that is not sounding
+
+
+class Grammar:
+    """Token rules a generated stream obeys, enforced by masking logits; they keep every stream valid while
+    taking from the model only what the codec cannot represent.
+
+    - note-off only for a pitch that is sounding; an orphan note-off is repaired into a note-off of the
+      nearest sounding pitch rather than masked away (`_repair_orphans`). A note-on of a pitch that is
+      sounding is a re-strike: legal music, which the codec decodes as "close, then strike again", so it
+      stays possible (forbidding it kept the old note open and pushed the model elsewhere: notes piled up).
+    - no note is held by accident: a note the model leaves open for `max_hold` steps is closed then (the time
+      shift that would cross that moment is shortened to land on it, and the next token is its note-off, fed
+      to the model like any other), so a note sounds as long as the model says, up to a length learned from
+      the data (see `max_hold_seconds`), and never until the end of the file.
+    - specials (pad/bos/eos) never; time only moves forward (time shifts are the only clock) and the shift
+      that crosses a row's time limit is shortened to land on it, so the requested length is met to one step.
+    - controls (rows given `RowControls`): key, chord and range biases/masks move probability among the
+      note-ons only, so they choose pitches, not how many notes; the chord is the one sounding at the row's
+      time (the progression repeats); a polyphony cap masks the note-ons of silent pitches while the row
+      sounds that many; density sets one bias per row after each token, a proportional-integral loop on
+      the log of the recent notes per second (`_steer_density`), which moves the note-ons, the waiting and
+      the length of the gaps (`_steer`; why, in musicrel.generation.controls).
+    """
+
+    def __init__(
+        self,
+        codec,
+        prompts: Sequence[np.ndarray],
+        limit_steps: Sequence[int],
+        max_hold_steps: Sequence[int] | None = None,
+        device=None,
+        controls: Sequence[RowControls | None] | None = None,
+    ):
+        self.codec = codec
+        self.on0 = int(codec.note_on_offset)
+        self.off0 = int(codec.note_off_offset)
+        self.shift0 = int(codec.time_shift_offset)
+        self.steps_per_token = torch.as_tensor(shift_steps(codec), device=device)  # (V,) long
+        self.max_shift = int(self.steps_per_token.max())
+        self.shift_seconds = self.steps_per_token[self.shift0 : self.shift0 + self.max_shift].float() * (
+            float(codec.config.step_ms) / 1000.0
+        )  # (max_shift,)
+        V = len(self.steps_per_token)
+        self.allowed = torch.ones(V, dtype=torch.bool, device=device)
+        for special in (codec.pad_id, codec.bos_id, codec.eos_id):
+            self.allowed[special] = False
+        B = len(prompts)
+        # onset: when each sounding note began, in steps from the primer's end (<= 0 for the primer's notes)
+        onsets = np.stack([note_onsets(codec, p) for p in prompts]) if B else np.zeros((0, 128), np.int64)
+        self.onset = torch.as_tensor(onsets, device=device)  # (B, 128) long
+        self.open = self.onset > _SILENT  # (B, 128)
+        self.elapsed = torch.zeros(B, dtype=torch.long, device=device)  # (B,) time steps
+        self.limit = torch.as_tensor(list(limit_steps), dtype=torch.long, device=device)  # (B,)
+        hold = [_FOREVER] * B if max_hold_steps is None else [max(1, int(h)) for h in max_hold_steps]
+        self.max_hold = torch.as_tensor(hold, dtype=torch.long, device=device)  # (B,)
+        self.step_s = float(codec.config.step_ms) / 1000.0
+        self._init_controls(list(controls) if controls is not None else [None] * B, device)
+
+    def _init_controls(self, controls: list[RowControls | None], device) -> None:
+        """Per-row control tensors; rows without controls get the neutral ones (zero bias, no cap)."""
+        B = len(controls)
+        C = max([1] + [len(c.chord_ends) for c in controls if c is not None])
+        pitch_bias = np.zeros((B, 128), np.float32)
+        chord_ends = np.full((B, C), _FOREVER, np.int64)  # a row without chords stays on its first "chord"
+        chord_bias = np.zeros((B, C, 128), np.float32)
+        period = np.full(B, _FOREVER, np.int64)
+        max_poly = np.full(B, 128, np.int64)
+        target = np.full(B, np.nan)
+        start = np.zeros(B)
+        for r, c in enumerate(controls):
+            if c is None:
+                continue
+            pitch_bias[r] = c.pitch_bias
+            n = len(c.chord_ends)
+            if n:
+                chord_ends[r, :n], chord_bias[r, :n], period[r] = c.chord_ends, c.chord_bias, c.chord_ends[-1]
+            max_poly[r], target[r], start[r] = c.max_polyphony, c.density, c.density_start
+
+        def t(x, dtype=None):
+            return torch.as_tensor(x, dtype=dtype, device=device)
+
+        self.controlled = t([c is not None for c in controls], torch.bool)  # (B,)
+        self.pitch_bias, self.chord_ends, self.chord_bias = t(pitch_bias), t(chord_ends), t(chord_bias)
+        self.chord_period, self.max_poly = t(period), t(max_poly)
+        self.density_on = t(~np.isnan(target))  # (B,) bool
+        self.log_target = t(np.log(np.where(np.isnan(target), 1.0, target)), torch.float32)  # (B,)
+        self.density_start = t(start, torch.float32)
+        self.density_bias = torch.where(self.density_on, self.density_start, 0.0)  # (B,) nats, see _steer
+        self.integral = torch.zeros(B, dtype=torch.float32, device=device)
+        # notes in the last DENSITY_WINDOW seconds (decayed), as if the target had been met before the start
+        self.recent = torch.where(self.density_on, self.log_target.exp() * DENSITY_WINDOW, 0.0)
+        self._flags()
+
+    def _flags(self) -> None:
+        # Python flags, so a batch with no controls (or no density) skips their work without a device sync
+        # per step; refreshed only when rows leave or join.
+        self.any_control = bool(self.controlled.any())
+        self.any_density = bool(self.density_on.any())
+        self.any_pitch = bool((self.pitch_bias != 0).any())
+        self.any_chords = bool((self.chord_period < _FOREVER).any())
+        self.any_cap = bool((self.max_poly < 128).any())
+
+    def overdue(self) -> Tensor:
+        """(B, 128) bool: sounding notes that have reached their row's max_hold."""
+        return self.open & (self.elapsed[:, None] - self.onset >= self.max_hold[:, None])
+
+    def constrain(self, logits: Tensor) -> Tensor:
+        logits = self._repair_orphans(logits)
+        if self.any_control:
+            logits = self._steer(logits)
+        allowed = self.allowed.expand_as(logits).clone()  # (B, V)
+        allowed[:, self.off0 : self.off0 + 128] = self.open
+        overdue = self.overdue()
+        forced = overdue.any(dim=1)  # (B,) these rows must close a note now
+        if bool(forced.any()):
+            allowed[forced] = False
+            allowed[forced, self.off0 : self.off0 + 128] = overdue[forced]
+        return logits.masked_fill(~allowed, float("-inf"))
+
+    def _steer(self, logits: Tensor) -> Tensor:
+        """The controls' biases and masks on the note-on logits, and density's on the time shifts (`logits`
+        is this step's own tensor).
+
+        Key, chord and range move mass among the note-ons (the block is shifted back to its log-mass before
+        them), so a key does not thin the music out and density alone sets how many notes; the polyphony cap
+        and the density bias then change the note-ons' share of the whole."""
+        on = slice(self.on0, self.on0 + 128)
+        block = logits[:, on]  # (B, 128)
+        # Each rule runs only when some row has it: the common single control costs its own ops alone.
+        if self.any_pitch or self.any_chords:
+            bias = self.pitch_bias
+            if self.any_chords:
+                pos = self.elapsed % self.chord_period  # (B,)
+                chord = (pos[:, None] >= self.chord_ends).sum(dim=1).clamp(max=self.chord_ends.size(1) - 1)
+                rows = torch.arange(block.size(0), device=block.device)
+                bias = bias + self.chord_bias[rows, chord]  # (B, 128)
+            steered = block + bias
+            keep_mass = block.logsumexp(dim=1) - steered.logsumexp(dim=1)  # (B,)
+            # Nothing to keep (no note-on had mass) or nothing left (every pitch masked): no shift.
+            block = steered + torch.where(keep_mass.isfinite(), keep_mass, 0.0)[:, None]
+        if self.any_density:
+            # Fewer notes: note-ons lose to everything else. More notes: waiting (the time shifts) loses to
+            # note events, note-offs as much as note-ons (a bias on note-ons alone struck new notes instead of
+            # closing old ones: they piled up), and not while a chord is being struck (that stacked 20-note
+            # clusters onto a sparse motif). The gap itself is chosen at the shift, where a note-on bias
+            # cannot reach (after a shift, with nothing to close, a note-on is all the model considers): the
+            # shifts are tilted toward longer ones when notes come too fast, shorter when too slow.
+            bias = self.density_bias  # (B,)
+            block = block + bias.clamp(max=0.0)[:, None]
+            struck_now = (self.onset == self.elapsed[:, None]).sum(dim=1)  # (B,) notes struck at this instant
+            wait = torch.where(struck_now >= DENSITY_CHORD, 0.0, -bias.clamp(min=0.0))  # (B,)
+            tilt = -DENSITY_SHIFT_TILT * bias  # (B,) nats per second of shift
+            shifts = slice(self.shift0, self.shift0 + self.max_shift)
+            logits[:, shifts] += wait[:, None] + tilt[:, None] * self.shift_seconds[None, :]
+        if self.any_cap:
+            # A note struck and released on this step still sounds for one step (the codec decodes it so).
+            sounding = self.open | (self.onset == self.elapsed[:, None])  # (B, 128)
+            full = (sounding.sum(dim=1) >= self.max_poly)[:, None] & ~sounding  # (B, 128): new notes wait
+            block = block.masked_fill(full, float("-inf"))
+        logits[:, on] = block
+        return logits
+
+    def _steer_density(self, is_on: Tensor, dt: Tensor) -> None:
+        """After each token: the density bias from the recent notes per second (a PI loop on its log).
+
+        The rate is the note count decayed over DENSITY_WINDOW seconds of music, which starts at the target:
+        a burst is answered while it lasts, not paid back later by a gap (what a rate since the start did).
+        The integral is over music time (notes drawn on one step add error, not integral), clamped."""
+        seconds = dt.float() * self.step_s
+        self.recent = self.recent * torch.exp(-seconds / DENSITY_WINDOW) + is_on
+        rate = self.recent.clamp(min=0.1) / DENSITY_WINDOW
+        error = self.log_target - rate.log()  # > 0: too few notes
+        limit = DENSITY_MAX_BIAS / DENSITY_KI
+        self.integral = (self.integral + error * seconds).clamp(-limit, limit)
+        bias = (self.density_start + DENSITY_KP * error + DENSITY_KI * self.integral).clamp(
+            -DENSITY_MAX_BIAS, DENSITY_MAX_BIAS
+        )
+        self.density_bias = torch.where(self.density_on, bias, 0.0)
+
+    def _repair_orphans(self, logits: Tensor) -> Tensor:
+        """Move the probability of each orphan note-off to the note-off of the nearest sounding pitch.
+
+        A note-off for a pitch that is not sounding means "a note ends now" from a model that lost track of
+        which one; masking it alone would spread that mass over every other token (mostly more note-ons and
+        time), so notes the model meant to end ring on and pile up. On real piano/pop this took mean
+        polyphony from 8.5 to 3.8 (the pieces: 3.6). Rows with nothing sounding keep their logits."""
+        off = slice(self.off0, self.off0 + 128)
+        probs = logits.float().softmax(dim=-1)  # (B, V)
+        orphan = probs[:, off] * ~self.open  # (B, 128)
+        # nearest sounding pitch at or below / at or above each pitch (-1 / 128 where there is none)
+        pitch = torch.arange(128, device=logits.device).expand_as(self.open)
+        below = torch.where(self.open, pitch, -1).cummax(dim=1).values
+        above = torch.where(self.open, pitch, 128).flip(1).cummin(dim=1).values.flip(1)
+        use_below = (above > 127) | ((below >= 0) & (pitch - below <= above - pitch))
+        nearest = torch.where(use_below, below, above).clamp(0, 127)  # (B, 128)
+        moved = torch.zeros_like(orphan).scatter_add_(1, nearest, orphan) * self.open.any(dim=1, keepdim=True)
+        probs[:, off] += moved
+        return probs.log()  # orphans keep their mass here; `constrain` masks them next
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only `rows` (dropped rows are done)."""
+        for name in _GRAMMAR_ROWS:
+            setattr(self, name, getattr(self, name)[rows])
+        self._flags()
+
+    def extend(self, other: Grammar) -> None:
+        """Append the rows of `other` (jobs joining a running batch)."""
+        # Chord schedules are padded to the longest progression in the batch (the padding is never reached).
+        C = max(self.chord_ends.size(1), other.chord_ends.size(1))
+        for g in (self, other):
+            pad = C - g.chord_ends.size(1)
+            if pad:
+                g.chord_ends = torch.nn.functional.pad(g.chord_ends, (0, pad), value=_FOREVER)
+                g.chord_bias = torch.nn.functional.pad(g.chord_bias, (0, 0, 0, pad))
+        for name in _GRAMMAR_ROWS:
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self._flags()
+
+    def advance(self, tokens: Tensor) -> Tensor:
+        """Record the sampled tokens (B,); returns them with shifts that cross the row's time limit or a
+        note's max_hold cut short to land on it."""
+        steps = self.steps_per_token[tokens]
+        deadline = torch.where(self.open, self.onset + self.max_hold[:, None], _FOREVER).amin(dim=1)  # (B,)
+        remaining = torch.minimum(self.limit, deadline) - self.elapsed
+        cut = (steps > remaining) & (remaining > 0)
+        tokens = torch.where(cut, self.shift0 + remaining.clamp(1, self.max_shift) - 1, tokens)
+        dt = torch.where(cut, remaining, steps)
+        self.elapsed += dt
+        is_on, is_off = self.codec.is_note_on(tokens), self.codec.is_note_off(tokens)
+        if self.any_density:
+            self._steer_density(is_on, dt)
+        pitch = torch.where(is_on, tokens - self.on0, (tokens - self.off0).clamp(0, 127))[:, None]  # (B, 1)
+        now = torch.where(is_on | is_off, is_on, self.open.gather(1, pitch).squeeze(1))
+        self.open.scatter_(1, pitch, now[:, None])
+        # a note-on (a re-strike too) starts the note's clock
+        onset = torch.where(is_on, self.elapsed, self.onset.gather(1, pitch).squeeze(1))
+        self.onset.scatter_(1, pitch, onset[:, None])
+        return tokens
+
+
+_GRAMMAR_ROWS = (
+    "open",
+    "onset",
+    "elapsed",
+    "limit",
+    "max_hold",
+    "controlled",
+    "pitch_bias",
+    "chord_ends",
+    "chord_bias",
+    "chord_period",
+    "max_poly",
+    "density_on",
+    "log_target",
+    "density_start",
+    "density_bias",
+    "integral",
+    "recent",
+)
+
+
+def note_onsets(codec, tokens) -> np.ndarray:
+    """(128,) int64: for each pitch sounding after `tokens`, when it began, in steps before their end (<= 0);
+    a large negative number for pitches not sounding."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    open_ = open_pitches(codec, tokens)
+    clock = np.cumsum(shift_steps(codec)[tokens])  # time after each token
+    end = int(clock[-1]) if len(tokens) else 0
+    onsets = np.full(128, _SILENT, dtype=np.int64)
+    on = np.flatnonzero(codec.is_note_on(tokens))
+    onsets[tokens[on] - codec.note_on_offset] = clock[on] - end  # the last strike of each pitch wins
+    onsets[~open_] = _SILENT
+    return onsets
+
+
+def max_hold_seconds(primer) -> float:
+    """How long the grammar lets a note sound before it closes it for the model: the motif's longest note with
+    some room (HOLD_FACTOR), within [MIN_HOLD_SECONDS, MAX_HOLD_SECONDS]; the bounds come from the corpus."""
+    longest = max((n.end - n.start for n in primer.motif_notes), default=0.0)
+    return float(min(MAX_HOLD_SECONDS, max(MIN_HOLD_SECONDS, HOLD_FACTOR * longest)))

@@ -1,0 +1,285 @@
+"""The motif side of generation: `prepare_primer` / `primer_at_cut` turn a motif into the tokens the model
+reads (a `Primer`, with what rendering needs), and `render` turns generated tokens back into MIDI with the
+motif's tempo and program.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pretty_midi
+
+from musicrel.errors import GenerationError, is_number
+from musicrel.midi.codec import CodecConfig, EventCodec, open_pitches, shift_steps
+
+PRIMER_SECONDS = 30.0  # how much of the motif's end the model reads, by default
+
+
+@dataclass
+class Primer:
+    """The tokens the model reads before it continues, and what rendering the result needs."""
+
+    tokens: np.ndarray  # events of the primer window from time 0 (led by bos when it holds the whole motif)
+    start_time: float  # seconds in the source file where the primer window starts
+    end_time: float  # seconds in the source file where the motif ends (last note-off): continuation starts
+    tempo: float  # bpm: the motif's first tempo
+    program: int  # the output's instrument: see `motif_program`
+    notes: list  # pretty_midi.Note in the primer window (times in the source file)
+    motif_notes: list = field(default_factory=list)  # every note of the motif (times in the source file)
+    program_reason: str = "given"  # why `program`, in words (`motif_program`)
+    requested_seconds: float | None = None  # the primer_seconds asked for
+    cropped: bool = False  # the token cap (max_tokens) started the window later than requested_seconds
+
+
+def _codec_for_tracks(codec, tracks):
+    if tracks is None or tracks == codec.config.tracks:
+        return codec
+    return EventCodec(CodecConfig.from_dict({**codec.config.to_dict(), "tracks": tracks}))
+
+
+def _window_tokens(codec, notes, start: float, cut: float) -> np.ndarray:
+    """Events of the notes sounding in [start, cut), with time 0 at `start`. A note still sounding at `cut`
+    stays open (no note-off: where it ends is for the continuation to say) and the tokens end exactly at
+    `cut` (trailing time shifts), so what follows starts where the source went on."""
+    horizon = cut + 3600.0  # open notes end far beyond the cut; their note-offs are cut away below
+    window = [
+        pretty_midi.Note(n.velocity, n.pitch, max(n.start, start) - start,
+                         (n.end if n.end <= cut else horizon) - start)
+        for n in notes
+        if n.end > start and n.start < cut
+    ]  # fmt: skip
+    tokens = np.asarray(codec.encode_notes(window), dtype=np.int64)
+    steps = shift_steps(codec)[tokens]
+    cut_step = int(np.floor((cut - start) / (codec.config.step_ms / 1000.0) + 0.5))
+    clock = np.cumsum(steps)  # time after each token
+    n = int(np.searchsorted(clock, cut_step, side="right"))  # tokens up to the cut (events at it included)
+    tokens, rest = tokens[:n], cut_step - (int(clock[n - 1]) if n else 0)
+    m = codec.config.max_shift_steps
+    pad = [codec.time_shift_offset + m - 1] * (rest // m) + (
+        [codec.time_shift_offset + rest % m - 1] if rest % m else []
+    )
+    return np.concatenate([tokens, np.asarray(pad, dtype=np.int64)])
+
+
+def primer_at_cut(
+    codec,
+    notes,
+    cut: float,
+    primer_seconds: float = PRIMER_SECONDS,
+    max_tokens: int | None = None,
+    tempo: float = 120.0,
+    program: int = 0,
+) -> Primer:
+    """The `primer_seconds` before `cut` of `notes` (pretty_midi notes in source time) as a primer.
+
+    Notes sounding at the window start are kept from the start on; notes still sounding at `cut` stay open
+    and the continuation starts at `cut` (evaluation cuts pieces mid-phrase this way). When the window encodes
+    to more than `max_tokens` tokens its start moves later (re-encoded, so the primer still begins at an event
+    boundary)."""
+    if (
+        isinstance(primer_seconds, bool)
+        or not isinstance(primer_seconds, int | float)
+        or not primer_seconds > 0
+    ):
+        raise GenerationError(f"primer_seconds must be > 0, got {primer_seconds!r}", code="invalid_params")
+    if max_tokens is not None and max_tokens < 1:
+        raise GenerationError(f"max_tokens must be >= 1, got {max_tokens!r}", code="invalid_params")
+    notes = [n for n in notes if n.start < cut]
+    if not notes:
+        raise GenerationError("no notes before the cut", code="no_notes")
+    first_start = min(n.start for n in notes)
+    start = asked_start = max(first_start, cut - float(primer_seconds))
+    tokens = _window_tokens(codec, notes, start, cut)
+    step = codec.config.step_ms / 1000.0
+    for _ in range(64):
+        if max_tokens is None or len(tokens) <= max_tokens:
+            break
+        # Time at which the last max_tokens tokens begin: move the window start there (at least one step).
+        elapsed = np.cumsum(np.asarray(codec.time_advance)[tokens])
+        start += max(float(elapsed[len(tokens) - max_tokens - 1]), step)
+        tokens = _window_tokens(codec, notes, start, cut)
+    cropped = start > asked_start
+    if max_tokens is not None and len(tokens) > max_tokens:  # e.g. one huge chord: keep the tail as is
+        tokens, cropped = tokens[-max_tokens:], True
+    elif start <= first_start and (max_tokens is None or len(tokens) < max_tokens):
+        # The window holds the whole motif: mark a piece start, as training streams do ([bos] piece [eos]).
+        tokens = np.concatenate([[codec.bos_id], tokens])
+    clipped = [pretty_midi.Note(n.velocity, n.pitch, n.start, min(n.end, cut)) for n in notes]
+    return Primer(
+        tokens=tokens,
+        start_time=float(start),
+        end_time=float(cut),
+        tempo=float(tempo),
+        program=int(program),
+        notes=[
+            pretty_midi.Note(n.velocity, n.pitch, max(n.start, start), n.end)
+            for n in clipped
+            if n.end > start
+        ],
+        motif_notes=clipped,
+        requested_seconds=float(primer_seconds),
+        cropped=cropped,
+    )
+
+
+def prepare_primer(
+    codec,
+    midi,
+    primer_seconds: float = PRIMER_SECONDS,
+    tracks="merge",
+    max_tokens: int | None = None,
+    motif_end: float | None = None,
+):
+    """The `primer_seconds` before the motif's end as primer tokens (InvalidMidiError for unusable MIDI); see
+    `primer_at_cut`. The motif ends at `motif_end` seconds of the file (notes sounding there stay open), by
+    default, or when that is later, at its last note-off: a whole piece is otherwise continued after its
+    final cadence. GenerationError (no_notes) when no note starts before `motif_end`."""
+    if motif_end is not None and (not is_number(motif_end) or not 0 < motif_end < math.inf):
+        raise GenerationError(f"motif_end must be seconds > 0, got {motif_end!r}", code="invalid_params")
+    codec = _codec_for_tracks(codec, tracks)
+    pm = codec.read(midi)
+    notes = codec.to_notes(pm)
+    _, tempi = pm.get_tempo_changes()
+    tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
+    end_time = max(n.end for n in notes)
+    if motif_end is not None and motif_end < end_time:
+        if not any(n.start < motif_end for n in notes):
+            first = min(n.start for n in notes)
+            raise GenerationError(
+                f"motif_end {motif_end:g} s: no note starts before it (the first starts at {first:.2f} s)",
+                code="no_notes",
+            )
+        end_time = float(motif_end)
+    primer = primer_at_cut(codec, notes, end_time, primer_seconds, max_tokens, tempo=tempo)
+    program, reason = motif_program(pm, tracks, primer.start_time, primer.end_time)
+    return replace(primer, program=program, program_reason=reason)
+
+
+CLEAR_SHARE = 0.5  # a program playing more than this share of the window's notes is the motif's instrument
+
+
+def motif_program(pm, tracks, start: float, end: float) -> tuple[int, str]:
+    """The General MIDI program the continuation is played on, and why in words: the program that plays
+    most of the notes struck in the primer window [start, end) of the tracks read (drums aside), if it plays
+    more than CLEAR_SHARE of them; else piano (0). The first track's program made a merged pop song "FX 1
+    (rain)" and a piano piece with a vocal line "Choir Aahs"; a merge of a band, where no part has half the
+    notes, is read back on the instrument most songs are reduced to."""
+    instruments = pm.instruments
+    if isinstance(tracks, list | tuple):
+        instruments = [instruments[i] for i in tracks if isinstance(i, int) and 0 <= i < len(instruments)]
+    counts: collections.Counter[int] = collections.Counter()
+    for inst in instruments:
+        if not inst.is_drum:
+            counts[int(inst.program)] += sum(start <= n.start < end for n in inst.notes)
+    counts = +counts  # programs that strike no note in the window are not candidates
+    total = sum(counts.values())
+    if not total:
+        return 0, "no notes struck in the window: piano"
+    program, notes = counts.most_common(1)[0]
+    name = pretty_midi.program_to_instrument_name(program)
+    if len(counts) == 1:
+        return program, f"{name} plays every note of the motif"
+    share = notes / total
+    if share > CLEAR_SHARE:
+        return program, f"{name} plays {share:.0%} of the motif's notes"
+    return 0, f"no instrument plays more than half of the motif's notes ({name}: {share:.0%}): piano"
+
+
+def default_max_primer_tokens(model) -> int:
+    """Primers fill at most 3/4 of the context window, leaving room to generate before the window slides."""
+    window = model.cfg.max_seq_len
+    return max(1, window - max(1, window // 4))
+
+
+def render(
+    codec,
+    primer: Primer,
+    new_tokens,
+    include_primer: bool = False,
+    *,
+    seed: int | None = None,
+    sample_index: int | None = None,
+    controls: dict | None = None,
+) -> pretty_midi.PrettyMIDI:
+    """Generated tokens -> MIDI with the motif's tempo and program.
+
+    Continuation only: it starts at time 0 and lasts as long as the tokens' time shifts (a text marker "end"
+    holds that length even when the last notes end earlier). include_primer: every note of the motif at its
+    original time, then the continuation from the motif's end. Notes still sounding at the end are closed
+    there; any token stream renders to a valid file. The seed (and sample index) go into a text event, and
+    the controls applied (`musicrel.generation.controls`), as JSON, into another.
+    """
+    primer_tokens = np.asarray(primer.tokens, dtype=np.int64)
+    new_tokens = np.asarray(new_tokens, dtype=np.int64).reshape(-1)
+    vocab = codec.vocab_size
+    new_tokens = new_tokens[(new_tokens >= 0) & (new_tokens < vocab)]
+    steps = shift_steps(codec)
+    step = codec.config.step_ms / 1000.0
+    t_primer = float(steps[primer_tokens].sum()) * step
+    length = float(steps[new_tokens].sum()) * step
+    # Decode primer and continuation together so the velocity in force carries over; close what still sounds.
+    closing = (
+        np.flatnonzero(open_pitches(codec, np.concatenate([primer_tokens, new_tokens])))
+        + codec.note_off_offset
+    )
+    decoded = codec.decode(np.concatenate([primer_tokens, new_tokens, closing]).astype(np.int64)).instruments
+    offset = primer.end_time if include_primer else 0.0
+    eps = 1e-6
+    continuation = []
+    for n in decoded[0].notes if decoded else []:
+        start, end = n.start - t_primer, min(n.end - t_primer, length)
+        if start >= -eps and end - start > eps:
+            continuation.append(pretty_midi.Note(n.velocity, n.pitch, max(start, 0.0) + offset, end + offset))
+    # Sustain pedal (codecs with pedal="events"): keep the continuation's changes, released at the end.
+    pedal = [
+        pretty_midi.ControlChange(c.number, c.value, min(max(c.time - t_primer, 0.0), length) + offset)
+        for c in (decoded[0].control_changes if decoded else [])
+        if c.time >= t_primer - eps
+    ]
+    if pedal and pedal[-1].value >= 64:
+        pedal.append(pretty_midi.ControlChange(64, 0, offset + length))
+
+    # 960 ticks per beat: the 10 ms grid survives writing at any usual tempo (< 1 ms per tick).
+    pm = pretty_midi.PrettyMIDI(resolution=960, initial_tempo=primer.tempo)
+    inst = pretty_midi.Instrument(program=primer.program, name="musicrel")
+    if include_primer:
+        inst.notes.extend(pretty_midi.Note(n.velocity, n.pitch, n.start, n.end) for n in primer.motif_notes)
+    inst.notes.extend(continuation)
+    inst.notes.sort(key=lambda n: (n.start, n.pitch))
+    inst.control_changes = pedal
+    pm.instruments.append(inst)
+    if seed is not None:
+        label = f"musicrel seed={seed}" + ("" if sample_index is None else f" sample={sample_index}")
+        pm.text_events.append(pretty_midi.Text(label, 0.0))
+    if controls:
+        label = "musicrel controls=" + json.dumps(controls, sort_keys=True)
+        pm.text_events.append(pretty_midi.Text(label, 0.0))
+    pm.text_events.append(pretty_midi.Text("end", offset + length))
+    return pm
+
+
+def render_result(
+    codec, primer: Primer, result, include_primer: bool = False
+) -> list[pretty_midi.PrettyMIDI]:
+    """One MIDI per sample of a finished job (a `decode_batch.ContinuationResult`: tokens, seed, the controls
+    applied), as the user gets it: the program the controls chose, else the motif's; the seed and sample index
+    and the controls in text events."""
+    program = (result.controls or {}).get("program")
+    if program is not None:
+        primer = replace(primer, program=program)
+    return [
+        render(
+            codec,
+            primer,
+            tokens,
+            include_primer=include_primer,
+            seed=result.seed,
+            sample_index=i,
+            controls=result.controls,
+        )
+        for i, tokens in enumerate(result.tokens)
+    ]

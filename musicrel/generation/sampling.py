@@ -1,0 +1,92 @@
+"""How to continue one motif: `SamplingParams`, the one source of every sampling default (the library, the
+`musicrel generate` command and the server's form read them from here), and the per-sample seeds.
+
+No torch here: the command line and the server's schemas read these defaults at start-up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from musicrel.errors import GenerationError, is_int, is_number
+from musicrel.generation.controls import Controls
+
+MAX_SEED = 2**63 - 1
+# Without max_new_tokens a row may emit at most this many tokens per second of music (dense piano passages
+# reach ~100 events/s); the cap only matters for a model that stalls time.
+TOKENS_PER_SECOND_CAP = 200
+
+
+@dataclass
+class SamplingParams:
+    """How to continue one motif. Validated on construction (GenerationError names the field)."""
+
+    seconds: float = 20.0
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 0.95
+    seed: int | None = None  # None: a random seed is drawn by generate_batch and reported
+    num_samples: int = 1
+    max_new_tokens: int | None = None
+    include_primer: bool = False  # render the motif followed by the continuation
+    controls: Controls | None = None  # steering (generation.controls); None, like Controls(), steers nothing
+
+    def __post_init__(self) -> None:
+        def number(name: str) -> float:
+            value = getattr(self, name)
+            if not is_number(value):
+                raise GenerationError(f"{name} must be a finite number, got {value!r}", code="invalid_params")
+            return float(value)
+
+        def integer(name: str, low: int, high: int | None = None, allow_none: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and allow_none:
+                return
+            if not is_int(value) or value < low:
+                raise GenerationError(
+                    f"{name} must be an integer >= {low}, got {value!r}", code="invalid_params"
+                )
+            if high is not None and value > high:
+                raise GenerationError(f"{name} must be <= {high}, got {value!r}", code="invalid_params")
+            setattr(self, name, int(value))
+
+        if number("seconds") <= 0:
+            raise GenerationError(f"seconds must be > 0, got {self.seconds!r}", code="invalid_params")
+        if number("temperature") <= 0:
+            raise GenerationError(f"temperature must be > 0, got {self.temperature!r}", code="invalid_params")
+        if not 0 < number("top_p") <= 1:
+            raise GenerationError(f"top_p must be in (0, 1], got {self.top_p!r}", code="invalid_params")
+        integer("top_k", 1, allow_none=True)
+        integer("seed", 0, MAX_SEED, allow_none=True)
+        integer("num_samples", 1)
+        integer("max_new_tokens", 1, allow_none=True)
+        if not isinstance(self.include_primer, bool):
+            raise GenerationError(
+                f"include_primer must be true or false, got {self.include_primer!r}", code="invalid_params"
+            )
+        if isinstance(self.controls, dict):
+            self.controls = Controls.from_dict(self.controls)
+        if self.controls is not None and not isinstance(self.controls, Controls):
+            raise GenerationError(
+                f"controls must be Controls, a dict or None, got {type(self.controls).__name__}",
+                code="invalid_params",
+            )
+        if self.controls is not None and self.controls.is_empty:
+            self.controls = None  # one meaning for "no control": exactly the uncontrolled path
+
+    def limit_steps(self, step_ms: float) -> int:
+        """The requested length in time steps (the grammar meets it to one step)."""
+        return max(1, math.ceil(self.seconds * 1000.0 / step_ms - 1e-9))
+
+    def token_budget(self) -> int:
+        """Most tokens a sample may take: max_new_tokens, else what `seconds` of dense music needs."""
+        return self.max_new_tokens or int(self.seconds * TOKENS_PER_SECOND_CAP) + 64
+
+
+def row_seed(seed: int, sample_index: int) -> int:
+    """The generator seed of sample `sample_index` of a job: a function of (seed, index) only, so sample i is
+    reproducible whatever num_samples or batch it ran in."""
+    return int(np.random.SeedSequence([seed, sample_index]).generate_state(1, np.uint64)[0] >> 1)

@@ -1,0 +1,146 @@
+"""Generated tokens -> note events while they are generated, so a continuation can be played as it grows.
+
+`NoteStream` follows one sample's tokens as they arrive and says when each note starts (`on`, at its
+note-on, its end still unknown) and when it ends (`off`). It decodes exactly as `render` does (the codec's
+decoder over primer + continuation), so the notes it reports are the notes of the MIDI file written for the
+same tokens (pedal changes aside: those are in the file only):
+
+- the velocity in force carries over from the primer, and notes struck in the primer are not the
+  continuation's (their note-offs are silent here);
+- a re-strike closes the sounding note of its pitch; struck again on the very step it began, the first strike
+  is dropped (`drop`: it is not in the file);
+- a note-off on its note-on's own step gives a one-step note, unless the pitch is struck again on that step,
+  which cuts it to nothing. Such an end is reported only once time moves on, when it can no longer change;
+- `close()` ends what still sounds at the final time; a note struck on that very step has no length and is
+  dropped.
+
+Why onsets and not whole notes: tokens come in time order, so onsets arrive in the order they are to be
+played, a few tokens after generation reaches them. A whole note is known only at its note-off, and a long
+note would arrive after the short notes struck later than it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from musicrel.midi.codec import EventCodec
+
+
+@dataclass(frozen=True)
+class NoteEvent:
+    kind: str  # "on" (a note starts; velocity and pitch given), "off" (it ends at `time`), "drop" (no note)
+    id: int  # numbers the sample's notes in the order they start
+    pitch: int
+    time: float  # seconds from the start of the continuation: the start for "on", the end for "off"
+    velocity: int = 0
+
+
+class NoteStream:
+    """One sample's note events, fed its generated tokens chunk by chunk (`feed`), then `close()`."""
+
+    def __init__(self, codec: EventCodec, primer_tokens) -> None:
+        self.codec = codec
+        self.step = codec.step
+        self._off0, self._shift0 = codec.note_off_offset, codec.time_shift_offset
+        self._vel0 = codec.velocity_offset
+        self._vel_end = self._vel0 + codec.config.velocity_bins
+        self._bin_velocity = codec._bin_velocity.tolist()
+        self.t = 0  # steps, primer included
+        self.velocity = 64
+        self._open: dict[int, tuple[int, int, int | None]] = {}  # pitch -> (start step, velocity, id or None)
+        self._one_step: dict[int, int] = {}  # pitch -> id of a note closed on its own start step (this step)
+        self._one_step_primer: dict[int, tuple[int, int]] = {}  # the same in the primer: (start, velocity)
+        self._ids = 0
+        self._closed = False
+        self._events: list[NoteEvent] = []
+        self._live = False  # reading the primer: its notes are not the continuation's, nothing is reported
+        self.feed(primer_tokens)
+        self.t0 = self.t
+        self._live = True
+        # `render` counts a note struck on the primer's last step as the continuation's (it starts at 0).
+        for pitch, (start, velocity, _) in sorted(self._open.items()):
+            if start == self.t:
+                self._open[pitch] = (start, velocity, self._strike(pitch, velocity))
+        for pitch, (_, velocity) in sorted(self._one_step_primer.items()):
+            self._one_step[pitch] = self._strike(pitch, velocity)
+        self._one_step_primer.clear()
+
+    def _seconds(self, step: int) -> float:
+        return (step - self.t0) * self.step
+
+    def _emit(self, kind: str, note_id: int | None, pitch: int, step: int, velocity: int = 0) -> None:
+        if note_id is not None:
+            self._events.append(NoteEvent(kind, note_id, pitch, self._seconds(step), velocity))
+
+    def feed(self, tokens) -> list[NoteEvent]:
+        """The events the new tokens complete, in order."""
+        if self._closed:
+            raise ValueError("the stream is closed")
+        for tok in np.asarray(tokens, dtype=np.int64).reshape(-1).tolist():
+            if tok < 0:
+                continue
+            if tok < self._off0:
+                self._note_on(tok)
+            elif tok < self._shift0:
+                self._note_off(tok - self._off0)
+            elif tok < self._vel0:
+                self._flush_one_step()
+                self.t += tok - self._shift0 + 1
+            elif tok < self._vel_end:
+                self.velocity = self._bin_velocity[tok - self._vel0]
+        events, self._events = self._events, []
+        return events
+
+    def close(self) -> list[NoteEvent]:
+        """The end of the sample: what still sounds ends now (a note struck on this very step is dropped)."""
+        if self._closed:
+            return []
+        for pitch, note_id in self._one_step.items():  # one step would pass the end: cut to nothing
+            self._emit("drop", note_id, pitch, self.t)
+        self._one_step.clear()
+        for pitch, (start, _, note_id) in sorted(self._open.items(), key=lambda kv: kv[1][0]):
+            self._emit("off" if start < self.t else "drop", note_id, pitch, self.t)
+        self._open.clear()
+        self._closed = True
+        events, self._events = self._events, []
+        return events
+
+    def _note_on(self, pitch: int) -> None:
+        prev = self._open.pop(pitch, None)
+        if prev is not None:
+            start, _, prev_id = prev
+            self._emit("off" if start < self.t else "drop", prev_id, pitch, self.t)
+        cut = self._one_step.pop(pitch, None)
+        if cut is not None:  # the one-step note ends where this one starts: on its own start, so no note
+            self._emit("drop", cut, pitch, self.t)
+        self._one_step_primer.pop(pitch, None)
+        self._open[pitch] = (self.t, self.velocity, self._strike(pitch, self.velocity))
+
+    def _strike(self, pitch: int, velocity: int) -> int | None:
+        """A new note's id (None in the primer), its onset reported."""
+        if not self._live:
+            return None
+        note_id = self._ids
+        self._ids += 1
+        self._emit("on", note_id, pitch, self.t, velocity)
+        return note_id
+
+    def _note_off(self, pitch: int) -> None:
+        prev = self._open.pop(pitch, None)
+        if prev is None:
+            return
+        start, _, note_id = prev
+        if start < self.t:
+            self._emit("off", note_id, pitch, self.t)
+        elif note_id is not None:
+            self._one_step[pitch] = note_id  # one step long unless struck again on this step
+        else:
+            self._one_step_primer[pitch] = (start, prev[1])
+
+    def _flush_one_step(self) -> None:
+        for pitch, note_id in self._one_step.items():
+            self._emit("off", note_id, pitch, self.t + 1)
+        self._one_step.clear()
+        self._one_step_primer.clear()

@@ -1,0 +1,1 @@
+"""The Music Transformer: its config, attention variants, the model with its KV cache, checkpoints."""

@@ -1,0 +1,127 @@
+"""A generation job as the worker sees it (`Job`), the events it reports (`Started`, `Progress`, `Finished`,
+`Failed`) and `to_loop`, which turns them into a request's future on its event loop. The worker
+(server/worker.py), the engine process (server/engine.py) and the request's path (continuations.py,
+streams.py) all speak these."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from musicrel.generation.decode_batch import ContinuationResult
+    from musicrel.generation.primer import Primer
+    from musicrel.generation.sampling import SamplingParams
+
+
+class QueueFullError(Exception):
+    """More requests are waiting than the queue holds."""
+
+
+class WorkerStoppedError(Exception):
+    """The worker shut down before it could run the job."""
+
+
+@dataclass(frozen=True)
+class Started:
+    at: float  # time.monotonic() when the job was admitted into the running batch
+
+
+@dataclass(frozen=True)
+class Progress:
+    tokens: list[list[int]]  # each sample's tokens generated since the last Progress (streamed jobs)
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: ContinuationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
+
+
+JobEvent = Started | Progress | Finished | Failed
+
+
+@dataclass(eq=False)
+class Job:
+    primer: Primer
+    params: SamplingParams
+    rows: int
+    deadline: float  # time.monotonic() after which the job is abandoned
+    report: Callable[[Job, JobEvent], None]  # where its events go: `to_loop`, or the engine's pipe
+    future: asyncio.Future | None = None  # what the request awaits (server side; `to_loop` settles it)
+    id: int = 0  # the engine's name for the job on both sides of its pipe (unused in one process)
+    stream: bool = False  # report each sample's new tokens after every step (Progress)
+    reported: list[int] = field(default_factory=list)  # tokens reported so far, per sample (worker side)
+    enqueued_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None  # admitted into the running batch
+    finished_at: float | None = None
+    batch_jobs: int = 0  # the most requests decoded together while this one ran (itself included)
+    batch_rows: int = 0  # the most rows (samples) decoded together while this one ran
+    generation_s: float = 0.0
+    stop_reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        """Called from the event loop (client gone, deadline): the worker stops the job at its next step."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def should_stop(self) -> bool:
+        if self.stop_reason is None and time.monotonic() > self.deadline:
+            self.stop_reason = "deadline"
+        return self.stop_reason is not None
+
+    def _started(self, at: float) -> None:
+        self.started_at = at
+        self.report(self, Started(at))
+
+    def _report_new_tokens(self, generated: list[Any] | None) -> None:
+        """Report the tokens generated since the last report (`generated`: DecodeBatch.generated)."""
+        if generated is None:
+            return
+        if not self.reported:
+            self.reported = [0] * len(generated)
+        new = [tokens[done:].tolist() for tokens, done in zip(generated, self.reported, strict=True)]
+        if any(new):
+            self.reported = [len(tokens) for tokens in generated]
+            self.report(self, Progress(new))
+
+    def _deliver(self, result: ContinuationResult | None = None, error: BaseException | None = None) -> None:
+        self.report(self, Finished(result) if error is None else Failed(error))
+
+
+def to_loop(
+    loop: asyncio.AbstractEventLoop, on_progress: Callable[[list[list[int]]], None] | None = None
+) -> tuple[asyncio.Future, Callable[[Job, JobEvent], None]]:
+    """A future on `loop` for a request to await, and the `report` that settles it from any thread (Finished
+    or Failed) and calls on_progress(tokens per sample) on the loop for each Progress."""
+    future = loop.create_future()
+
+    def report(job: Job, event: JobEvent) -> None:
+        if isinstance(event, Started) or (isinstance(event, Progress) and on_progress is None):
+            return
+        if isinstance(event, Progress):
+            call, args = on_progress, (event.tokens,)
+        else:
+            call, args = settle, (job, event)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+            loop.call_soon_threadsafe(call, *args)
+
+    def settle(job: Job, event: Finished | Failed) -> None:
+        if future.done():
+            return
+        if isinstance(event, Failed) and job.stop_reason is not None:
+            future.cancel()  # nobody awaits it any more: no "exception never retrieved" warning
+        elif isinstance(event, Failed):
+            future.set_exception(event.error)
+        else:
+            future.set_result(event.result)
+
+    return future, report

@@ -1,0 +1,67 @@
+"""The messages between the server and its engine process (server/engine.py), one pipe, both ways.
+
+Server -> engine: `SubmitJob`, `CancelJob`, `Stop`. Engine -> server: `Ready` or `EngineFailed`, a `JobUpdate`
+for each event of a job (server/jobs.py: a job reports the same events in both processes), `MetricUpdate`
+for the worker's Prometheus updates, and `Stopped`. They live here, not in engine.py, which runs as
+`__main__` in the engine process: pickled from there they would name a module the server cannot import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from server.jobs import JobEvent
+
+if TYPE_CHECKING:
+    from musicrel.generation.primer import Primer
+    from musicrel.generation.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class SubmitJob:
+    id: int
+    primer: Primer
+    params: SamplingParams
+    deadline: float
+    stream: bool
+
+
+@dataclass(frozen=True)
+class CancelJob:
+    id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    timeout: float | None  # how long the running rows may take to finish
+
+
+@dataclass(frozen=True)
+class Ready:
+    pass
+
+
+@dataclass(frozen=True)
+class EngineFailed:
+    why: str  # it cannot run (the checkpoint did not load, the warm-up failed): no restart
+
+
+@dataclass(frozen=True)
+class JobUpdate:
+    id: int
+    event: JobEvent
+    fields: dict | None = None  # with Finished and Failed: the worker's measurements (_JOB_FIELDS)
+
+
+@dataclass(frozen=True)
+class MetricUpdate:
+    name: str  # a Metrics attribute
+    labels: tuple
+    method: str  # inc, observe, set
+    args: tuple
+
+
+@dataclass(frozen=True)
+class Stopped:
+    pass

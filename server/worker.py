@@ -1,0 +1,334 @@
+"""The generation worker: one thread owns the model and decodes every request in ONE running batch.
+
+The event loop only enqueues a Job and awaits its future. The worker holds a `DecodeBatch` (continuous
+batching): before every decoding step it admits waiting jobs while rows are free (up to `max_batch_rows`
+samples in all), then decodes one token for every live row. A job leaves as soon as its music is long enough,
+so a short request never waits for a long one and a new one never waits for a batch to finish. When the
+worker is idle, the first job waits up to `batch_window_s` for companions, so that a burst starts together
+(one prefill). Results go back to the loop with `call_soon_threadsafe`. A job whose client left or whose
+deadline passed is skipped if still queued, and stopped at its next step if already decoding.
+
+A job's events (server/jobs.py: `Started`, `Progress`, `Finished`, `Failed`) leave the worker one way,
+through the job's `report`: `to_loop` settles the request's future on its event loop; in the engine process
+(server/engine.py, the default) they go down the pipe instead. With MUSICREL_ENGINE=thread the worker runs in
+the server process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from musicrel.generation.threads import CpuSampler, ThreadChoice, choose_threads, cpu_budget
+from server.jobs import Job, QueueFullError, WorkerStoppedError, to_loop
+from server.metrics import Metrics
+
+if TYPE_CHECKING:
+    from musicrel.generation.primer import Primer
+    from musicrel.generation.sampling import SamplingParams
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.transformer import MusicTransformer
+
+log = logging.getLogger("musicrel.server")
+
+THREADS_RECHECK_S = 5.0  # how often "auto" threads look at the machine again while decoding
+
+
+def generation_threads(rows: int, sampler: CpuSampler | None = None) -> ThreadChoice:
+    """The worker's torch threads under MUSICREL_TORCH_THREADS=auto: generation.threads' choice for `rows`
+    rows, keeping one CPU for request handling (multipart, MIDI parsing and writing, HTTP) when there are
+    two or more: on a 2-core machine one thread, the count measured fastest there (settings.py)."""
+    return choose_threads(rows, reserve=1.0 if cpu_budget() >= 2 else 0.0, sampler=sampler)
+
+
+def warmup_midi() -> bytes:
+    """Two bars of a C-major arpeggio: enough to run prefill and a few decode steps through every path."""
+    import pretty_midi
+
+    pm = pretty_midi.PrettyMIDI(initial_tempo=120)
+    piano = pretty_midi.Instrument(program=0)
+    for i, pitch in enumerate((60, 64, 67, 72, 67, 64, 60, 64)):
+        piano.notes.append(pretty_midi.Note(80, pitch, i * 0.25, i * 0.25 + 0.24))
+    pm.instruments.append(piano)
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    return buffer.getvalue()
+
+
+def warm_up(codec: Any, batch: Any) -> None:
+    """A tiny generation through the worker's own batch: every path runs once before /readyz says 200."""
+    from musicrel.generation.primer import prepare_primer
+    from musicrel.generation.sampling import SamplingParams
+
+    start = time.perf_counter()
+    primer = prepare_primer(codec, warmup_midi(), primer_seconds=2.0)
+    batch.admit([(primer, SamplingParams(seconds=0.5, seed=0, num_samples=1, max_new_tokens=8))])
+    while batch.rows:
+        batch.step()
+    log.info("warm-up generation took %.0f ms", 1000 * (time.perf_counter() - start))
+
+
+class GenerationWorker(Protocol):
+    """What the service needs of the generation worker: `GenerationThread` runs it on a thread of this
+    process, `server.engine.EngineProcess` in a child process. `on_dequeue(jobs, still_waiting)`, given to
+    either, hears of every job leaving the queue (the service measures the drain rate from it)."""
+
+    ready: threading.Event  # set once warmed up
+    failed: str | None  # why it stopped for good
+
+    def start(self) -> None: ...
+
+    def submit(
+        self,
+        primer: Primer,
+        params: SamplingParams,
+        deadline: float,
+        on_progress: Callable[[list[list[int]]], None] | None = None,
+    ) -> Job:
+        """Queue a job (from the event loop); QueueFullError or WorkerStoppedError. With `on_progress`, it
+        is called on the loop with each sample's new tokens after every step that made some."""
+        ...
+
+    @property
+    def queue_depth(self) -> int:
+        """Jobs queued and not started yet."""
+        ...
+
+    def stop(self, timeout: float | None = None) -> None: ...
+
+
+class GenerationThread:
+    def __init__(
+        self,
+        model: MusicTransformer,
+        codec: EventCodec,
+        *,
+        metrics: Metrics,
+        max_queue: int,
+        max_batch_rows: int,
+        batch_window_s: float,
+        primer_cache: int = 0,
+        decoder: Callable[..., Any] | None = None,
+        warmup: Callable[[Any], None] | None = None,
+        torch_threads: int | str | None = None,
+        on_dequeue: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """`decoder(model, codec, max_rows, primer_cache=...)` makes the running batch (DecodeBatch when
+        None; tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker
+        is ready. `torch_threads` is set in the worker thread itself: OpenMP's thread count is per calling
+        thread, so setting it elsewhere would not reach the thread that generates. "auto": see
+        `generation_threads`, chosen again every THREADS_RECHECK_S while decoding."""
+        self.model = model
+        self.torch_threads = torch_threads
+        self._cpu = CpuSampler()  # the machine's load since the last thread choice
+        self._threads_checked = 0.0
+        self.codec = codec
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.max_batch_rows = max_batch_rows
+        self.batch_window_s = batch_window_s
+        self.primer_cache = primer_cache
+        self._decoder = decoder
+        self._warmup = warmup
+        self._on_dequeue = on_dequeue
+        self._pending: collections.deque[Job] = collections.deque()
+        self._running: dict[int, Job] = {}  # by the batch's job id
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="musicrel-generation", daemon=True)
+        self.ready = threading.Event()
+        self.failed: str | None = None
+
+    # ---- event-loop side -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(
+        self,
+        primer: Primer,
+        params: SamplingParams,
+        deadline: float,
+        on_progress: Callable[[list[list[int]]], None] | None = None,
+    ) -> Job:
+        future, report = to_loop(asyncio.get_running_loop(), on_progress)
+        job = Job(
+            primer,
+            params,
+            rows=params.num_samples,
+            deadline=deadline,
+            report=report,
+            future=future,
+            stream=on_progress is not None,
+        )
+        self.enqueue(job)
+        return job
+
+    def enqueue(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise WorkerStoppedError("the generation worker is shutting down")
+            if len(self._pending) >= self.max_queue:
+                raise QueueFullError(f"{len(self._pending)} requests are already waiting")
+            self._pending.append(job)
+            self.metrics.queue_depth.set(len(self._pending))
+            self._cond.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Refuse new jobs, fail the queued ones, let the running rows finish (up to timeout)."""
+        with self._cond:
+            self._stopping = True
+            dropped = list(self._pending)
+            self._pending.clear()
+            self.metrics.queue_depth.set(0)
+            self._cond.notify_all()
+        for job in dropped:
+            job._deliver(error=WorkerStoppedError("the service is shutting down"))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ---- worker thread ---------------------------------------------------------------------------
+
+    def _new_batch(self) -> Any:
+        decoder = self._decoder
+        if decoder is None:
+            from musicrel.generation.decode_batch import DecodeBatch as decoder
+        return decoder(self.model, self.codec, self.max_batch_rows, primer_cache=self.primer_cache)
+
+    def _run(self) -> None:
+        self._set_threads(self.max_batch_rows)
+        try:
+            batch = self._new_batch()
+            if self._warmup is not None:
+                self._warmup(batch)
+        except Exception as exc:  # reported by /readyz; the service never becomes ready
+            log.exception("warm-up generation failed")
+            self.failed = f"warm-up failed: {exc}"
+            return
+        self.ready.set()
+        while True:
+            jobs = self._take(batch)
+            if jobs is None:
+                return
+            if jobs:
+                self._admit(batch, jobs)
+            if batch.rows:
+                batch = self._step(batch)
+
+    def _take(self, batch: Any) -> list[Job] | None:
+        """Waiting jobs that fit in the free rows, in arrival order. Blocks while there is nothing to do;
+        None once stopping with nothing in flight."""
+        with self._cond:
+            if not batch.rows:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return None
+                # Idle: companions arriving within the window start with the first job (one prefill).
+                window_end = time.monotonic() + self.batch_window_s
+                while not self._stopping and sum(j.rows for j in self._pending) < batch.free_rows:
+                    remaining = window_end - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+            if self._stopping:
+                return []  # draining: the running rows finish, nothing new starts
+            jobs: list[Job] = []
+            free = batch.free_rows
+            # A job with more rows than the batch holds is taken alone, so it fails instead of blocking.
+            while self._pending and (self._pending[0].rows <= free or not (jobs or batch.rows)):
+                jobs.append(self._pending.popleft())
+                free -= jobs[-1].rows
+            if jobs:
+                self.metrics.queue_depth.set(len(self._pending))
+                if self._on_dequeue is not None:
+                    self._on_dequeue(len(jobs), len(self._pending))
+        return jobs
+
+    def _admit(self, batch: Any, jobs: list[Job]) -> None:
+        live = []
+        for job in jobs:
+            if job.should_stop():  # the client left or timed out while queued: don't spend compute on it
+                self.metrics.stopped.labels(job.stop_reason).inc()
+                job._deliver(error=WorkerStoppedError(f"job {job.stop_reason} before it started"))
+            else:
+                live.append(job)
+        if not live:
+            return
+        start = time.monotonic()
+        try:
+            admitted = list(zip(batch.admit([(job.primer, job.params) for job in live]), live, strict=True))
+        except Exception as exc:
+            # One bad job must not fail the requests it arrived with: admit each alone (admit changes nothing
+            # when it raises).
+            if len(live) > 1:
+                log.warning("admitting %d jobs failed (%s); admitting them one by one", len(live), exc)
+            admitted = []
+            for job in live:
+                try:
+                    admitted += zip(batch.admit([(job.primer, job.params)]), [job], strict=True)
+                except Exception as single_exc:
+                    job._deliver(error=single_exc)
+        if not admitted:
+            return
+        self.metrics.batches.inc()
+        self.metrics.batched_jobs.inc(len(admitted))
+        for job_id, job in admitted:
+            job._started(start)
+            self._running[job_id] = job
+            self.metrics.queue_seconds.observe(start - job.enqueued_at)
+
+    def _set_threads(self, rows: int) -> None:
+        if self.torch_threads is None:
+            return
+        import torch
+
+        if self.torch_threads != "auto":
+            torch.set_num_threads(int(self.torch_threads))
+            return
+        choice = generation_threads(rows, self._cpu)
+        self._threads_checked = time.monotonic()
+        if choice.threads != torch.get_num_threads():
+            log.info("generation: %s", choice)
+            torch.set_num_threads(choice.threads)
+
+    def _step(self, batch: Any) -> Any:
+        """One decoding step; delivers the jobs that finished. Returns the batch to go on with."""
+        if self.torch_threads == "auto" and time.monotonic() - self._threads_checked > THREADS_RECHECK_S:
+            self._set_threads(len(batch.rows))
+        live, rows = batch.live_jobs, len(batch.rows)
+        for job_id in live:
+            job = self._running[job_id]
+            job.batch_jobs, job.batch_rows = max(job.batch_jobs, len(live)), max(job.batch_rows, rows)
+        self.metrics.batch_rows.observe(rows)
+        try:
+            finished = batch.step(should_stop=lambda job_id: self._running[job_id].should_stop())
+        except Exception as exc:  # a bug, not a bad request (admission checked those): start afresh
+            log.exception("decoding step failed; failing its %d request(s)", len(self._running))
+            for job in self._running.values():
+                job._deliver(error=exc)
+            self._running.clear()
+            return self._new_batch()
+        now = time.monotonic()
+        for job_id, result in finished:
+            job = self._running.pop(job_id)
+            job.finished_at, job.generation_s = now, now - (job.started_at or now)
+            self.metrics.generation_seconds.observe(job.generation_s)
+            self.metrics.tokens_generated.inc(result.new_tokens)
+            if job.stop_reason is not None:
+                self.metrics.stopped.labels(job.stop_reason).inc()
+            job._deliver(result)
+        for job_id, job in self._running.items():
+            if job.stream and job.stop_reason is None:
+                job._report_new_tokens(batch.generated(job_id))
+        return batch

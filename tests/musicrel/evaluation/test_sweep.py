@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from musicrel.cli import main
+from musicrel.evaluation.sweep import _defaults, choose, sweep_sampling
+
+
+def row(score, gain_low, ratio, default=False):
+    return {
+        "setting": {"temperature": score},
+        "is_default": default,
+        "score": {"mean": score},
+        "gain_over_default": {"low": gain_low},
+        "eligible": 0.8 <= ratio <= 1.25,
+    }
+
+
+def test_choose_needs_a_clear_gain_inside_the_density_band():
+    default = row(0.70, 0.0, 1.0, default=True)
+    better = row(0.75, 0.01, 1.1)
+    too_dense = row(0.90, 0.10, 1.6)  # scores best, but plays 1.6x the notes: not eligible
+    assert choose([default, better, too_dense]) == (better, True)
+    noisy = row(0.75, -0.01, 1.1)  # better on average, but the paired interval reaches 0
+    assert choose([default, noisy]) == (noisy, False)
+    # nothing in the band: the best score, judged the same way
+    assert choose([row(0.6, 0.0, 2.0, True), row(0.7, 0.02, 1.5)])[1] is True
+
+
+def test_sweep_compares_every_setting_with_the_defaults_on_the_same_pieces(world, tmp_path, capsys):  # noqa: F811
+    sweep = sweep_sampling(
+        world / "ckpt",
+        world / "pieces",
+        temperatures=(0.5, 1.0),
+        top_ps=(1.0,),
+        seeds=1,
+        motif_seconds=3.0,
+        seconds=2.0,
+    )
+    settings = [r["setting"] for r in sweep["settings"]]
+    assert settings[:2] == [{"temperature": t, "top_p": 1.0, "top_k": None} for t in (0.5, 1.0)]
+    assert settings[-1] == _defaults() and sum(r["is_default"] for r in sweep["settings"]) == 1
+    base = next(r for r in sweep["settings"] if r["is_default"])
+    assert base["gain_over_default"] == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": sweep["pieces"]}
+    best, clear = choose(sweep["settings"])
+    assert sweep["best"] == best["setting"]
+    assert sweep["recommended"] == (best["setting"] if clear else _defaults())
+    for r in sweep["settings"]:
+        assert 0.0 <= r["score"]["mean"] <= 1.0
+        assert r["score"]["low"] <= r["score"]["mean"] <= r["score"]["high"]
+
+    # the command: a table, sweep.json and sweep.png
+    argv = [
+        "sweep-sampling",
+        "--checkpoint",
+        str(world / "ckpt"),
+        "--input",
+        str(world / "pieces"),
+        "--temperatures",
+        "0.7",
+        "--top-ps",
+        "0.9",
+        "--top-ks",
+        "none,5",
+        "--seeds",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+        "--motif-seconds",
+        "3",
+        "--seconds",
+        "2",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "recommended:" in out and "(default)" in out
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert [r["setting"]["top_k"] for r in saved["settings"]][:2] == [None, 5]
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_cli_refuses_bad_grids(capsys):
+    with pytest.raises(SystemExit):
+        main(["sweep-sampling", "--checkpoint", "x", "--input", "y", "--top-ks", "0"])
+    assert "top-k values are integers >= 1" in capsys.readouterr().err

@@ -1,0 +1,241 @@
+"""Accompanying a melody: the melody tokens of the codec, the grammar that places the melody, the library
+entry and its errors, the command."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pretty_midi
+import pytest
+import torch
+
+from musicrel.cli import main
+from musicrel.errors import ConfigError, GenerationError, InvalidMidiError
+from musicrel.generation.accompaniment import (
+    ACCOMPANIMENT_NAME,
+    AccompanimentParams,
+    MelodyGrammar,
+    accompany_midi,
+    accompany_notes,
+    melody_notes,
+    melody_schedule,
+)
+from musicrel.midi.codec import CodecConfig, EventCodec, shift_steps
+from musicrel.model.config import ModelConfig
+from musicrel.model.transformer import MusicTransformer
+
+CODEC = EventCodec(CodecConfig(melody=True, tracks=[0, 1]))
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=CODEC.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=64)
+    return MusicTransformer(cfg).eval()
+
+
+def tune(n: int = 12, start: float = 0.5, step: float = 0.4) -> list:
+    return [
+        pretty_midi.Note(90, 64 + (k * 5) % 12, start + k * step, start + k * step + 0.3) for k in range(n)
+    ]
+
+
+def song(melody, part=(), extra_track: bool = False) -> pretty_midi.PrettyMIDI:
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    mel = pretty_midi.Instrument(0, name="MELODY")
+    mel.notes = list(melody)
+    pm.instruments.append(mel)
+    if part or extra_track:
+        piano = pretty_midi.Instrument(0, name="PIANO")
+        piano.notes = list(part) or [pretty_midi.Note(60, 48, 0.0, 1.0)]
+        pm.instruments.append(piano)
+    return pm
+
+
+def clock(tokens) -> np.ndarray:
+    """The step at which each token happens."""
+    return np.cumsum(shift_steps(CODEC)[np.asarray(tokens)])
+
+
+# ---------------------------------------------------------------- codec
+def test_melody_tokens_sit_before_the_specials_and_decode_to_nothing():
+    plain = EventCodec()
+    assert CODEC.melody_on_offset == plain.num_events and CODEC.vocab_size == plain.vocab_size + 256
+    assert CODEC.pad_id == CODEC.melody_off_offset + 128  # `token >= pad_id` still means a special
+    part = [pretty_midi.Note(70, 48, 0.0, 1.0), pretty_midi.Note(70, 52, 0.5, 1.0)]
+    tokens = CODEC.encode_with_melody(tune(3), part)
+    assert CODEC.is_melody(tokens).sum() == 6
+    assert [(n.pitch, n.start, n.end) for n in CODEC.decode_notes(tokens)] == [(48, 0.0, 1.0), (52, 0.5, 1.0)]
+
+
+def test_melody_events_come_first_at_their_step_and_transpose_with_the_part():
+    melody = [pretty_midi.Note(90, 72, 0.5, 1.0)]
+    part = [pretty_midi.Note(70, 48, 0.5, 1.0)]
+    tokens = CODEC.encode_with_melody(melody, part)
+    at = [t for t, c in zip(tokens, clock(tokens), strict=True) if c == 50 and not CODEC.is_time_shift(t)]
+    assert at[0] == CODEC.melody_on_offset + 72  # before the part's velocity and note-on
+    up = CODEC.transpose(tokens, 2)
+    assert CODEC.melody_on_offset + 74 in up and CODEC.melody_off_offset + 74 in up
+    assert [n.pitch for n in CODEC.decode_notes(up)] == [50]
+
+
+def test_a_melody_codec_reads_the_first_track_as_the_melody():
+    melody, part = tune(4), [pretty_midi.Note(70, 48, 0.0, 2.0)]
+    encoded = CODEC.encode(song(melody, part))
+    assert np.array_equal(encoded, CODEC.encode_with_melody(melody, part))
+    with pytest.raises(ConfigError, match="at least two"):
+        CodecConfig(melody=True)
+    with pytest.raises(ConfigError, match="no melody tokens"):
+        EventCodec().encode_with_melody(melody, part)
+
+
+# ---------------------------------------------------------------- the melody
+def test_melody_notes_trims_legato_and_refuses_chords_silence_and_length():
+    legato = [pretty_midi.Note(90, 60, 0.0, 0.6), pretty_midi.Note(90, 62, 0.5, 1.0)]
+    out = melody_notes(song(legato), 0)
+    assert [(n.start, n.end) for n in out] == [(0.0, 0.5), (0.5, 1.0)]
+    chords = [pretty_midi.Note(90, p, k * 0.5, k * 0.5 + 0.4) for k in range(4) for p in (60, 64, 67)]
+    with pytest.raises(InvalidMidiError) as err:
+        melody_notes(song(chords), 0)
+    assert err.value.code == "melody_has_chords"
+    with pytest.raises(InvalidMidiError) as err:
+        melody_notes(song(tune(3, start=5.0)), 0, max_seconds=4.0)
+    assert err.value.code == "too_long"
+
+
+def test_the_melody_track_must_be_named_when_the_file_has_several(model):
+    with pytest.raises(InvalidMidiError) as err:
+        accompany_midi(model, CODEC, song(tune(), extra_track=True))
+    assert err.value.code == "which_track" and "0: MELODY, 1: PIANO" in str(err.value)
+    with pytest.raises(InvalidMidiError) as err:
+        accompany_midi(model, CODEC, song(tune()), track=5)
+    assert err.value.code == "no_such_track"
+    with pytest.raises(InvalidMidiError) as err:
+        accompany_midi(model, CODEC, pretty_midi.PrettyMIDI())
+    assert err.value.code == "no_notes"
+
+
+# ---------------------------------------------------------------- the grammar
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_melody_event_is_placed_at_its_step_in_order_and_never_drawn_otherwise(model, seed):
+    melody = tune(10)
+    steps, toks = melody_schedule(CODEC, melody)
+    params = AccompanimentParams(seed=seed, num_samples=2, temperature=1.5)
+    outputs, used, _, _ = accompany_notes(model, CODEC, melody, params)
+    assert used == seed
+    end = int(round((max(n.end for n in melody) + 1.0) * 100))
+    for tokens in outputs:
+        placed = CODEC.is_melody(tokens)
+        assert np.array_equal(tokens[placed], toks)
+        assert np.array_equal(clock(tokens)[placed], steps)
+        assert clock(tokens)[-1] >= end  # the accompaniment lasts past the melody
+        assert not ((tokens >= CODEC.pad_id).any())
+
+
+def test_the_model_cannot_draw_a_melody_token():
+    g = MelodyGrammar(CODEC, [melody_schedule(CODEC, tune(2, start=1.5))], [500])
+    logits = torch.zeros(1, CODEC.vocab_size)
+    logits[0, CODEC.melody_on_offset : CODEC.pad_id] = 50.0  # the model wants to play the melody itself
+    out = g.constrain(logits)
+    assert torch.isinf(out[0, CODEC.melody_on_offset : CODEC.pad_id]).all()
+    # a shift that would cross the melody's first note (step 150) is cut to land on it; it is then the only
+    # token allowed
+    g.advance(torch.tensor([CODEC.time_shift_offset + 99]))  # 100 steps
+    token = g.advance(torch.tensor([CODEC.time_shift_offset + 99]))
+    assert int(g.elapsed) == 150 and int(token) == CODEC.time_shift_offset + 49
+    allowed = torch.isfinite(g.constrain(torch.zeros(1, CODEC.vocab_size)))[0].nonzero().squeeze(1)
+    assert allowed.tolist() == [CODEC.melody_on_offset + 64]
+
+
+def test_a_melody_note_the_model_guesses_where_none_is_due_becomes_waiting():
+    g = MelodyGrammar(CODEC, [melody_schedule(CODEC, tune(2, start=1.5))], [500])
+    logits = torch.full((1, CODEC.vocab_size), -30.0)
+    logits[0, CODEC.note_on_offset + 60] = 0.0  # a note, or
+    logits[0, CODEC.time_shift_offset + 9] = 0.0  # a short wait, or
+    logits[0, CODEC.melody_on_offset + 64] = np.log(2.0)  # (twice as likely) the melody's next note now
+    probs = g.constrain(logits)[0].softmax(dim=-1)
+    # the melody's mass goes to waiting, not to the note: a wait now 3x as likely as the note
+    assert probs[CODEC.time_shift_offset + 9] / probs[CODEC.note_on_offset + 60] == pytest.approx(
+        3.0, rel=1e-3
+    )
+    assert probs[CODEC.melody_on_offset : CODEC.pad_id].sum() == 0
+
+
+def test_the_grammar_hears_the_melody_ahead_without_changing_how_many_notes(monkeypatch):
+    from musicrel import accompaniment
+
+    melody = [pretty_midi.Note(90, 64, 0.5, 1.0)]  # E, half a second from now
+
+    def note_ons():
+        g = MelodyGrammar(CODEC, [melody_schedule(CODEC, melody)], [500])
+        return g, g.constrain(torch.zeros(1, CODEC.vocab_size))[
+            0, CODEC.note_on_offset : CODEC.note_on_offset + 128
+        ]
+
+    g, on = note_ons()
+    assert float(on[52] - on[48]) == pytest.approx(accompaniment.TUNE_BIAS, abs=1e-4)  # E gains over C
+    assert float(on[48] - on[53]) == pytest.approx(
+        accompaniment.CLASH_BIAS, abs=1e-4
+    )  # F, a semitone up, loses
+    monkeypatch.setattr(accompaniment, "TUNE_BIAS", 0.0)
+    monkeypatch.setattr(accompaniment, "CLASH_BIAS", 0.0)
+    _, deaf = note_ons()
+    assert float(on.logsumexp(0)) == pytest.approx(float(deaf.logsumexp(0)), abs=1e-4)  # as many notes
+    g.advance(torch.tensor([CODEC.time_shift_offset + 99]))  # a 1 s wait is cut where the E comes in
+    assert int(g.elapsed) == 50
+
+
+def test_a_model_without_melody_tokens_cannot_accompany():
+    with pytest.raises(GenerationError) as err:
+        MelodyGrammar(EventCodec(), [melody_schedule(CODEC, tune(2))], [100])
+    assert err.value.code == "no_melody"
+
+
+# ---------------------------------------------------------------- the library and the command
+def test_the_answer_keeps_the_melody_track_and_adds_the_accompaniment(model):
+    melody = tune(8)
+    pm = song(melody, extra_track=True)
+    from musicrel.generation.controls import Controls
+
+    result = accompany_midi(
+        model, CODEC, pm, track=0, params=AccompanimentParams(seed=4, controls=Controls(program=33))
+    )
+    (answer,) = result.midis
+    assert [i.name for i in answer.instruments] == ["MELODY", ACCOMPANIMENT_NAME]
+    assert [(n.pitch, n.start, n.end) for n in answer.instruments[0].notes] == [
+        (n.pitch, n.start, n.end) for n in melody
+    ]
+    assert answer.instruments[1].program == 33
+    assert len(answer.instruments[1].notes) == len(result.notes[0]) > 0
+    assert result.seconds >= melody[-1].end
+    again = accompany_midi(
+        model, CODEC, pm, track=0, params=AccompanimentParams(seed=4, controls=Controls(program=33))
+    )
+
+    def key(notes):
+        return [(n.pitch, n.velocity, n.start, n.end) for n in notes]
+
+    assert key(again.notes[0]) == key(result.notes[0])  # a seed gives the same accompaniment
+
+
+def test_accompany_command_writes_answers_and_records_bad_files(tmp_path, model, capsys):
+    from musicrel.model.checkpoint import save_model
+
+    folder = tmp_path / "model"
+    save_model(model, folder, codec=CODEC)
+    melodies = tmp_path / "in"
+    melodies.mkdir()
+    song(tune(6)).write(str(melodies / "tune.mid"))
+    (melodies / "broken.mid").write_bytes(b"MThd nonsense")
+    out = tmp_path / "out"
+    code = main(["accompany", "--checkpoint", str(folder), "--input", str(melodies), "--out", str(out),
+                 "--seed", "1", "--threads", "1", "--quiet"])  # fmt: skip
+    assert code == 0
+    summary = {
+        r["input"].rsplit("/", 1)[1]: r for r in json.loads((out / "summary.json").read_text())["files"]
+    }
+    assert summary["broken.mid"]["error"]["code"] in ("not_midi", "truncated")
+    written = pretty_midi.PrettyMIDI(str(out / "tune.sample0.mid"))
+    assert [i.name for i in written.instruments] == ["MELODY", ACCOMPANIMENT_NAME]
+    assert "accompanied 1 of 2" in capsys.readouterr().out

@@ -1,0 +1,87 @@
+"""Decoding (generation.decode): the KV cache changes speed, never the tokens; `sample` keeps to top-k,
+top-p and temperature."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from musicrel.generation.decode import generate, sample
+from musicrel.generation.grammar import Grammar
+from musicrel.generation.primer import prepare_primer
+from tests.musicrel.conftest import (
+    CODEC,
+    make_motif,
+    tiny_model,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("max_seq_len", [128, 32])
+def test_cached_generation_equals_full_recompute(max_seq_len):
+    """The KV cache (and the sliding window past max_seq_len) changes speed, never the tokens."""
+    m = tiny_model(max_seq_len)
+    primer = np.asarray(prepare_primer(CODEC, make_motif(), 2.0, max_tokens=max_seq_len - 8).tokens)
+    prompt = torch.as_tensor(primer)[None].repeat(3, 1)
+
+    def run(use_cache: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        grammar = Grammar(CODEC, [primer] * 3, [10_000] * 3)
+        gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+        it = generate(
+            m, prompt, 100, temperature=torch.tensor([1.0, 0.7, 1.3]), top_k=torch.tensor([391, 20, 391]),
+            top_p=torch.tensor([0.9, 1.0, 0.8]), generators=gens, grammar=grammar, use_cache=use_cache,
+        )  # fmt: skip
+        all_rows = [next(it) for _ in range(60)]
+        # Row 1 is done: drop it; rows 0 and 2 go on with their own generators and state.
+        rest = [it.send(torch.tensor([True, False, True]))] + list(it)
+        return torch.stack(all_rows, dim=1), torch.stack(rest, dim=1)
+
+    (cached, cached_rest), (full, full_rest) = run(True), run(False)
+    assert cached.shape == (3, 60) and cached_rest.shape == (2, 40)
+    torch.testing.assert_close(cached, full, rtol=0, atol=0)
+    torch.testing.assert_close(cached_rest, full_rest, rtol=0, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    top_k=st.integers(1, 20),
+    top_p=st.floats(0.01, 1.0),
+    temperature=st.floats(0.05, 3.0),
+)
+def test_sample_respects_top_k_and_top_p(seed, top_k, top_p, temperature):
+    torch.manual_seed(seed)
+    logits = torch.randn(4, 50) * 3
+    logits[1, 10:] = float("-inf")  # masked tokens are never drawn
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(4)]
+    k = torch.full((4,), top_k)
+    tokens = sample(logits, torch.full((4,), temperature), k, torch.full((4,), top_p), gens)
+    probs = (logits / temperature).softmax(-1)
+    for row, tok in enumerate(tokens.tolist()):
+        order = probs[row].argsort(descending=True).tolist()
+        assert order.index(tok) < top_k
+        mass_before = probs[row][order[: order.index(tok)]].sum().item()
+        assert mass_before < top_p + 1e-5
+        assert torch.isfinite(logits[row, tok])
+    greedy = sample(logits, torch.ones(4), torch.ones(4, dtype=torch.long), torch.ones(4), gens)
+    assert greedy.tolist() == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p"), [(5e-324, 0.95), (1e-45, 0.95), (1e-38, 0.95), (1e-7, 0.95), (1.0, 1e-46)]
+)
+def test_a_vanishing_temperature_or_top_p_samples_greedily(temperature, top_p):
+    """Any positive temperature and top_p are valid input; under float32's range they used to turn the
+    logits into inf/NaN or keep no token, and the sampler's index into -1 (a RuntimeError for the whole
+    batch)."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50) * 40
+    logits[2, 5:] = float("-inf")
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    k, p = torch.full((3,), 50), torch.full((3,), top_p)
+    tokens = sample(logits, torch.full((3,), temperature), k, p, gens)  # float32, as the batch holds it
+    assert tokens.tolist() == logits.argmax(-1).tolist()

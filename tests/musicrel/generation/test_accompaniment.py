@@ -163,7 +163,7 @@ def test_a_melody_note_the_model_guesses_where_none_is_due_becomes_waiting():
 
 
 def test_the_grammar_hears_the_melody_ahead_without_changing_how_many_notes(monkeypatch):
-    from musicrel import accompaniment
+    from musicrel.generation import accompaniment
 
     melody = [pretty_midi.Note(90, 64, 0.5, 1.0)]  # E, half a second from now
 

@@ -173,9 +173,8 @@ def test_init_from_starts_from_a_model_folder_and_refuses_another_shape(runs, tm
     melody = {**hp["codec"], "melody": True, "tracks": [0, 1]}
     grown = EventCodec(CodecConfig.from_dict(melody))
     old = EventCodec(CodecConfig.from_dict(hp["codec"]))
-    module = MusicLM(
-        **{**hp, "codec": melody, "vocab_size": grown.vocab_size, "init_from": str(tmp_path / "m")}
-    )
+    grown_config = {**hp["config"], "vocab_size": grown.vocab_size}
+    module = MusicLM(**{**hp, "codec": melody, "config": grown_config, "init_from": str(tmp_path / "m")})
     emb, base_emb = module.model.tok_emb.weight, base.tok_emb.weight
     assert emb.shape[0] == base_emb.shape[0] + 256
     assert torch.equal(emb[: old.num_events], base_emb[: old.num_events])

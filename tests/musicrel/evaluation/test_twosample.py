@@ -231,21 +231,22 @@ def two_sources(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(two_sources):
-    from musicrel.evaluation.continuations import evaluate_continuations
+    from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return evaluate_continuations(
-            two_sources / "ckpt", two_sources / "data", motif_seconds=3.0, seconds=2.0, seeds=2,
-            split="train,val,test", systems=["untrained", "repeat-motif", "real-music"],
+        options = EvaluationOptions(
+            motif_seconds=3.0, seconds=2.0, seeds=2, split="train,val,test",
+            systems=["untrained", "repeat-motif", "real-music"],
         )  # fmt: skip
+        return evaluate_continuations(two_sources / "ckpt", two_sources / "data", options)
     finally:
         torch.set_num_threads(threads)
 
 
 def test_evaluate_continuations_reports_the_classifier_per_source(report):
-    from musicrel.evaluation.report import format_table
+    from musicrel.evaluation.report import format_report
 
     sections = report["two_sample"]["sections"]
     assert sorted(sections) == ["eighths", "low"] and sum(s["pieces"] for s in sections.values()) == 12
@@ -260,7 +261,7 @@ def test_evaluate_continuations_reports_the_classifier_per_source(report):
     assert all(s["systems"]["untrained"]["accuracy"]["mean"] >= 0.8 for s in sections.values())
     # every system's first continuation rides in the examples, for report.html to play
     assert set(report["examples"][0]["continuations"]) == {"untrained", "repeat-motif", "real-music"}
-    table = format_table(report)
+    table = format_report(report)
     assert "real vs generated" in table and "eighths (6 pieces)" in table and "low (6 pieces)" in table
 
 

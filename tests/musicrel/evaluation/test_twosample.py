@@ -1,6 +1,7 @@
 """The real-vs-generated classifier (musicrel.evaluation.twosample) on note lists with known answers: a system
 drawn like the truth sits near chance, a drone is caught and the features that give it away are named, sources
-stay apart, a piece's rows never straddle a split; then inside evaluate-continuations on a two-source folder."""
+stay apart, a piece's rows never straddle a split; then inside evaluate-continuations on a two-source
+folder."""
 
 from __future__ import annotations
 

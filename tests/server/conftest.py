@@ -64,7 +64,7 @@ def tiny_accompany_checkpoint(tmp_path_factory) -> Path:
     from musicrel.config import ModelConfig
 
     from musicrel.midi.codec import CodecConfig, EventCodec
-    from musicrel.model import MusicTransformer
+    from musicrel.model.transformer import MusicTransformer
 
     torch.manual_seed(0)
     codec = EventCodec(CodecConfig(melody=True, tracks=[0, 1]))

@@ -287,7 +287,7 @@ def generate(
     import torch
 
     from musicrel.generation.accompaniment import accompany_midi
-    from server.batcher import generation_threads
+    from server.worker import generation_threads
 
     with accompanist.lock:
         if gone.is_set() or time.monotonic() > deadline:

@@ -60,10 +60,10 @@ def tiny_accompany_checkpoint(tmp_path_factory) -> Path:
     """A tiny random accompaniment model: the melody codec (MELODY_ON/OFF tokens, tracks 0 and 1) and a
     1-layer MusicTransformer, as tests/musicrel/test_accompaniment.py builds it."""
     import torch
-    from musicrel.checkpoint import save_model
-    from musicrel.config import ModelConfig
 
     from musicrel.midi.codec import CodecConfig, EventCodec
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
     from musicrel.model.transformer import MusicTransformer
 
     torch.manual_seed(0)

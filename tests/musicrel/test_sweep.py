@@ -5,7 +5,7 @@ import json
 import pytest
 
 from musicrel.cli import main
-from musicrel.sweep import _defaults, choose, sweep_sampling
+from musicrel.sweep import _defaults, choose, choose_across, sweep_sampling
 from tests.musicrel.test_evaluation import world  # noqa: F401  (the tiny checkpoint and pieces)
 
 
@@ -30,6 +30,34 @@ def test_choose_needs_a_clear_gain_inside_the_density_band():
     assert choose([row(0.6, 0.0, 2.0, True), row(0.7, 0.02, 1.5)])[1] is True
 
 
+def _source(rows: dict) -> dict:
+    """A per-source sweep of settings named by temperature: {t: (eligible, gain low, mean, high)}."""
+    return {
+        "defaults": {"temperature": 1.0},
+        "settings": [
+            {
+                "setting": {"temperature": t},
+                "eligible": ok,
+                "gain_over_default": {"low": low, "mean": mean, "high": high},
+            }
+            for t, (ok, low, mean, high) in rows.items()
+        ],
+    }
+
+
+def test_choose_across_sources_needs_eligibility_everywhere_and_no_clear_loss():
+    base = (True, 0.0, 0.0, 0.0)
+    pop = _source({1.0: base, 0.9: (True, 0.01, 0.02, 0.03), 0.7: (True, 0.02, 0.06, 0.08)})
+    piano = _source({1.0: base, 0.9: (True, -0.01, 0.0, 0.01), 0.7: (False, 0.0, 0.04, 0.06)})
+    choice = choose_across([pop, piano])
+    # 0.7 gains most but is not eligible on the piano: 0.9, clear on POP909 and no worse on the piano
+    assert choice["recommended"] == {"temperature": 0.9} and choice["best"] == {"temperature": 0.9}
+    worse = _source({1.0: base, 0.9: (True, 0.0, 0.01, 0.02), 0.7: (True, -0.03, -0.02, -0.01)})
+    choice = choose_across([pop, worse])
+    # 0.7 has the best mean gain but loses beyond the noise in one source: the defaults stay
+    assert choice["best"] == {"temperature": 0.7} and choice["recommended"] == {"temperature": 1.0}
+
+
 def test_sweep_compares_every_setting_with_the_defaults_on_the_same_pieces(world, tmp_path, capsys):  # noqa: F811
     sweep = sweep_sampling(
         world / "ckpt",
@@ -48,6 +76,8 @@ def test_sweep_compares_every_setting_with_the_defaults_on_the_same_pieces(world
     best, clear = choose(sweep["settings"])
     assert sweep["best"] == best["setting"]
     assert sweep["recommended"] == (best["setting"] if clear else _defaults())
+    assert 0.0 <= sweep["truth"]["one_pitch"]["mean"] <= 1.0
+    assert "one_pitch" in sweep["settings"][0]["metrics"]
     for r in sweep["settings"]:
         assert 0.0 <= r["score"]["mean"] <= 1.0
         assert r["score"]["low"] <= r["score"]["mean"] <= r["score"]["high"]

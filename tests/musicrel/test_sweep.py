@@ -117,3 +117,28 @@ def test_sweep_cli_refuses_bad_grids(capsys):
     with pytest.raises(SystemExit):
         main(["sweep-sampling", "--checkpoint", "x", "--input", "y", "--top-ks", "0"])
     assert "top-k values are integers >= 1" in capsys.readouterr().err
+
+
+def test_sweep_cli_sweeps_each_source_and_chooses_across_them(tmp_path, monkeypatch, capsys):
+    import musicrel.sweep as sweep_module
+
+    base = (True, 0.0, 0.0, 0.0)
+    fake = {
+        "pop909": _source({1.0: base, 0.9: (True, 0.01, 0.02, 0.03)}),
+        "music21": _source({1.0: base, 0.9: (True, -0.01, 0.01, 0.02)}),
+    }
+    calls, written = [], []
+
+    def sweep_sampling(*args, source, **kwargs):
+        calls.append(source)
+        return fake[source]
+
+    monkeypatch.setattr(sweep_module, "sweep_sampling", sweep_sampling)
+    monkeypatch.setattr(sweep_module, "format_sweep", lambda sweep: "table")
+    monkeypatch.setattr(sweep_module, "write_sweep", lambda sweep, out: written.append(out) or {})
+    argv = ["sweep-sampling", "--checkpoint", "x", "--input", "y", "--source", "pop909,music21"]
+    assert main([*argv, "--out", str(tmp_path), "--quiet"]) == 0
+    assert calls == ["pop909", "music21"] and written == [tmp_path / "pop909", tmp_path / "music21"]
+    choice = json.loads((tmp_path / "choice.json").read_text())
+    assert choice["sources"] == ["pop909", "music21"] and choice["recommended"] == {"temperature": 0.9}
+    assert "source pop909" in capsys.readouterr().out

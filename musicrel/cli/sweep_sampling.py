@@ -27,17 +27,44 @@ def _top_ks(value: str) -> list[int | None]:
 
 
 def _sweep(args) -> int:
-    from musicrel.evaluation.sweep import format_sweep, sweep_sampling, write_sweep
+    import json
+    from pathlib import Path
+
+    from musicrel.evaluation.sweep import choose_across, format_sweep, sweep_sampling, write_sweep
 
     torch_setup(args)
     options = given(
-        args, "temperatures", "top_ps", "top_ks", "split", "limit", "seeds", "motif_seconds", "seconds"
+        args,
+        "temperatures",
+        "top_ps",
+        "top_ks",
+        "split",
+        "limit",
+        "seeds",
+        "motif_seconds",
+        "seconds",
+        "batch_size",
     )
-    sweep = sweep_sampling(args.checkpoint, args.input, progress=not args.quiet, **options)
-    print(format_sweep(sweep))
-    if args.out:
-        paths = write_sweep(sweep, args.out)
-        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    sources = [s.strip() for s in args.source.split(",") if s.strip()] if args.source else [None]
+    sweeps = []
+    for source in sources:
+        sweep = sweep_sampling(args.checkpoint, args.input, progress=not args.quiet, source=source, **options)
+        sweeps.append(sweep)
+        if source is not None:
+            print(f"source {source}")
+        print(format_sweep(sweep))
+        if args.out:
+            out = Path(args.out) if len(sources) == 1 else Path(args.out) / str(source)
+            paths = write_sweep(sweep, out)
+            print("wrote " + ", ".join(str(p) for p in paths.values()))
+    if len(sweeps) > 1:
+        choice = choose_across(sweeps)
+        where = ", ".join(map(str, sources))
+        print(f"across {where}: recommended {choice['recommended']} ({choice['reason']})")
+        if args.out:
+            path = Path(args.out) / "choice.json"
+            path.write_text(json.dumps({"sources": sources, **choice}, indent=1) + "\n")
+            print(f"wrote {path}")
     return 0
 
 
@@ -47,12 +74,19 @@ def register(subparsers) -> None:
         help="evaluate-continuations over a grid of temperature x top-p x top-k; recommends defaults",
         description="Continue the same held-out pieces with every setting of the grid (and the current "
         "defaults), score each piece by its mean histogram overlap with the truth, and recommend the best "
-        "setting whose density ratio is in 0.8-1.25 only if it beats the defaults piece by piece beyond the "
-        "95%% interval. Options left out take musicrel.evaluation.sweep.sweep_sampling's defaults.",
+        "setting whose density ratio is in 0.8-1.25 and that drones no more than the truth, only if it beats "
+        "the defaults piece by piece beyond the 95%% interval (per --source, then across them). Options left "
+        "out take musicrel.evaluation.sweep.sweep_sampling's defaults.",
     )
     s.add_argument("--checkpoint", required=True)
     s.add_argument("--input", required=True, help="a prepared data folder (or a folder of MIDI files)")
     s.add_argument("--split", default=None, help="split of a prepared folder (default: val)")
+    s.add_argument(
+        "--source",
+        default=None,
+        help="a source of a multi-source prepared folder, or a comma list: one sweep per source (never "
+        "averaged) in --out/SOURCE, and the one setting eligible in all of them in --out/choice.json",
+    )
     s.add_argument("--temperatures", type=_floats, default=None, help="e.g. 0.8,0.9,1.0,1.1")
     s.add_argument("--top-ps", type=_floats, default=None, help="e.g. 0.9,0.95,1.0")
     s.add_argument("--top-ks", type=_top_ks, default=None, help="e.g. none,20")
@@ -60,6 +94,7 @@ def register(subparsers) -> None:
     s.add_argument("--seconds", type=float, default=None, help="length of the continuation and reference")
     s.add_argument("--limit", type=positive_int, default=None, help="use at most N pieces")
     s.add_argument("--seeds", type=positive_int, default=None, help="continuations per piece and setting")
+    s.add_argument("--batch-size", type=positive_int, default=None, help="pieces generated together")
     s.add_argument("--out", default=None, help="write sweep.json and sweep.png here")
     s.add_argument(
         "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"

@@ -7,7 +7,8 @@ intervals that go with them; `continuations` runs the systems and scores their c
   Krumhansl-Schmuckler key of the motif; the correlation of the continuation's duration-weighted pitch-class
   histogram with that key's profile), notes per second, polyphony (mean notes sounding while any sounds, and
   the most at once), self-repetition (share of n-grams of (pitch interval, IOI bin) seen earlier in the same
-  continuation) and the share of notes held longer than `HELD_SECONDS`;
+  continuation), the share of notes held longer than `HELD_SECONDS` and whether one pitch has more than half
+  of the notes (`one_pitch`: a drone, which every histogram overlap but the pitch class's can miss);
 - on the token stream: the share of continuations that break the grammar (an orphan note-off, counting the
   notes the primer leaves sounding; a special token; an id outside the vocabulary) and the re-strikes (a
   note-on of a sounding pitch: legal, reported for information).
@@ -69,6 +70,9 @@ METRICS = (
     Metric("polyphony_max", "max polyphony", "reference", intrinsic=True),
     Metric("repetition", f"repeated {REPEAT_N}-grams", "reference", intrinsic=True),
     Metric("held_share", f"notes held > {HELD_SECONDS:g} s", "reference", intrinsic=True),
+    # Per continuation 0 or 1, so its mean is the share of continuations that drone on one pitch (at
+    # temperature 0.5 the shipped model once gave 157 notes all A4); the truth's share is what music does.
+    Metric("one_pitch", "one pitch > half the notes", "reference", intrinsic=True),
     # A note still sounding when the window ends: a model that forgets to close notes holds many (a chord
     # hanging to the end), the truth a few (whatever is sounding at an arbitrary instant).
     Metric("sounding_at_end", "notes sounding at the end", "reference", intrinsic=True),
@@ -174,6 +178,13 @@ def held_share(notes, seconds: float = HELD_SECONDS) -> float:
     return float(np.mean([n.end - n.start > seconds for n in notes]))
 
 
+def one_pitch(notes) -> float:
+    """1.0 when the most common pitch has more than half of the notes, else 0.0 (NaN for no notes)."""
+    if not notes:
+        return math.nan
+    return float(2 * np.bincount([n.pitch for n in notes], minlength=128).max() > len(notes))
+
+
 def sounding_at_end(notes, seconds: float) -> float:
     """Share of notes (clipped to the window) still sounding at its end `seconds` (NaN for no notes)."""
     if not notes:
@@ -215,6 +226,7 @@ def describe(notes, seconds: float, key: tuple[int, str] | None) -> dict[str, fl
         "polyphony_max": float(max_poly),
         "repetition": repetition(notes),
         "held_share": held_share(notes),
+        "one_pitch": one_pitch(notes),
         "sounding_at_end": sounding_at_end(notes, seconds),
     }
 

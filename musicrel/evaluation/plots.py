@@ -26,7 +26,7 @@ SWEEP_TITLES = {
     "pc_overlap": "pitch-class overlap (higher is better)",
     "ioi_overlap": "IOI overlap (higher is better)",
     "density_ratio": "density ratio (grey: eligible band)",
-    "range_diff": "range diff, semitones (lower is better)",
+    "one_pitch": "one pitch > half the notes (share of continuations)",
     "key_corr": "key correlation with the motif's key",
 }
 MOTIF_COLOR = "0.6"
@@ -122,7 +122,7 @@ def plot_pianorolls(report: dict, path) -> Path:
 def plot_sweep(sweep: dict, path) -> Path:
     """A panel per figure of a sampling sweep: mean and interval against temperature, a line per (top-p,
     top-k); the defaults circled, the density band shaded."""
-    panels = ("score", "pc_overlap", "ioi_overlap", "density_ratio", "range_diff", "key_corr")
+    panels = ("score", "pc_overlap", "ioi_overlap", "density_ratio", "one_pitch", "key_corr")
     lines: dict[tuple, list[dict]] = {}
     for row in sweep["settings"]:
         s = row["setting"]

@@ -14,7 +14,7 @@ from musicrel.evaluation.twosample import format_two_sample
 def _cell(summary: dict, name: str) -> str:
     if summary["mean"] is None:
         return "-"
-    if name == "grammar_error" or name.endswith(("_share", "repetition")):
+    if name in ("grammar_error", "one_pitch") or name.endswith(("_share", "repetition")):
         f = lambda x: f"{100 * x:.1f}%"  # noqa: E731
     elif name in ("range_diff", "restrikes", "polyphony_max"):
         f = lambda x: f"{x:.1f}"  # noqa: E731

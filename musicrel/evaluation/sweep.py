@@ -4,9 +4,16 @@ piece by piece (paired) rather than through intervals that mostly measure how pi
 
 The score that ranks settings is a piece's mean of the four histogram overlaps with the truth (pitch class,
 IOI, duration, velocity: each in 0..1, higher is better). A setting is eligible when its density ratio lies
-in DENSITY_BAND; the recommended one is the eligible setting with the best score, and it replaces the current
+in DENSITY_BAND and it drones (one pitch > half the notes) no more often than the truth does, give or take
+DRONE_MARGIN; the recommended one is the eligible setting with the best score, and it replaces the current
 default only when its paired gain over the default is above zero with 95 % confidence: a difference inside
 the noise keeps the default.
+
+A prepared folder that mixes corpora is swept per source (`sources`): each gets its own table, never
+averaged with the others, and `choose_across` picks the one setting the defaults can be.
+
+The table's columns are the model's metrics named in TABLE_METRICS (any of musicrel.metrics.METRICS that
+evaluate-continuations reports): a new figure of the evaluation becomes a column by adding its name there.
 """
 
 from __future__ import annotations
@@ -24,10 +31,13 @@ from musicrel.evaluation.plots import plot_sweep
 from musicrel.generation.sampling import SamplingParams
 
 SCORE_METRICS = ("pc_overlap", "ioi_overlap", "duration_overlap", "velocity_overlap")
-TABLE_METRICS = (*SCORE_METRICS, "range_diff", "density_ratio", "key_corr", "repetition")
+TABLE_METRICS = (*SCORE_METRICS, "range_diff", "density_ratio", "key_corr", "repetition", "one_pitch")
 DENSITY_BAND = (0.8, 1.25)
-TEMPERATURES = (0.8, 0.9, 1.0, 1.1)
-TOP_PS = (0.9, 0.95, 1.0)
+DRONE_MARGIN = 0.02  # share of continuations
+# Down to 0.5: the page offers any temperature, and low ones were where the model droned.
+TEMPERATURES = (0.5, 0.7, 0.85, 1.0)
+TOP_PS = (0.95, 1.0)
+_PERCENT = ("repetition", "one_pitch")
 
 
 def _defaults() -> dict:
@@ -54,10 +64,12 @@ def sweep_sampling(
     limit: int | None = None,
     seeds: int = 2,
     progress: bool = False,
+    source: str | None = None,
     **evaluate_kwargs,
 ) -> dict:
-    """Evaluate every (temperature, top_p, top_k) of the grid plus the current defaults; returns the sweep
-    report: each setting's metric summaries and its paired score difference against the defaults."""
+    """Evaluate every (temperature, top_p, top_k) of the grid plus the current defaults on the pieces of
+    `split` (of one `source` of a prepared folder, if given); returns the sweep report: each setting's metric
+    summaries and its paired score difference against the defaults."""
     defaults = _defaults()
     grid = [
         {"temperature": float(t), "top_p": float(p), "top_k": k}
@@ -74,7 +86,13 @@ def sweep_sampling(
         if progress:
             print(f"[{i + 1}/{len(grid)}] {setting}", flush=True)
         options = EvaluationOptions(
-            split=split, limit=limit, seeds=seeds, systems=["model"], **setting, **evaluate_kwargs
+            split=split,
+            limit=limit,
+            seeds=seeds,
+            systems=["model"],
+            source=source,
+            **setting,
+            **evaluate_kwargs,
         )
         report = evaluate_continuations(checkpoint, input_dir, options)
         metrics = report["systems"]["model"]["metrics"]
@@ -89,24 +107,33 @@ def sweep_sampling(
         rows.append(row)
         if row["is_default"]:
             base = key
-        pieces = report["pieces"]
+        pieces, truth = report["pieces"], report["reference"]["metrics"]
+    drone_cap = (truth["one_pitch"]["mean"] or 0.0) + DRONE_MARGIN
     for row in rows:
         key = json.dumps(row["setting"], sort_keys=True)
         row["gain_over_default"] = bootstrap_interval(
             [a - b for a, b in zip(scores[key], scores[base], strict=True) if a is not None and b is not None]
         )
         ratio = row["metrics"]["density_ratio"]["mean"]
-        row["eligible"] = ratio is not None and DENSITY_BAND[0] <= ratio <= DENSITY_BAND[1]
+        drone = row["metrics"]["one_pitch"]["mean"]
+        row["eligible"] = (
+            ratio is not None
+            and DENSITY_BAND[0] <= ratio <= DENSITY_BAND[1]
+            and (drone is None or drone <= drone_cap)
+        )
     best, clear = choose(rows)
     recommended = best["setting"] if clear else defaults
     return {
         "checkpoint": str(checkpoint),
         "input": str(input_dir),
         "split": split,
+        "source": source,
         "pieces": pieces,
         "seeds": seeds,
         "score": f"mean of {', '.join(SCORE_METRICS)} per piece",
         "density_band": list(DENSITY_BAND),
+        "truth": {m: truth[m] for m in TABLE_METRICS if m in truth},
+        "drone_cap": drone_cap,
         "defaults": defaults,
         "best": best["setting"],
         "recommended": recommended,
@@ -126,6 +153,38 @@ def choose(rows: list[dict]) -> tuple[dict, bool]:
     best = max(eligible, key=lambda r: -math.inf if r["score"]["mean"] is None else r["score"]["mean"])
     low = best["gain_over_default"]["low"]
     return best, low is not None and low > 0
+
+
+def choose_across(sweeps: Sequence[dict]) -> dict:
+    """One setting for the defaults from per-source sweeps of the same grid: among the settings eligible in
+    every source, the one with the best mean paired gain over the defaults (sources weigh the same, whatever
+    their piece counts); it replaces the defaults only if its gain is above 0 with 95 % confidence in some
+    source and below 0 with 95 % confidence in none."""
+    keys = [json.dumps(r["setting"], sort_keys=True) for r in sweeps[0]["settings"]]
+    by_source = [{json.dumps(r["setting"], sort_keys=True): r for r in s["settings"]} for s in sweeps]
+    eligible = [k for k in keys if all(k in rows and rows[k]["eligible"] for rows in by_source)]
+    defaults = sweeps[0]["defaults"]
+
+    def gain(key: str) -> float:
+        return sum(rows[key]["gain_over_default"]["mean"] or 0.0 for rows in by_source) / len(by_source)
+
+    if not eligible:
+        return {"recommended": defaults, "best": None, "reason": "no setting is eligible in every source"}
+    best = max(eligible, key=gain)
+    gains = [rows[best]["gain_over_default"] for rows in by_source]
+    better = any(g["low"] is not None and g["low"] > 0 for g in gains)
+    worse = any(g["high"] is not None and g["high"] < 0 for g in gains)
+    clear = better and not worse
+    return {
+        "recommended": json.loads(best) if clear else defaults,
+        "best": json.loads(best),
+        "mean_gain": gain(best),
+        "reason": (
+            "eligible in every source, better beyond the noise in one at least and worse in none"
+            if clear
+            else "the best setting eligible in every source is not better beyond the noise, or worse in one"
+        ),
+    }
 
 
 def format_sweep(sweep: dict) -> str:
@@ -148,13 +207,29 @@ def format_sweep(sweep: dict) -> str:
                     "-" if s["top_k"] is None else str(s["top_k"]),
                     cell(r["score"]),
                     gain,
-                    *(cell(r["metrics"][m], pct=m == "repetition") for m in TABLE_METRICS),
+                    *(cell(r["metrics"][m], pct=m in _PERCENT) for m in TABLE_METRICS),
                 ]
             )
         )
+    truth = sweep["truth"]
     lines.append(
-        f"{sweep['pieces']} pieces of {sweep['input']} ({sweep['split']}) x {sweep['seeds']} seeds; "
-        f"score = {sweep['score']}; eligible: density ratio in {sweep['density_band']}"
+        " | ".join(
+            [
+                "truth",
+                "",
+                "",
+                "",
+                "",
+                *(cell(truth[m], pct=m in _PERCENT) if m in truth else "" for m in TABLE_METRICS),
+            ]
+        )
+    )
+    where = sweep["input"] + (f" source {sweep['source']}" if sweep.get("source") else "")
+    lines.append(
+        f"{sweep['pieces']} pieces of {where} ({sweep['split']}) x {sweep['seeds']} seeds; "
+        f"score = {sweep['score']}; eligible: density ratio in {sweep['density_band']} and one pitch > half "
+        f"the notes in at most {100 * sweep['drone_cap']:.0f}% of continuations (the truth's share + "
+        f"{100 * DRONE_MARGIN:g})"
     )
     lines.append(f"recommended: {sweep['recommended']} ({sweep['reason']})")
     return "\n".join(lines)

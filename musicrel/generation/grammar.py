@@ -35,6 +35,15 @@ HOLD_FACTOR = 1.5
 MIN_HOLD_SECONDS = 1.0
 MAX_HOLD_SECONDS = 8.0
 
+# A pitch that has MAX_REPEATS of the last REPEAT_WINDOW note-ons is not struck again until others come: its
+# note-on mass goes to the other pitches. The model's own loop: once it repeats a pitch, its probability of
+# repeating it again rises with every strike (median 0.76 among the note-ons at the first strikes of a drone,
+# 0.97 after 20), so a temperature under 1 (which squares 0.97 into 0.999 at 0.5) made the loop absorbing:
+# 157 notes all A4. Real music (the train split) strikes a pitch that already has 8 of the previous 16
+# note-ons at 0.05 % (POP909) to 0.6 % (music21) of its notes; the cap keeps any pitch to about half.
+REPEAT_WINDOW = 16
+MAX_REPEATS = 8
+
 _FOREVER = 2**62  # steps: "no limit" that still adds to an onset without overflow
 _SILENT = -(2**62)  # onset of a pitch that is not sounding
 
@@ -47,6 +56,8 @@ class Grammar:
       nearest sounding pitch rather than masked away (`_repair_orphans`). A note-on of a pitch that is
       sounding is a re-strike: legal music, which the codec decodes as "close, then strike again", so it
       stays possible (forbidding it kept the old note open and pushed the model elsewhere: notes piled up).
+    - no drone: a pitch that has MAX_REPEATS of the last REPEAT_WINDOW note-ons (the primer's count) is not
+      struck again; its mass moves to the other note-ons, so the rule chooses a pitch, not how many notes.
     - no note is held by accident: a note the model leaves open for `max_hold` steps is closed then (the time
       shift that would cross that moment is shortened to land on it, and the next token is its note-off, fed
       to the model like any other), so a note sounds as long as the model says, up to a length learned from
@@ -93,6 +104,10 @@ class Grammar:
         hold = [_FOREVER] * B if max_hold_steps is None else [max(1, int(h)) for h in max_hold_steps]
         self.max_hold = torch.as_tensor(hold, dtype=torch.long, device=device)  # (B,)
         self.step_s = float(codec.config.step_ms) / 1000.0
+        recent = [recent_pitches(codec, p, REPEAT_WINDOW) for p in prompts]
+        self.recent_pitches = torch.as_tensor(
+            np.stack(recent) if B else np.zeros((0, REPEAT_WINDOW), np.int64), device=device
+        )  # (B, REPEAT_WINDOW) long: the last note-ons' pitches, oldest first; -1 where there were fewer
         self._init_controls(list(controls) if controls is not None else [None] * B, device)
 
     def _init_controls(self, controls: list[RowControls | None], device) -> None:
@@ -147,6 +162,7 @@ class Grammar:
         logits = self._repair_orphans(logits)
         if self.any_control:
             logits = self._steer(logits)
+        logits = self._vary(logits)
         allowed = self.allowed.expand_as(logits).clone()  # (B, V)
         allowed[:, self.off0 : self.off0 + 128] = self.open
         overdue = self.overdue()
@@ -197,6 +213,22 @@ class Grammar:
             full = (sounding.sum(dim=1) >= self.max_poly)[:, None] & ~sounding  # (B, 128): new notes wait
             block = block.masked_fill(full, float("-inf"))
         logits[:, on] = block
+        return logits
+
+    def _vary(self, logits: Tensor) -> Tensor:
+        """Move the note-on mass of each pitch that has MAX_REPEATS of the row's last REPEAT_WINDOW note-ons
+        to the other note-ons, in the proportions the model (and the controls) gave them (`logits` is this
+        step's own tensor). A row where no other pitch may sound (the controls masked them all) keeps its
+        note-ons: the rule never forces a rest."""
+        pitch = torch.arange(128, device=logits.device)
+        counts = (self.recent_pitches[:, :, None] == pitch).sum(dim=1)  # (B, 128)
+        worn = counts >= MAX_REPEATS  # (B, 128); no early return: `any` would cost a device sync per step
+        on = slice(self.on0, self.on0 + 128)
+        block = logits[:, on]
+        varied = block.masked_fill(worn, float("-inf"))
+        keep_mass = block.logsumexp(dim=1) - varied.logsumexp(dim=1)  # (B,)
+        moved = varied + torch.where(keep_mass.isfinite(), keep_mass, 0.0)[:, None]
+        logits[:, on] = torch.where(varied.isfinite().any(dim=1, keepdim=True), moved, block)
         return logits
 
     def _steer_density(self, is_on: Tensor, dt: Tensor) -> None:
@@ -274,6 +306,8 @@ class Grammar:
         # a note-on (a re-strike too) starts the note's clock
         onset = torch.where(is_on, self.elapsed, self.onset.gather(1, pitch).squeeze(1))
         self.onset.scatter_(1, pitch, onset[:, None])
+        shifted = torch.cat([self.recent_pitches[:, 1:], pitch], dim=1)
+        self.recent_pitches = torch.where(is_on[:, None], shifted, self.recent_pitches)
         return tokens
 
 
@@ -295,6 +329,7 @@ _GRAMMAR_ROWS = (
     "density_bias",
     "integral",
     "recent",
+    "recent_pitches",
 )
 
 
@@ -310,6 +345,13 @@ def note_onsets(codec, tokens) -> np.ndarray:
     onsets[tokens[on] - codec.note_on_offset] = clock[on] - end  # the last strike of each pitch wins
     onsets[~open_] = _SILENT
     return onsets
+
+
+def recent_pitches(codec, tokens, n: int) -> np.ndarray:
+    """(n,) int64: the pitches of the last n note-ons of `tokens`, oldest first, -1 before the first."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    pitches = tokens[codec.is_note_on(tokens)][-n:] - codec.note_on_offset if n else np.zeros(0, np.int64)
+    return np.concatenate([np.full(n - len(pitches), -1, np.int64), pitches])
 
 
 def max_hold_seconds(primer) -> float:

@@ -58,7 +58,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_accompany_checkpoint(tmp_path_factory) -> Path:
     """A tiny random accompaniment model: the melody codec (MELODY_ON/OFF tokens, tracks 0 and 1) and a
-    1-layer MusicTransformer, as tests/musicrel/test_accompaniment.py builds it."""
+    1-layer MusicTransformer, as tests/musicrel/generation/test_accompaniment.py builds it."""
     import torch
 
     from musicrel.midi.codec import CodecConfig, EventCodec

@@ -33,6 +33,7 @@ from musicrel.evaluation.metrics import (
     inter_onset_intervals,
     ioi_histogram,
     key_correlation,
+    one_pitch,
     paired_difference,
     pitch_class_histogram,
     pitch_range,
@@ -145,6 +146,14 @@ def test_repetition():
     # the same pitches in another rhythm are not a repeat
     assert repetition(notes(1) + [N(p, 2 + 0.5 * i, 2.4 + 0.5 * i) for i, p in enumerate(pattern)]) == 0.0
     assert math.isnan(repetition(notes(1)[:4]))
+
+
+def test_one_pitch_marks_a_drone():
+    drone = [N(69, 0.1 * i, 0.1 * i + 0.05) for i in range(5)] + [N(60 + i, 1 + i, 1.5 + i) for i in range(4)]
+    assert one_pitch(drone) == 1.0  # 5 of 9 notes on A4
+    assert one_pitch(drone[1:]) == 0.0  # 4 of 8: half is not a drone
+    assert math.isnan(one_pitch([]))
+    assert describe(drone, 10.0, None)["one_pitch"] == 1.0
 
 
 def test_held_share():

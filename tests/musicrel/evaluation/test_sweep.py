@@ -5,7 +5,7 @@ import json
 import pytest
 
 from musicrel.cli import main
-from musicrel.evaluation.sweep import _defaults, choose, sweep_sampling
+from musicrel.evaluation.sweep import _defaults, choose, choose_across, sweep_sampling
 
 
 def row(score, gain_low, ratio, default=False):
@@ -29,6 +29,34 @@ def test_choose_needs_a_clear_gain_inside_the_density_band():
     assert choose([row(0.6, 0.0, 2.0, True), row(0.7, 0.02, 1.5)])[1] is True
 
 
+def _source(rows: dict) -> dict:
+    """A per-source sweep of settings named by temperature: {t: (eligible, gain low, mean, high)}."""
+    return {
+        "defaults": {"temperature": 1.0},
+        "settings": [
+            {
+                "setting": {"temperature": t},
+                "eligible": ok,
+                "gain_over_default": {"low": low, "mean": mean, "high": high},
+            }
+            for t, (ok, low, mean, high) in rows.items()
+        ],
+    }
+
+
+def test_choose_across_sources_needs_eligibility_everywhere_and_no_clear_loss():
+    base = (True, 0.0, 0.0, 0.0)
+    pop = _source({1.0: base, 0.9: (True, 0.01, 0.02, 0.03), 0.7: (True, 0.02, 0.06, 0.08)})
+    piano = _source({1.0: base, 0.9: (True, -0.01, 0.0, 0.01), 0.7: (False, 0.0, 0.04, 0.06)})
+    choice = choose_across([pop, piano])
+    # 0.7 gains most but is not eligible on the piano: 0.9, clear on POP909 and no worse on the piano
+    assert choice["recommended"] == {"temperature": 0.9} and choice["best"] == {"temperature": 0.9}
+    worse = _source({1.0: base, 0.9: (True, 0.0, 0.01, 0.02), 0.7: (True, -0.03, -0.02, -0.01)})
+    choice = choose_across([pop, worse])
+    # 0.7 has the best mean gain but loses beyond the noise in one source: the defaults stay
+    assert choice["best"] == {"temperature": 0.7} and choice["recommended"] == {"temperature": 1.0}
+
+
 def test_sweep_compares_every_setting_with_the_defaults_on_the_same_pieces(world, tmp_path, capsys):  # noqa: F811
     sweep = sweep_sampling(
         world / "ckpt",
@@ -47,6 +75,8 @@ def test_sweep_compares_every_setting_with_the_defaults_on_the_same_pieces(world
     best, clear = choose(sweep["settings"])
     assert sweep["best"] == best["setting"]
     assert sweep["recommended"] == (best["setting"] if clear else _defaults())
+    assert 0.0 <= sweep["truth"]["one_pitch"]["mean"] <= 1.0
+    assert "one_pitch" in sweep["settings"][0]["metrics"]
     for r in sweep["settings"]:
         assert 0.0 <= r["score"]["mean"] <= 1.0
         assert r["score"]["low"] <= r["score"]["mean"] <= r["score"]["high"]
@@ -86,3 +116,28 @@ def test_sweep_cli_refuses_bad_grids(capsys):
     with pytest.raises(SystemExit):
         main(["sweep-sampling", "--checkpoint", "x", "--input", "y", "--top-ks", "0"])
     assert "top-k values are integers >= 1" in capsys.readouterr().err
+
+
+def test_sweep_cli_sweeps_each_source_and_chooses_across_them(tmp_path, monkeypatch, capsys):
+    import musicrel.sweep as sweep_module
+
+    base = (True, 0.0, 0.0, 0.0)
+    fake = {
+        "pop909": _source({1.0: base, 0.9: (True, 0.01, 0.02, 0.03)}),
+        "music21": _source({1.0: base, 0.9: (True, -0.01, 0.01, 0.02)}),
+    }
+    calls, written = [], []
+
+    def sweep_sampling(*args, source, **kwargs):
+        calls.append(source)
+        return fake[source]
+
+    monkeypatch.setattr(sweep_module, "sweep_sampling", sweep_sampling)
+    monkeypatch.setattr(sweep_module, "format_sweep", lambda sweep: "table")
+    monkeypatch.setattr(sweep_module, "write_sweep", lambda sweep, out: written.append(out) or {})
+    argv = ["sweep-sampling", "--checkpoint", "x", "--input", "y", "--source", "pop909,music21"]
+    assert main([*argv, "--out", str(tmp_path), "--quiet"]) == 0
+    assert calls == ["pop909", "music21"] and written == [tmp_path / "pop909", tmp_path / "music21"]
+    choice = json.loads((tmp_path / "choice.json").read_text())
+    assert choice["sources"] == ["pop909", "music21"] and choice["recommended"] == {"temperature": 0.9}
+    assert "source pop909" in capsys.readouterr().out

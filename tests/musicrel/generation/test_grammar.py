@@ -8,13 +8,18 @@ import pretty_midi
 import pytest
 import torch
 
+from musicrel.evaluation.metrics import one_pitch
+from musicrel.generation.decode import sample
 from musicrel.generation.decode_batch import generate_batch
 from musicrel.generation.grammar import (
     HOLD_FACTOR,
     MAX_HOLD_SECONDS,
+    MAX_REPEATS,
     MIN_HOLD_SECONDS,
+    REPEAT_WINDOW,
     Grammar,
     max_hold_seconds,
+    recent_pitches,
 )
 from musicrel.generation.primer import Primer, prepare_primer, primer_at_cut, render_result
 from musicrel.generation.sampling import SamplingParams
@@ -100,6 +105,70 @@ def test_grammar_leaves_pedal_events_to_the_model():
     for token in (codec.pedal_on_id, codec.pedal_off_id):
         assert grammar.constrain(_peaked(token, codec=codec)).argmax().item() == token
     assert torch.isinf(grammar.constrain(_peaked(codec.eos_id, codec=codec))[0, codec.eos_id])
+
+
+def _strikes(pitches, shift: int = 9) -> np.ndarray:
+    """A stream striking `pitches` one after another, each closed before the next."""
+    return np.array([t for p in pitches for t in (ON + p, SHIFT + shift, OFF + p)])
+
+
+def test_recent_pitches_counts_the_primers_last_note_ons():
+    assert recent_pitches(CODEC, _strikes([60, 62, 64]), 4).tolist() == [-1, 60, 62, 64]
+    assert recent_pitches(CODEC, _strikes([60, 62, 64]), 2).tolist() == [62, 64]
+    assert recent_pitches(CODEC, np.array([SHIFT]), 2).tolist() == [-1, -1]
+
+
+def test_a_pitch_with_max_repeats_of_the_recent_note_ons_gives_its_mass_to_the_other_pitches():
+    others = [62, 64, 65, 67, 69, 71, 72, 74]
+    worn = _strikes([60] * MAX_REPEATS + others[: REPEAT_WINDOW - MAX_REPEATS])
+    fresh = _strikes(others[: REPEAT_WINDOW - MAX_REPEATS + 1] + [60] * (MAX_REPEATS - 1))
+    grammar = Grammar(CODEC, [worn, fresh], [10**6] * 2)
+    raw = torch.full((2, CODEC.vocab_size), -10.0)
+    raw[:, ON + 60], raw[:, ON + 64], raw[:, ON + 67], raw[:, SHIFT + 20] = 8.0, 2.0, 1.0, 6.0
+    before = raw.softmax(-1)
+    after = grammar.constrain(raw.clone()).softmax(-1)
+    # worn: 60 gets nothing; its note-on mass goes to 64 and 67 in the model's proportions (e^2 : e^1);
+    # waiting keeps its probability, so the rule chooses a pitch, not whether to play
+    assert after[0, ON + 60] == 0
+    on = slice(ON, ON + 128)
+    torch.testing.assert_close(after[0, on].sum(), before[0, on].sum())
+    torch.testing.assert_close(after[0, ON + 64] / after[0, ON + 67], torch.tensor(np.e))
+    torch.testing.assert_close(after[0, SHIFT + 20], before[0, SHIFT + 20])
+    # fresh: 7 of the last 16 note-ons are 60: it may be struck
+    torch.testing.assert_close(after[1, on], before[1, on])
+    # one more note-on of 60 on the fresh row makes it worn too
+    grammar.advance(torch.tensor([SHIFT + 5, ON + 60]))
+    assert grammar.constrain(raw.clone())[1, ON + 60] == float("-inf")
+
+
+def test_the_repeat_rule_never_forces_a_rest():
+    """A row whose only allowed note-on is the worn pitch (a range control, here its mask) keeps it."""
+    grammar = Grammar(CODEC, [_strikes([60] * REPEAT_WINDOW)], [10**6])
+    raw = torch.full((1, CODEC.vocab_size), float("-inf"))
+    raw[0, ON + 60], raw[0, SHIFT + 20] = 5.0, 0.0
+    out = grammar.constrain(raw.clone())
+    assert torch.isfinite(out[0, ON + 60])
+    torch.testing.assert_close(out.softmax(-1), raw.softmax(-1))
+
+
+def test_a_model_stuck_on_one_pitch_does_not_drone_at_low_temperature():
+    """The shipped model at temperature 0.5 gave 157 notes all A4: a distribution that favours one pitch
+    (as a looping model does, more with every strike) sharpened by the temperature. The grammar keeps any
+    pitch to about half of the notes however peaked the model is."""
+    grammar = Grammar(CODEC, [np.array([SHIFT + 9])], [500])  # 5 s
+    raw = torch.full((1, CODEC.vocab_size), -5.0)
+    raw[0, ON + 69], raw[0, ON + 72], raw[0, ON + 64] = 6.0, 1.0, 0.5
+    raw[0, OFF : OFF + 128], raw[0, SHIFT + 9] = 5.0, 4.0
+    generators = [torch.Generator().manual_seed(0)]
+    tokens = []
+    while grammar.elapsed.item() < 500:
+        settings = torch.tensor([0.5]), torch.tensor([CODEC.vocab_size]), torch.tensor([1.0])
+        token = sample(grammar.constrain(raw.clone()), *settings, generators)
+        tokens.append(grammar.advance(token).item())
+    notes = CODEC.decode_notes(tokens)
+    assert len(notes) > 40
+    assert one_pitch(notes) == 0.0
+    assert {n.pitch for n in notes} == {64, 69, 72}  # the model's own choices, its favourite included
 
 
 def test_max_hold_follows_the_motif_within_the_corpus_bounds():

@@ -119,7 +119,7 @@ def test_sweep_cli_refuses_bad_grids(capsys):
 
 
 def test_sweep_cli_sweeps_each_source_and_chooses_across_them(tmp_path, monkeypatch, capsys):
-    import musicrel.sweep as sweep_module
+    import musicrel.evaluation.sweep as sweep_module
 
     base = (True, 0.0, 0.0, 0.0)
     fake = {

@@ -38,8 +38,10 @@ COPY server ./server
 COPY training ./training
 RUN pip install ".[serve]" && python -c "import musicrel, server.app"
 
-# The shipped model; docker-compose.yml also mounts it read-only so a retrained one needs no rebuild.
+# The shipped models (WORKDIR /app: MUSICREL_ACCOMPANY_CHECKPOINT's default, checkpoints/accompany, is the
+# second); docker-compose.yml also mounts them read-only so a retrained one needs no rebuild.
 COPY checkpoints/default /app/checkpoints/default
+COPY checkpoints/accompany /app/checkpoints/accompany
 
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin musicrel
 USER musicrel

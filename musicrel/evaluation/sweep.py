@@ -12,8 +12,9 @@ the noise keeps the default.
 A prepared folder that mixes corpora is swept per source (`sources`): each gets its own table, never
 averaged with the others, and `choose_across` picks the one setting the defaults can be.
 
-The table's columns are the model's metrics named in TABLE_METRICS (any of musicrel.evaluation.metrics.METRICS
-that evaluate-continuations reports): a new figure of the evaluation becomes a column by adding its name there.
+The table's columns are the model's metrics named in TABLE_METRICS (any of
+musicrel.evaluation.metrics.METRICS that evaluate-continuations reports): a new figure of the evaluation
+becomes a column by adding its name there.
 """
 
 from __future__ import annotations

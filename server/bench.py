@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from musicrel.bench.models import random_checkpoint
 from musicrel.bench.timing import side_by_side
 
 T = TypeVar("T")
@@ -79,21 +80,6 @@ def _motif() -> bytes:
 
 # The tests' tiny model (tests/server/conftest.py): where what is measured is the service, not the model.
 TINY_MODEL = {"n_layers": 1, "d_model": 32, "n_heads": 2, "d_ff": 64, "max_seq_len": 256}
-
-
-def _random_checkpoint(folder: Path, **config) -> Path:
-    """A random model of the default ModelConfig size, or of `config`'s (e.g. TINY_MODEL)."""
-    import torch
-
-    from musicrel.midi.codec import EventCodec
-    from musicrel.model.checkpoint import save_model
-    from musicrel.model.config import ModelConfig
-    from musicrel.model.transformer import MusicTransformer
-
-    torch.manual_seed(0)
-    codec = EventCodec()
-    save_model(MusicTransformer(ModelConfig(vocab_size=codec.vocab_size, **config)), folder, codec=codec)
-    return folder
 
 
 def _side_by_side(rounds: int, serial: Callable[[], T], concurrent: Callable[[], T]) -> list[tuple[T, T]]:
@@ -190,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         threads = generation_threads(args.concurrency).threads
     engine = os.environ.get("MUSICREL_ENGINE", Settings().engine)
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = args.checkpoint or _random_checkpoint(Path(tmp) / "ckpt")
+        checkpoint = args.checkpoint or random_checkpoint(Path(tmp) / "ckpt")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

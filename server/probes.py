@@ -150,10 +150,10 @@ def _server(args: argparse.Namespace):
         return
     import httpx
 
-    from server.bench import _random_checkpoint
+    from musicrel.bench.models import random_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = args.checkpoint or _random_checkpoint(Path(tmp) / "ckpt")
+        checkpoint = args.checkpoint or random_checkpoint(Path(tmp) / "ckpt")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -335,9 +335,10 @@ def _fuzz_generation(args: argparse.Namespace) -> int:
     files.update({p.name: p.read_bytes() for p in sorted(_default_dir().glob("*.mid"))})
     with tempfile.TemporaryDirectory() as tmp:
         if args.url is None and args.checkpoint is None:
-            from server.bench import TINY_MODEL, _random_checkpoint
+            from musicrel.bench.models import random_checkpoint
+            from server.bench import TINY_MODEL
 
-            tiny = _random_checkpoint(Path(tmp) / "tiny", **TINY_MODEL)
+            tiny = random_checkpoint(Path(tmp) / "tiny", **TINY_MODEL)
             args.checkpoint = genfuzz.with_novelty_index(tiny, Path(tmp) / "ckpt")
         start = time.monotonic()
         with _server(args) as (url, _), httpx.Client(base_url=url, timeout=300) as client:

@@ -91,9 +91,9 @@ def run(args: argparse.Namespace) -> int:
             DEFAULT_CHECKPOINT if (DEFAULT_CHECKPOINT / "config.json").is_file() else None
         )
         if checkpoint is None:
-            from server.bench import _random_checkpoint
+            from musicrel.bench.models import random_checkpoint
 
-            checkpoint = _random_checkpoint(root / "ckpt")
+            checkpoint = random_checkpoint(root / "ckpt")
         _motifs(root / "motifs", args.motifs)
         neighbours = args.neighbours or max(1, round(cpu_budget()))
         chose: dict[str, list[str]] = {}

@@ -8,8 +8,9 @@ range) move probability between note-ons only, so they choose which pitches soun
 alone decides how many (a feedback loop on the note-on logits), and the polyphony cap masks new notes while
 the row already sounds that many.
 
-No torch here: the command line and the server's schemas read these at start-up. Over 450 lines: parsing,
-validation and the per-row rules of the six controls share one vocabulary (scales, chords), read together.
+No torch at import: the command line and the server's schemas read these at start-up (`DensityLoop`, the
+density control's per-row loop, imports it when built). Over 450 lines: parsing, validation and the per-row
+rules of the six controls share one vocabulary (scales, chords), read together.
 """
 
 from __future__ import annotations
@@ -432,6 +433,58 @@ class RowControls:
     program: int | None
     applied: dict  # what was applied, for the output's metadata
     warnings: list[str] = dataclasses.field(default_factory=list)  # controls that pull apart (allowed)
+
+
+class DensityLoop:
+    """The density control's feedback loop, one row per stream: after each token, a bias (nats) from the
+    recent notes per second, a proportional-integral loop on the log of the rate; `Grammar._steer` applies it
+    (see DENSITY_* above for how, and why).
+
+    The rate is the note count decayed over DENSITY_WINDOW seconds of music, which starts at the target: a
+    burst is answered while it lasts, not paid back later by a gap (what a rate since the start did). The
+    integral is over music time (notes drawn on one step add error, not integral), clamped. Rows without a
+    target keep a zero bias. Torch is imported inside: the module stays importable without it."""
+
+    ROWS = ("on", "log_target", "start", "bias", "integral", "recent")
+
+    def __init__(self, targets: np.ndarray, starts: np.ndarray, device=None):
+        """targets (B,): notes per second, NaN for no density control; starts (B,): the first bias."""
+        import torch
+
+        targets = np.asarray(targets, dtype=np.float64)
+        self.on = torch.as_tensor(~np.isnan(targets), device=device)  # (B,) bool
+        self.log_target = torch.as_tensor(
+            np.log(np.where(np.isnan(targets), 1.0, targets)), dtype=torch.float32, device=device
+        )  # (B,)
+        self.start = torch.as_tensor(np.asarray(starts), dtype=torch.float32, device=device)  # (B,)
+        self.bias = torch.where(self.on, self.start, 0.0)  # (B,) nats
+        self.integral = torch.zeros(len(targets), dtype=torch.float32, device=device)
+        # notes in the last DENSITY_WINDOW seconds (decayed), as if the target had been met before the start
+        self.recent = torch.where(self.on, self.log_target.exp() * DENSITY_WINDOW, 0.0)
+
+    def update(self, struck, seconds) -> None:
+        """After a token: `struck` (B,) whether it was a note-on, `seconds` (B,) the music time it took."""
+        import torch
+
+        self.recent = self.recent * torch.exp(-seconds / DENSITY_WINDOW) + struck
+        rate = self.recent.clamp(min=0.1) / DENSITY_WINDOW
+        error = self.log_target - rate.log()  # > 0: too few notes
+        limit = DENSITY_MAX_BIAS / DENSITY_KI
+        self.integral = (self.integral + error * seconds).clamp(-limit, limit)
+        bias = (self.start + DENSITY_KP * error + DENSITY_KI * self.integral).clamp(
+            -DENSITY_MAX_BIAS, DENSITY_MAX_BIAS
+        )
+        self.bias = torch.where(self.on, bias, 0.0)
+
+    def select(self, rows) -> None:
+        for name in self.ROWS:
+            setattr(self, name, getattr(self, name)[rows])
+
+    def extend(self, other: DensityLoop) -> None:
+        import torch
+
+        for name in self.ROWS:
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -17,15 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from musicrel.generation.controls import (
-    DENSITY_CHORD,
-    DENSITY_KI,
-    DENSITY_KP,
-    DENSITY_MAX_BIAS,
-    DENSITY_SHIFT_TILT,
-    DENSITY_WINDOW,
-    RowControls,
-)
+from musicrel.generation.controls import DENSITY_CHORD, DENSITY_SHIFT_TILT, DensityLoop, RowControls
 from musicrel.midi.codec import open_pitches, shift_steps
 
 # A note the model never closes is closed by the grammar after the motif's longest note times HOLD_FACTOR,
@@ -68,8 +60,8 @@ class Grammar:
       note-ons only, so they choose pitches, not how many notes; the chord is the one sounding at the row's
       time (the progression repeats); a polyphony cap masks the note-ons of silent pitches while the row
       sounds that many; density sets one bias per row after each token, a proportional-integral loop on
-      the log of the recent notes per second (`_steer_density`), which moves the note-ons, the waiting and
-      the length of the gaps (`_steer`; why, in musicrel.generation.controls).
+      the log of the recent notes per second (`controls.DensityLoop`), which moves the note-ons, the waiting
+      and the length of the gaps (`_steer`; why, in musicrel.generation.controls).
     """
 
     def __init__(
@@ -136,20 +128,14 @@ class Grammar:
         self.controlled = t([c is not None for c in controls], torch.bool)  # (B,)
         self.pitch_bias, self.chord_ends, self.chord_bias = t(pitch_bias), t(chord_ends), t(chord_bias)
         self.chord_period, self.max_poly = t(period), t(max_poly)
-        self.density_on = t(~np.isnan(target))  # (B,) bool
-        self.log_target = t(np.log(np.where(np.isnan(target), 1.0, target)), torch.float32)  # (B,)
-        self.density_start = t(start, torch.float32)
-        self.density_bias = torch.where(self.density_on, self.density_start, 0.0)  # (B,) nats, see _steer
-        self.integral = torch.zeros(B, dtype=torch.float32, device=device)
-        # notes in the last DENSITY_WINDOW seconds (decayed), as if the target had been met before the start
-        self.recent = torch.where(self.density_on, self.log_target.exp() * DENSITY_WINDOW, 0.0)
+        self.density = DensityLoop(target, start, device)  # the density control's loop (its bias: _steer)
         self._flags()
 
     def _flags(self) -> None:
         # Python flags, so a batch with no controls (or no density) skips their work without a device sync
         # per step; refreshed only when rows leave or join.
         self.any_control = bool(self.controlled.any())
-        self.any_density = bool(self.density_on.any())
+        self.any_density = bool(self.density.on.any())
         self.any_pitch = bool((self.pitch_bias != 0).any())
         self.any_chords = bool((self.chord_period < _FOREVER).any())
         self.any_cap = bool((self.max_poly < 128).any())
@@ -200,7 +186,7 @@ class Grammar:
             # clusters onto a sparse motif). The gap itself is chosen at the shift, where a note-on bias
             # cannot reach (after a shift, with nothing to close, a note-on is all the model considers): the
             # shifts are tilted toward longer ones when notes come too fast, shorter when too slow.
-            bias = self.density_bias  # (B,)
+            bias = self.density.bias  # (B,)
             block = block + bias.clamp(max=0.0)[:, None]
             struck_now = (self.onset == self.elapsed[:, None]).sum(dim=1)  # (B,) notes struck at this instant
             wait = torch.where(struck_now >= DENSITY_CHORD, 0.0, -bias.clamp(min=0.0))  # (B,)
@@ -231,23 +217,6 @@ class Grammar:
         logits[:, on] = torch.where(varied.isfinite().any(dim=1, keepdim=True), moved, block)
         return logits
 
-    def _steer_density(self, is_on: Tensor, dt: Tensor) -> None:
-        """After each token: the density bias from the recent notes per second (a PI loop on its log).
-
-        The rate is the note count decayed over DENSITY_WINDOW seconds of music, which starts at the target:
-        a burst is answered while it lasts, not paid back later by a gap (what a rate since the start did).
-        The integral is over music time (notes drawn on one step add error, not integral), clamped."""
-        seconds = dt.float() * self.step_s
-        self.recent = self.recent * torch.exp(-seconds / DENSITY_WINDOW) + is_on
-        rate = self.recent.clamp(min=0.1) / DENSITY_WINDOW
-        error = self.log_target - rate.log()  # > 0: too few notes
-        limit = DENSITY_MAX_BIAS / DENSITY_KI
-        self.integral = (self.integral + error * seconds).clamp(-limit, limit)
-        bias = (self.density_start + DENSITY_KP * error + DENSITY_KI * self.integral).clamp(
-            -DENSITY_MAX_BIAS, DENSITY_MAX_BIAS
-        )
-        self.density_bias = torch.where(self.density_on, bias, 0.0)
-
     def _repair_orphans(self, logits: Tensor) -> Tensor:
         """Move the probability of each orphan note-off to the note-off of the nearest sounding pitch.
 
@@ -272,6 +241,7 @@ class Grammar:
         """Keep only `rows` (dropped rows are done)."""
         for name in _GRAMMAR_ROWS:
             setattr(self, name, getattr(self, name)[rows])
+        self.density.select(rows)
         self._flags()
 
     def extend(self, other: Grammar) -> None:
@@ -285,6 +255,7 @@ class Grammar:
                 g.chord_bias = torch.nn.functional.pad(g.chord_bias, (0, 0, 0, pad))
         for name in _GRAMMAR_ROWS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self.density.extend(other.density)
         self._flags()
 
     def advance(self, tokens: Tensor) -> Tensor:
@@ -299,7 +270,7 @@ class Grammar:
         self.elapsed += dt
         is_on, is_off = self.codec.is_note_on(tokens), self.codec.is_note_off(tokens)
         if self.any_density:
-            self._steer_density(is_on, dt)
+            self.density.update(is_on, dt.float() * self.step_s)
         pitch = torch.where(is_on, tokens - self.on0, (tokens - self.off0).clamp(0, 127))[:, None]  # (B, 1)
         now = torch.where(is_on | is_off, is_on, self.open.gather(1, pitch).squeeze(1))
         self.open.scatter_(1, pitch, now[:, None])
@@ -323,12 +294,6 @@ _GRAMMAR_ROWS = (
     "chord_bias",
     "chord_period",
     "max_poly",
-    "density_on",
-    "log_target",
-    "density_start",
-    "density_bias",
-    "integral",
-    "recent",
     "recent_pitches",
 )
 

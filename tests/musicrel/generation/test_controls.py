@@ -244,7 +244,7 @@ def test_density_tilts_the_time_shifts_as_well_as_the_note_ons():
     """Notes too fast: note-ons lose and longer gaps win; too slow: the reverse. A note-on bias alone left a
     dense model at 9 notes/s for a target of 3: after a time shift a note-on is all it considers."""
     g = grammar_with([Controls(density=3.0), Controls(density=3.0), None])
-    g.density_bias = torch.tensor([-4.0, 4.0, 0.0])
+    g.density.bias = torch.tensor([-4.0, 4.0, 0.0])
     g.open[:] = False  # nothing to close: no note-off is legal, as after a shift in a melody
     g.onset[:] = -(2**62)
     out = g.constrain(torch.zeros(3, CODEC.vocab_size))

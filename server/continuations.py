@@ -18,7 +18,7 @@ import anyio
 from fastapi import UploadFile
 from fastapi.responses import Response
 
-from musicrel.evaluation.novelty import novelty_report
+from musicrel.evaluation.novelty import longest_copy
 from musicrel.generation.controls import gm_program_name
 from musicrel.generation.decode_batch import ContinuationResult
 from musicrel.generation.primer import Primer, default_max_primer_tokens, prepare_primer, render_result
@@ -226,7 +226,7 @@ def write_samples(
             duration_s=round(float(midi.get_end_time()), 4),
             novelty=None
             if novelty is None
-            else Copy(**novelty_report(novelty, codec.decode_notes(tokens))["longest_copy"]),
+            else Copy(**longest_copy(novelty, codec, tokens)),
         )
         out.append((data, sample))
     return out

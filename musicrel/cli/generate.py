@@ -32,7 +32,7 @@ def run_jobs(
     return one record per motif. Unreadable motifs get an error record and do not stop the others. With a
     novelty index, each sample's longest stretch shared with the training data is in the record."""
     from musicrel.errors import MusicrelError
-    from musicrel.evaluation.novelty import novelty_report
+    from musicrel.evaluation.novelty import longest_copy
     from musicrel.generation.decode_batch import generate_batch
     from musicrel.generation.primer import default_max_primer_tokens, prepare_primer, render_result
 
@@ -84,7 +84,7 @@ def run_jobs(
                 record["warnings"] = result.warnings
             if novelty is not None:  # the generated notes alone: the motif may itself be a training piece
                 record["novelty"] = [
-                    novelty_report(novelty, codec.decode_notes(tk))["longest_copy"] for tk in result.tokens
+                    longest_copy(novelty, codec, tk) for tk in result.tokens
                 ]
     return records
 

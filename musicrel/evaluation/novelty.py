@@ -356,7 +356,7 @@ def load_index(data_dir) -> NoveltyIndex:
     return NoveltyIndex.load(Path(data_dir) / INDEX_FILE)
 
 
-def novelty_report(index: NoveltyIndex, notes) -> dict:
-    """JSON-ready summary of one sample's longest copied stretch (see `Match`)."""
-    match = index.longest_match(notes)
-    return {"longest_copy": asdict(match)}
+def longest_copy(index: NoveltyIndex, codec, tokens) -> dict:
+    """The record of what one generated sample copied: its longest stretch shared with the indexed training
+    pieces (`Match`'s fields), JSON-ready; the command's summary and the server's answer both carry it."""
+    return asdict(index.longest_match(codec.decode_notes(tokens)))

@@ -103,8 +103,9 @@ def _check_meta(mtype: int, payload: bytes, track: int) -> None:
         raise _err(f"track {track}: {bad}", "bad_event")
 
 
-def scan(data: bytes, limits: Limits, collect: bool = False) -> MidiScan:
-    """Validate raw SMF bytes against `limits` in one O(n) pass; InvalidMidiError on the first problem."""
+def _header(data: bytes, limits: Limits) -> tuple[int, int, int, int]:
+    """The MThd chunk checked against `limits`: (format, track count, ticks per beat, where the first track
+    starts)."""
     n = len(data)
     if n > limits.max_bytes:
         raise _err(f"file is {n} bytes, more than max_bytes={limits.max_bytes}", "too_large")
@@ -128,9 +129,14 @@ def scan(data: bytes, limits: Limits, collect: bool = False) -> MidiScan:
         raise _err("time division is 0 ticks per beat", "zero_division")
     if ntracks > limits.max_tracks:
         raise _err(f"{ntracks} tracks, more than max_tracks={limits.max_tracks}", "too_many_tracks")
+    return fmt, ntracks, division, 8 + hlen
 
+
+def scan(data: bytes, limits: Limits, collect: bool = False) -> MidiScan:
+    """Validate raw SMF bytes against `limits` in one O(n) pass; InvalidMidiError on the first problem."""
+    n = len(data)
+    fmt, ntracks, division, pos = _header(data, limits)
     max_ticks, max_events = limits.max_ticks, limits.max_events
-    pos = 8 + hlen
     n_events = 0
     max_tick = 0
     tempos: list[tuple[int, int]] | None = None  # from the first non-empty track, as pretty_midi reads them

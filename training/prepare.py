@@ -155,8 +155,6 @@ def prepare(
     """Encode every MIDI file under `sources` (`[NAME=]PATH` each) into OUT (see the module docstring);
     returns the manifest. `split_percent` (train, val, test) is the share of the hash space per split; it sums
     to 100. `weights` maps source names to mixing weights (default 1)."""
-    from tqdm import tqdm
-
     from musicrel.midi.codec import EventCodec
 
     codec = codec or EventCodec()
@@ -171,65 +169,11 @@ def prepare(
     cache_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
-    specs = [parse_source(src) for src in sources]
+    specs, weights, source_of = _sources(sources, weights)
     names = [name for name, _ in specs]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"two sources share a name: {names}; name them NAME=PATH", code="bad_sources")
-    weights = {name: 1.0 for name in names} | {k: float(v) for k, v in (weights or {}).items()}
-    if unknown := sorted(set(weights) - set(names)):
-        raise ConfigError(f"weights for unknown sources {unknown} (sources: {names})", code="bad_sources")
-    if any(not w >= 0 for w in weights.values()) or not any(weights[n] > 0 for n in names):
-        raise ConfigError(f"weights must be >= 0 and one > 0, got {weights}", code="bad_sources")
-    source_of: dict[Path, str] = {}
-    for name, path in specs:
-        for f in source_files(path):
-            source_of.setdefault(f, name)  # a file found by several sources belongs to the first
     paths = sorted(source_of)
-    first_path: dict[str, Path] = {}
-    duplicates = []
-    for path in tqdm(paths, desc="hashing", unit="file", disable=not progress, leave=False):
-        sha = hashlib.sha256(path.read_bytes()).hexdigest()
-        if sha in first_path:
-            duplicates.append({"path": str(path), "same_as": str(first_path[sha])})
-        else:
-            first_path[sha] = path
-
-    results: dict[str, tuple[str, int, str | None, str | None]] = {}
-    jobs = []
-    for sha, path in first_path.items():
-        if (cache_dir / f"{sha}.npy").is_file():
-            results[sha] = ("cached", 0, None, None)
-        elif (cache_dir / f"{sha}.json").is_file():
-            err = json.loads((cache_dir / f"{sha}.json").read_text())
-            results[sha] = ("cached_skip", 0, err["code"], err["message"])
-        else:
-            jobs.append((str(path), sha, str(cache_dir)))
-
-    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
-    bar = tqdm(
-        total=len(jobs),
-        desc="encoding",
-        unit="file",
-        disable=not progress or not jobs,
-        mininterval=0.5 if sys.stderr.isatty() else 30,
-    )
-    try:
-        if workers == 1:
-            _init_worker(codec.config.to_dict())
-            outcomes = map(_encode_one, jobs)
-            executor = None
-        else:
-            executor = ProcessPoolExecutor(
-                workers, initializer=_init_worker, initargs=(codec.config.to_dict(),)
-            )
-            outcomes = executor.map(_encode_one, jobs, chunksize=8)
-        for sha, status, n, code, message in outcomes:
-            results[sha] = (status, n, code, message)
-            bar.update(1)
-    finally:
-        bar.close()
-        if workers > 1 and executor is not None:
-            executor.shutdown(cancel_futures=True)
+    first_path, duplicates = _hash_files(paths, progress)
+    results = _encode_files(first_path, cache_dir, codec, workers, progress)
 
     usable = sorted(sha for sha, r in results.items() if r[0] in ("encoded", "cached"))
     skipped = [
@@ -290,6 +234,83 @@ def prepare(
     manifest["seconds"] = round(time.perf_counter() - start, 2)
     _write_json(out_dir / MANIFEST, manifest)
     return manifest
+
+
+def _encode_files(first_path: dict[str, Path], cache_dir: Path, codec, workers, progress: bool) -> dict:
+    """{sha256: (status, tokens, error code, message)} of every file, encoded in `workers` processes into
+    `cache_dir`, or read from it when a previous run encoded it (or found it unusable)."""
+    from tqdm import tqdm
+
+    results: dict[str, tuple[str, int, str | None, str | None]] = {}
+    jobs = []
+    for sha, path in first_path.items():
+        if (cache_dir / f"{sha}.npy").is_file():
+            results[sha] = ("cached", 0, None, None)
+        elif (cache_dir / f"{sha}.json").is_file():
+            err = json.loads((cache_dir / f"{sha}.json").read_text())
+            results[sha] = ("cached_skip", 0, err["code"], err["message"])
+        else:
+            jobs.append((str(path), sha, str(cache_dir)))
+
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
+    bar = tqdm(
+        total=len(jobs),
+        desc="encoding",
+        unit="file",
+        disable=not progress or not jobs,
+        mininterval=0.5 if sys.stderr.isatty() else 30,
+    )
+    try:
+        if workers == 1:
+            _init_worker(codec.config.to_dict())
+            outcomes = map(_encode_one, jobs)
+            executor = None
+        else:
+            executor = ProcessPoolExecutor(
+                workers, initializer=_init_worker, initargs=(codec.config.to_dict(),)
+            )
+            outcomes = executor.map(_encode_one, jobs, chunksize=8)
+        for sha, status, n, code, message in outcomes:
+            results[sha] = (status, n, code, message)
+            bar.update(1)
+    finally:
+        bar.close()
+        if workers > 1 and executor is not None:
+            executor.shutdown(cancel_futures=True)
+    return results
+
+
+def _sources(sources, weights: dict[str, float] | None) -> tuple[list, dict[str, float], dict[Path, str]]:
+    """(NAME, PATH) of each source, every source's weight, each file's source (the first that finds it)."""
+    specs = [parse_source(src) for src in sources]
+    names = [name for name, _ in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two sources share a name: {names}; name them NAME=PATH", code="bad_sources")
+    weights = {name: 1.0 for name in names} | {k: float(v) for k, v in (weights or {}).items()}
+    if unknown := sorted(set(weights) - set(names)):
+        raise ConfigError(f"weights for unknown sources {unknown} (sources: {names})", code="bad_sources")
+    if any(not w >= 0 for w in weights.values()) or not any(weights[n] > 0 for n in names):
+        raise ConfigError(f"weights must be >= 0 and one > 0, got {weights}", code="bad_sources")
+    source_of: dict[Path, str] = {}
+    for name, path in specs:
+        for f in source_files(path):
+            source_of.setdefault(f, name)  # a file found by several sources belongs to the first
+    return specs, weights, source_of
+
+
+def _hash_files(paths: list[Path], progress: bool) -> tuple[dict[str, Path], list[dict]]:
+    """({sha256: the first file with those bytes}, the other files with the same bytes)."""
+    from tqdm import tqdm
+
+    first_path: dict[str, Path] = {}
+    duplicates = []
+    for path in tqdm(paths, desc="hashing", unit="file", disable=not progress, leave=False):
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        if sha in first_path:
+            duplicates.append({"path": str(path), "same_as": str(first_path[sha])})
+        else:
+            first_path[sha] = path
+    return first_path, duplicates
 
 
 def _source_layout(files: list[dict], names: list[str]) -> dict[str, dict]:

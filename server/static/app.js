@@ -1040,21 +1040,7 @@ function showAccompaniment(body, elapsed) {
       motifNotes: parsed.notes.filter((n) => !isAcc(n)), contNotes: parsed.notes.filter(isAcc),
       filename: `${base}-accompanied${body.seed != null ? `-seed${body.seed}` : ""}${suffix}.mid` };
   });
-  const tabs = $("sample-tabs");
-  tabs.replaceChildren();
-  if (state.samples.length > 1) {
-    state.samples.forEach((_, i) => {
-      const b = document.createElement("button");
-      b.type = "button";
-      b.setAttribute("role", "tab");
-      b.setAttribute("aria-controls", "roll");
-      b.id = `sample-tab-${i}`;
-      b.textContent = `Sample ${i + 1}`;
-      b.addEventListener("click", () => selectSample(i));
-      tabs.append(b);
-    });
-    tabs.hidden = false;
-  }
+  showSampleTabs();
   selectSample(0);
   const t = body.timings || {};
   const ms = (k, label) => (num(t[k]) != null ? `${label} ${fmt(t[k] / 1000, 3)} s` : null);
@@ -1251,21 +1237,7 @@ function showResult(body, elapsed) {
       filename: `${base}-continued${body.seed != null ? `-seed${body.seed}` : ""}${suffix}.mid` };
   });
 
-  const tabs = $("sample-tabs");
-  tabs.replaceChildren();
-  if (state.samples.length > 1) {
-    state.samples.forEach((_, i) => {
-      const b = document.createElement("button");
-      b.type = "button";
-      b.setAttribute("role", "tab");
-      b.setAttribute("aria-controls", "roll");
-      b.id = `sample-tab-${i}`;
-      b.textContent = `Sample ${i + 1}`;
-      b.addEventListener("click", () => selectSample(i));
-      tabs.append(b);
-    });
-    tabs.hidden = false;
-  }
+  showSampleTabs();
   selectSample(0, true); // a stream's live playback goes on to its end
   if (synth.live) $("stop").disabled = false;
 
@@ -1289,6 +1261,25 @@ function showResult(body, elapsed) {
 }
 
 const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+
+// One tab per sample when there are several (continuations and accompaniments alike).
+function showSampleTabs() {
+  const tabs = $("sample-tabs");
+  tabs.replaceChildren();
+  if (state.samples.length > 1) {
+    state.samples.forEach((_, i) => {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.setAttribute("role", "tab");
+      b.setAttribute("aria-controls", "roll");
+      b.id = `sample-tab-${i}`;
+      b.textContent = `Sample ${i + 1}`;
+      b.addEventListener("click", () => selectSample(i));
+      tabs.append(b);
+    });
+    tabs.hidden = false;
+  }
+}
 
 function selectSample(i, keepPlaying = false) {
   if (!keepPlaying) synth.stop();

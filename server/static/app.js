@@ -948,19 +948,9 @@ $("form").addEventListener("submit", async (e) => {
     const cont = state.samples.length ? state.samples[0].contNotes : [];
     if (synth.live) synth.liveEnd(cont.reduce((m, n) => Math.max(m, n.end), 0) - state.samples[0].boundary);
   } catch (err) {
-    synth.stop();
-    setState("error");
-    if (err.name === "AbortError") { setStatus("Cancelled."); }
-    else {
-      showError(err.code ? err.message : `could not reach the server (${err.message})`, err.code || "network");
-      if (err.field) showFieldError(err.field, err.message);
-      setStatus("Failed — adjust and try again.");
-    }
+    showFailure(err);
   } finally {
-    clearInterval(tick);
-    state.abort = null;
-    $("cancel").hidden = true;
-    $("continue").disabled = !state.motifFile;
+    endRequest(tick);
   }
 });
 
@@ -1006,19 +996,9 @@ async function accompany() {
     showAccompaniment(body, (performance.now() - started) / 1000);
     play("all"); // the melody and its accompaniment together
   } catch (err) {
-    synth.stop();
-    setState("error");
-    if (err.name === "AbortError") { setStatus("Cancelled."); }
-    else {
-      showError(err.code ? err.message : `could not reach the server (${err.message})`, err.code || "network");
-      if (err.field) showFieldError(err.field, err.message);
-      setStatus("Failed — adjust and try again.");
-    }
+    showFailure(err);
   } finally {
-    clearInterval(tick);
-    state.abort = null;
-    $("cancel").hidden = true;
-    $("continue").disabled = !state.motifFile;
+    endRequest(tick);
   }
 }
 
@@ -1261,6 +1241,25 @@ function showResult(body, elapsed) {
 }
 
 const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+
+// How a request that failed or was cancelled ends (a continuation's or an accompaniment's).
+function showFailure(err) {
+  synth.stop();
+  setState("error");
+  if (err.name === "AbortError") { setStatus("Cancelled."); }
+  else {
+    showError(err.code ? err.message : `could not reach the server (${err.message})`, err.code || "network");
+    if (err.field) showFieldError(err.field, err.message);
+    setStatus("Failed — adjust and try again.");
+  }
+}
+
+function endRequest(tick) {
+  clearInterval(tick);
+  state.abort = null;
+  $("cancel").hidden = true;
+  $("continue").disabled = !state.motifFile;
+}
 
 // One tab per sample when there are several (continuations and accompaniments alike).
 function showSampleTabs() {

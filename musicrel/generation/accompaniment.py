@@ -1,10 +1,12 @@
 """Accompany a melody: a model trained on a melody interleaved with its accompaniment (`CodecConfig.melody`)
 writes the accompaniment while the melody is placed into its stream at the melody's own times.
 
-The melody is never sampled. `MelodyGrammar` keeps the continuation grammar's rules and adds two: a time shift
-that would cross the next melody event is cut short to land on it, and at that step the melody's tokens are
-the only ones allowed, before anything the model writes there (training put them first at each step). So the
-model always knows the melody note sounding now and everything before it.
+The melody is never sampled. `MelodyGrammar` keeps the continuation grammar's rules and adds these: a time
+shift that would cross the next melody event is cut short to land on it, and at that step the melody's tokens
+are the only ones allowed, before anything the model writes there (training put them first at each step), so
+the model always knows the melody note sounding now and everything before it; a melody note the model guesses
+where none is due becomes waiting (`_wait_instead_of_melody`); and note-ons lean toward the pitch classes of
+the melody's next LOOKAHEAD_SECONDS and away from their semitone neighbours (`_hear_ahead`).
 
 `accompany_midi` is the library entry: a MIDI file and which of its tracks is the melody in, one MIDI file per
 sample out, holding the melody track unchanged and the accompaniment on a track of its own.

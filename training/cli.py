@@ -53,6 +53,8 @@ def _prepare(args) -> int:
             raise ConfigError(f"--tracks wants instrument indices like 0,2, got {args.tracks!r}") from None
     if args.melody:
         overrides["melody"] = True
+    if args.melody_lead_ms is not None:
+        overrides["melody_lead_ms"] = args.melody_lead_ms
     codec = EventCodec(CodecConfig(**overrides))
     weights = {}
     for item in args.weight:
@@ -231,6 +233,9 @@ def _register_rest(subparsers) -> None:
         "--melody",
         action="store_true",
         help="accompaniment data: the first of --tracks is the given melody, the others its part",
+    )
+    p.add_argument(
+        "--melody-lead-ms", type=int, default=None, help="with --melody: its tokens this far ahead (0)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_prepare)

@@ -267,8 +267,10 @@ class MelodyGrammar(Grammar):
 
 
 def _note_spans(codec: EventCodec, steps: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """(N, 3) [start step, end step, pitch class] of the melody's notes, from its schedule."""
+    """(N, 3) [start step, end step, pitch class] of the melody's notes, from its schedule (whose steps are
+    `melody_lead_steps` ahead of when the notes sound)."""
     out, open_at = [], {}
+    steps = np.asarray(steps) + codec.melody_lead_steps
     for step, tok in zip(steps.tolist(), tokens.tolist(), strict=True):
         if tok < codec.melody_off_offset:
             open_at[tok - codec.melody_on_offset] = step

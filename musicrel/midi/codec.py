@@ -63,6 +63,8 @@ class CodecConfig:
     tracks: str | list[int] = "merge"  # "merge" | [instrument index, ...]
     # MELODY_ON/MELODY_OFF tokens: a given melody, interleaved with the part the model writes (accompaniment)
     melody: bool = False
+    # the melody's tokens sit this far ahead of when they sound (anticipation: the part hears it coming)
+    melody_lead_ms: int = 0
     # caps on hostile uploads, enforced by the pre-scan before any parser runs
     max_bytes: int = 4 * 1024 * 1024
     max_tracks: int = 256
@@ -74,6 +76,7 @@ class CodecConfig:
         ranges = {
             "step_ms": (1, 1000),
             "max_shift_steps": (1, 10_000),
+            "melody_lead_ms": (0, 60_000),
             "velocity_bins": (1, 128),
             "max_bytes": (14, 1 << 31),
             "max_tracks": (1, 65535),
@@ -170,6 +173,7 @@ class EventCodec:
         else:
             self.pedal_on_id = self.pedal_off_id = None
         self.melody_on_offset = self.melody_off_offset = None
+        self.melody_lead_steps = int(round(cfg.melody_lead_ms / cfg.step_ms))
         if cfg.melody:  # before the specials, so `token >= pad_id` still means "a special"
             self.melody_on_offset, self.melody_off_offset = n, n + 128
             n += 256
@@ -422,6 +426,9 @@ class EventCodec:
         mt, mtok = self._events(melody)
         keep = self.is_note_on(mtok) | self.is_note_off(mtok)  # a melody carries no velocity
         mt, mtok = mt[keep], mtok[keep]
+        lead = self.melody_lead_steps
+        if lead:  # ahead of time; order kept (a stable sort later merges them with the part)
+            mt = np.maximum(mt - lead, 0)
         on = self.is_note_on(mtok)
         return mt, np.where(
             on, self.melody_on_offset + mtok, self.melody_off_offset + mtok - self.note_off_offset

@@ -80,6 +80,17 @@ def test_melody_events_come_first_at_their_step_and_transpose_with_the_part():
     assert [n.pitch for n in CODEC.decode_notes(up)] == [50]
 
 
+def test_a_melody_lead_places_the_melody_that_far_ahead_and_the_grammar_hears_it_in_real_time():
+    lead = EventCodec(CodecConfig(melody=True, tracks=[0, 1], melody_lead_ms=500))
+    melody, part = [pretty_midi.Note(90, 72, 1.5, 2.0)], [pretty_midi.Note(70, 48, 1.5, 2.0)]
+    tokens = lead.encode_with_melody(melody, part)
+    steps = np.cumsum(shift_steps(lead)[tokens])
+    assert steps[tokens == lead.melody_on_offset + 72].tolist() == [100]  # sounds at 150, placed at 100
+    assert steps[tokens == lead.note_on_offset + 48].tolist() == [150]
+    g = MelodyGrammar(lead, [melody_schedule(lead, melody)], [500])
+    assert g.tune_start.tolist() == [[150]] and g.tune_end.tolist() == [[200]]
+
+
 def test_a_melody_codec_reads_the_first_track_as_the_melody():
     melody, part = tune(4), [pretty_midi.Note(70, 48, 0.0, 2.0)]
     encoded = CODEC.encode(song(melody, part))

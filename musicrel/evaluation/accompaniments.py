@@ -191,9 +191,9 @@ def _continuations(model, codec, seconds: float, seeds: list[int]) -> list[list]
     """Piano music from nothing (bos), one per seed: the continuation model, deaf to the melody."""
     import torch
 
-    from musicrel.generation.decode import generate
+    from musicrel.generation.decode import collect_rows, generate
     from musicrel.generation.grammar import MAX_HOLD_SECONDS, Grammar
-    from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, row_seed
+    from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, SamplingParams, row_seed
 
     B, step_ms = len(seeds), codec.config.step_ms
     limit = math.ceil(seconds * 1000.0 / step_ms)
@@ -201,23 +201,18 @@ def _continuations(model, codec, seconds: float, seeds: list[int]) -> list[list]
     grammar = Grammar(codec, prompts, [limit] * B, [round(MAX_HOLD_SECONDS * 1000.0 / step_ms)] * B)
     gens = [torch.Generator().manual_seed(row_seed(s, 0)) for s in seeds]
     prompt = torch.full((B, 1), codec.bos_id, dtype=torch.long)
-    out: list[list[int]] = [[] for _ in range(B)]
-    alive = list(range(B))
+    defaults = SamplingParams()  # the continuation model as the service runs it
     it = generate(
-        model, prompt, int(seconds * TOKENS_PER_SECOND_CAP) + 64, top_p=0.95, generators=gens, grammar=grammar
+        model,
+        prompt,
+        int(seconds * TOKENS_PER_SECOND_CAP) + 64,
+        temperature=defaults.temperature,
+        top_k=defaults.top_k,
+        top_p=defaults.top_p,
+        generators=gens,
+        grammar=grammar,
     )
-    token = next(it, None)
-    while token is not None:
-        for r, t in zip(alive, token.tolist(), strict=True):
-            out[r].append(t)
-        keep = grammar.elapsed < grammar.limit
-        if not bool(keep.any()):
-            break
-        alive = [r for r, k in zip(alive, keep.tolist(), strict=True) if k]
-        try:
-            token = it.send(keep)
-        except StopIteration:
-            break
+    out = collect_rows(it, B, lambda: grammar.elapsed < grammar.limit)
     return [codec.decode_notes(o) for o in out]
 
 

@@ -290,7 +290,7 @@ def melody_schedule(codec: EventCodec, notes) -> tuple[np.ndarray, np.ndarray]:
 def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0):
     """The accompaniment of a melody (notes, file time) per sample, as token arrays (file time 0 = step 0),
     with the seed used and the resolved controls. One batch of num_samples rows."""
-    from musicrel.generation.decode import generate
+    from musicrel.generation.decode import collect_rows, generate
     from musicrel.generation.primer import Primer
 
     seed = params.seed if params.seed is not None else int(np.random.default_rng().integers(0, MAX_SEED))
@@ -316,8 +316,6 @@ def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams
     budget = int((end + TAIL_SECONDS) * TOKENS_PER_SECOND_CAP) + len(schedule[1]) + 64
     prompt = torch.full((B, 1), codec.bos_id, dtype=torch.long, device=device)
     generators = [torch.Generator(device=device).manual_seed(row_seed(seed, i)) for i in range(B)]
-    out: list[list[int]] = [[] for _ in range(B)]
-    alive = list(range(B))  # sample index of each row still decoding
     gen = generate(
         model,
         prompt,
@@ -328,19 +326,7 @@ def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams
         generators=generators,
         grammar=grammar,
     )
-    token = next(gen, None)
-    while token is not None:
-        for r, t in zip(alive, token.tolist(), strict=True):
-            out[r].append(t)
-        keep = ~(grammar.melody_done() & (grammar.elapsed >= grammar.limit))
-        if not bool(keep.any()):
-            break
-        if not bool(keep.all()):
-            alive = [r for r, k in zip(alive, keep.tolist(), strict=True) if k]
-        try:
-            token = gen.send(keep)
-        except StopIteration:
-            break
+    out = collect_rows(gen, B, lambda: ~(grammar.melody_done() & (grammar.elapsed >= grammar.limit)))
     return [np.asarray(o, dtype=np.int64) for o in out], seed, applied, warnings
 
 

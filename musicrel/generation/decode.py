@@ -9,7 +9,7 @@ join and leave a running batch, is `generation.decode_batch.DecodeBatch`, built 
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -157,3 +157,23 @@ def generate(
                 logits = prefill(model, seq[:, start:n], cache, lp)
             else:
                 logits = decode_one_token(model, token, cache)
+
+
+def collect_rows(gen: Generator[Tensor, Tensor | None, None], rows: int, going: Callable[[], Tensor]):
+    """Run `generate` to its end: each of its `rows` rows' tokens, a row dropped as soon as `going()` (a (B,)
+    bool over the rows still decoding, after each token) says it is done."""
+    out: list[list[int]] = [[] for _ in range(rows)]
+    alive = list(range(rows))  # the row of `out` each decoding row fills
+    token = next(gen, None)
+    while token is not None:
+        for r, t in zip(alive, token.tolist(), strict=True):
+            out[r].append(t)
+        keep = going()
+        if not bool(keep.any()):
+            break
+        alive = [r for r, k in zip(alive, keep.tolist(), strict=True) if k]
+        try:
+            token = gen.send(keep)
+        except StopIteration:
+            break
+    return out

@@ -54,11 +54,12 @@ def evaluate(
     seq_len: int | None = None,
 ) -> dict:
     from musicrel.data.prepared import load_manifest, load_split, source_ranges
+    from musicrel.midi.codec import CodecConfig
     from musicrel.model.checkpoint import load_codec, load_model
 
     model, codec = load_model(checkpoint), load_codec(checkpoint)
     manifest = load_manifest(data)
-    if manifest["codec"] != codec.config.to_dict():
+    if CodecConfig.from_dict(manifest["codec"]) != codec.config:  # fields added since: their defaults
         raise ConfigError(
             f"{data} was prepared with other codec settings than the model's; "
             "re-run `musicrel prepare` with the model's codec",

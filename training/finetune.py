@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from musicrel.data.prepared import MANIFEST, load_manifest
 from musicrel.errors import ConfigError, is_int
+from musicrel.midi.codec import CodecConfig
 from musicrel.model.checkpoint import load_codec, load_model, read_config, weights_sha256
 from musicrel.model.config import ModelConfig
 from training.evaluate import evaluate
@@ -78,7 +79,7 @@ def prepare_with_base_codec(sources, work: Path, codec, progress: bool = True) -
     if len(sources) == 1 and (sources[0] / MANIFEST).is_file():
         data = sources[0]
         manifest = load_manifest(data)
-        if manifest["codec"] != codec.config.to_dict():
+        if CodecConfig.from_dict(manifest["codec"]) != codec.config:  # fields added since: their defaults
             raise ConfigError(
                 f"{data} was prepared with other codec settings than the base model's "
                 f"({manifest['codec']} vs {codec.config.to_dict()}); give the MIDI files instead",

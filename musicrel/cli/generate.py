@@ -83,9 +83,7 @@ def run_jobs(
             if result.warnings:  # controls that pull apart (a chord outside the key)
                 record["warnings"] = result.warnings
             if novelty is not None:  # the generated notes alone: the motif may itself be a training piece
-                record["novelty"] = [
-                    longest_copy(novelty, codec, tk) for tk in result.tokens
-                ]
+                record["novelty"] = [longest_copy(novelty, codec, tk) for tk in result.tokens]
     return records
 
 

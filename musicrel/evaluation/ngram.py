@@ -30,6 +30,7 @@ from musicrel.data.prepared import has_split, load_manifest, load_split
 from musicrel.errors import MusicrelError
 from musicrel.generation.grammar import Grammar, max_hold_seconds
 from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP
+from musicrel.midi.codec import CodecConfig
 
 # Chosen on the val split of data/default, fitted on its train split (3.05 M tokens), in nats per event token:
 # order 3 / 4 / 5 / 6 at their best k (0.1): 1.92 / 1.55 / 1.45 / 1.42; at order 5, k = 0.01 / 0.05 / 0.1 /
@@ -82,7 +83,7 @@ class NGramModel:
             raise NGramDataError(
                 f"{folder} is not a prepared data folder with a {split} split (musicrel prepare)"
             )
-        if load_manifest(folder).get("codec") != codec.config.to_dict():
+        if CodecConfig.from_dict(load_manifest(folder).get("codec", {})) != codec.config:
             raise NGramDataError(f"{folder} was prepared with another codec than the checkpoint's")
         stream, offsets = load_split(folder, split)
         if len(stream) == 0:

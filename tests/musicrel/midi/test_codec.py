@@ -360,3 +360,10 @@ def test_real_files_pedal_events(real_midi_files):
         assert np.array_equal(tokens, codec.encode(codec.read(path)))
         r = fidelity(codec, path)
         assert r["kept"] >= 0.99, r
+
+
+def test_a_codec_saved_before_the_melody_fields_reads_as_the_same_codec():
+    """Prepared folders and checkpoints written before `melody`/`melody_lead_ms` existed name the same codec:
+    evaluate, finetune and the n-gram compare codecs as CodecConfig, not as dicts."""
+    old = {k: v for k, v in CodecConfig().to_dict().items() if k not in ("melody", "melody_lead_ms")}
+    assert old != CodecConfig().to_dict() and CodecConfig.from_dict(old) == CodecConfig()

@@ -1,10 +1,12 @@
 """`musicrel pack-gpu`: what a training run on a bare GPU machine needs, in one folder of at most 64 MiB.
 
 Layout of OUT (git-ignored, carried to the GPU machine with the working tree):
-    data/        manifest.json + train/val/test .npy and _offsets.npy of a prepared folder (not its cache/)
+    data/        manifest.json + train/val/test .npy and _offsets.npy of a prepared folder (not its cache/),
+                 each array xz-compressed (`.npy.xz`: a token stream shrinks about 3x); run.sh unpacks them
     wheels/      the packages musicrel's training needs that the GPU machine lacks, at the versions installed
-                 here, plus musicrel itself (pure Python; protobuf is the one binary, an abi3 wheel)
-    run.sh       install the wheels, `musicrel train` with configs/gpu.yaml + a size, `musicrel export`
+                 here, plus musicrel itself (all pure Python)
+    run.sh       start | status | wait | collect | train: install the wheels, unpack, `musicrel train` with
+                 configs/gpu.yaml + a size in the background, export the best checkpoint so far
     README.md    the commands, and what is in the pack
     pack.json    the same as data: files, sizes, versions, the git commit packed
 
@@ -15,6 +17,7 @@ closure of musicrel's requirements (without the server's) minus the closure of w
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import re
 import shutil
@@ -33,7 +36,8 @@ PACK_LIMIT_BYTES = 64 * 2**20
 # The GPU machine's Python (KINDS.md: the 'cuda' image); pip installed each one's own requirements with it.
 # matplotlib too (the image has it; lightning's torchmetrics imports it when present): its wheels and their
 # image and font packages would take 24 MiB of the 64 that the data needs.
-GPU_HAS = ("torch", "lightning", "safetensors", "numpy", "triton", "matplotlib")
+# protobuf (tensorboardX's) is in the image too, a 1.5 MiB binary wheel.
+GPU_HAS = ("torch", "lightning", "safetensors", "numpy", "triton", "matplotlib", "protobuf")
 GPU_PYTHON = "3.12"
 GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # musicrel's requirements that only `musicrel serve` imports.
@@ -45,7 +49,12 @@ SERVER_ONLY = (
     "pydantic-settings",
     "prometheus-client",
 )
-DATA_FILES = (MANIFEST, *(f"{s}{suffix}.npy" for s in SPLITS for suffix in ("", "_offsets")))
+# musicrel's training requirements that only `musicrel prepare` imports (datasketch, for the composition
+# groups, brings scipy: 34 MiB).
+PREPARE_ONLY = ("datasketch",)
+ARRAYS = tuple(f"{s}{suffix}.npy" for s in SPLITS for suffix in ("", "_offsets"))
+DATA_FILES = (MANIFEST, *ARRAYS)
+PACKED_DATA = (MANIFEST, *(f"{n}.xz" for n in ARRAYS))  # what data/ of a pack holds
 # Markers are evaluated for the GPU machine, not for this one.
 TARGET_ENV = {
     "python_version": GPU_PYTHON,
@@ -121,7 +130,7 @@ def closure(
 
 def training_requirements(requires: Callable[[str], list[str] | None] = _installed_requires) -> list[str]:
     """musicrel's own requirements for training (pyproject's dependencies and its `train` extra, read from the
-    installed metadata), without the other extras and without those only the server imports."""
+    installed metadata), without the other extras and without those only the server or `prepare` import."""
     from packaging.requirements import Requirement
 
     reqs = requires("musicrel")
@@ -129,7 +138,7 @@ def training_requirements(requires: Callable[[str], list[str] | None] = _install
         raise PackError(
             "musicrel is not installed in this environment (pip install -e .)", code="not_installed"
         )
-    server = {normalize(n) for n in SERVER_ONLY}
+    not_training = {normalize(n) for n in (*SERVER_ONLY, *PREPARE_ONLY)}
     out = []
     for r in reqs:
         req = Requirement(r)
@@ -138,7 +147,7 @@ def training_requirements(requires: Callable[[str], list[str] | None] = _install
                 continue
             req.marker = None  # wanted on the GPU machine as a plain requirement
             r = str(req)
-        if normalize(req.name) not in server:
+        if normalize(req.name) not in not_training:
             out.append(r)
     return out
 
@@ -217,10 +226,15 @@ def pack_gpu(
         )
     if out.exists() and any(out.iterdir()) and not (out / PACK_FILE).is_file():
         raise PackError(f"{out} exists and is not a pack (no {PACK_FILE}): choose another --out")
-    sizes = {f"data/{n}": (data_dir / n).stat().st_size for n in DATA_FILES}
-    _check_size(out, sizes, limit_bytes)  # before any download
-    with tempfile.TemporaryDirectory(prefix="musicrel-wheels-") as tmp:
-        wheel_dir = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="musicrel-pack-") as tmp:
+        data_tmp, wheel_dir = Path(tmp) / "data", Path(tmp) / "wheels"
+        data_tmp.mkdir()
+        wheel_dir.mkdir()
+        shutil.copy2(data_dir / MANIFEST, data_tmp / MANIFEST)
+        for n in ARRAYS:
+            compress(data_dir / n, data_tmp / f"{n}.xz")
+        sizes = {f"data/{n}": (data_tmp / n).stat().st_size for n in PACKED_DATA}
+        _check_size(out, sizes, limit_bytes)  # before any download
         if wheels:
             downloader(wheel_dir)
         found = sorted(wheel_dir.glob("*.whl"))
@@ -233,6 +247,7 @@ def pack_gpu(
                 "splits": {
                     s: manifest["splits"][s]["stream_tokens"] for s in SPLITS if s in manifest["splits"]
                 },
+                "unpacked_bytes": sum((data_dir / n).stat().st_size for n in DATA_FILES),
             },
             "wheels": [w.name for w in found],
             "gpu_python": GPU_PYTHON,
@@ -245,18 +260,22 @@ def pack_gpu(
         info["total_bytes"] = sum(sizes.values())
         _check_size(out, sizes, limit_bytes)
 
+        out.mkdir(parents=True, exist_ok=True)
         for sub in ("data", "wheels"):
             shutil.rmtree(out / sub, ignore_errors=True)
-            (out / sub).mkdir(parents=True)
-        for n in DATA_FILES:
-            shutil.copy2(data_dir / n, out / "data" / n)
-        for w in found:
-            shutil.copy2(w, out / "wheels" / w.name)
+            shutil.move(Path(tmp) / sub, out / sub)
     for n, t in texts.items():
         (out / n).write_text(t)
     os.chmod(out / "run.sh", 0o755)
     (out / PACK_FILE).write_text(json.dumps(info, indent=1) + "\n")
     return info
+
+
+def compress(src: Path, dest: Path) -> None:
+    """xz (LZMA) of one file: a uint16 token stream shrinks about 3x, gzip's about 2x. run.sh unpacks it
+    with Python's lzma, which every CPython has."""
+    with open(src, "rb") as f, lzma.open(dest, "wb", preset=6) as z:
+        shutil.copyfileobj(f, z, length=2**22)
 
 
 def _check_size(out: Path, sizes: dict[str, int], limit: int) -> None:
@@ -292,27 +311,31 @@ def readme(info: dict, out: Path) -> str:
 
 Written by `musicrel pack-gpu` on {info["created"]} (commit {info["git_commit"] or "unknown"}).
 
-On the GPU machine, from the repository root (the pack travels with the working tree):
+On the GPU machine, from the repository root (the pack travels with the working tree). A device command
+lasts at most 10 minutes and the machine about 30, so the run goes on in the background between commands:
 
 ```bash
-bash {pack}/run.sh 8m              # SIZE: {", ".join(SIZES)} (configs/gpu-SIZE.yaml); context 512
-bash {pack}/run.sh 20m 1024        # another context: --model.config.max_seq_len 1024
-bash {pack}/run.sh 8m 1024 -- --data.batch_size 32   # after --: more `musicrel train` overrides
+bash {pack}/run.sh start 8m         # SIZE: {", ".join(SIZES)} (configs/gpu-SIZE.yaml); [SEQ_LEN]
+bash {pack}/run.sh wait 540; bash {pack}/run.sh collect   # each later command: the best so far to $OUT
+bash {pack}/run.sh status           # running or ended, the log's tail
+bash {pack}/run.sh train 8m -- --trainer.max_time 00:00:08:00   # all in one command; after --: overrides
 ```
 
-It does, in order:
-
-1. installs the wheels the machine lacks (those it has are kept):
+1. `start` installs the wheels the machine lacks (those it has are kept):
    `python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site WHEELS`,
-   then `export PYTHONPATH=/tmp/site`;
-2. `python3 -m musicrel.cli train --config configs/gpu.yaml --config configs/gpu-SIZE.yaml
+   unpacks `data/*.npy.xz`, and starts in a session of its own
+   `python3 -m musicrel.cli train --config configs/gpu.yaml --config configs/gpu-SIZE.yaml
    --data.data_dir {pack}/data --trainer.default_root_dir /tmp/musicrel-runs --run_name gpu-SIZE[-LEN]
-   --model.config.max_seq_len LEN` (bf16 mixed precision, the model compiled, stopped after 9 minutes);
-3. `python3 -m musicrel.cli export <best-*.ckpt, else last.ckpt> --out $OUT/gpu-SIZE[-LEN]
-   --dtype bfloat16 --max-shard-mib 16`, and copies the run's metrics.csv beside it.
+   --model.config.max_seq_len LEN` (bf16 mixed precision, the model compiled, stopped by trainer.max_time),
+   logging to /tmp/musicrel-runs/gpu-SIZE[-LEN].log;
+2. `wait [SECONDS]` returns when the run ends or SECONDS have passed (a status line every minute), and fails
+   when the run ended without finishing;
+3. `collect` runs `python3 -m musicrel.cli export <best-*.ckpt, else last.ckpt> --out $OUT/gpu-SIZE[-LEN]
+   --dtype bfloat16 --max-shard-mib 16` and copies the run's metrics.csv and log beside it: while the run
+   goes on too, so a machine taken back early still leaves the best so far.
 
 $OUT/gpu-SIZE[-LEN]/ then holds at most 8 files of at most 16 MiB each (bfloat16 weights in shards, the
-index, config.json, MODEL_CARD.md, metrics.csv): what a device command brings back. Here,
+index, config.json, MODEL_CARD.md, metrics.csv, train.log): what a device command brings back. Here,
 `load_model(folder)` reads it on a CPU (float32). Environment: PYTHON (python3), SITE (/tmp/site),
 RUNS (/tmp/musicrel-runs), OUT (gpu_out where unset), MAX_SHARD_MIB (16), WEIGHTS_DTYPE (bfloat16).
 
@@ -326,58 +349,140 @@ Wheels (python {info["gpu_python"]}, manylinux x86_64):
 # The script is fixed text: every setting it passes lives in configs/gpu*.yaml or in the variables below.
 RUN_SH = r"""#!/usr/bin/env bash
 # Written by `musicrel pack-gpu`. Train and export one model on a GPU machine, from the repository root:
-#   bash PACK/run.sh SIZE [SEQ_LEN] [-- MORE TRAIN OVERRIDES]     (README.md beside this file says more)
+#   bash PACK/run.sh start SIZE [SEQ_LEN] [-- MORE TRAIN OVERRIDES]   install, unpack, train in the background
+#   bash PACK/run.sh status                                            running or ended, the log's tail
+#   bash PACK/run.sh wait [SECONDS]                                    until the run ends or SECONDS pass
+#   bash PACK/run.sh collect                                           export the best checkpoint so far
+#   bash PACK/run.sh train SIZE [SEQ_LEN] [-- ...]                     start, wait, collect in one command
+# A device command lasts at most 10 minutes and the machine about 30: start in one command, then wait and
+# collect in the next ones; collect works while the run goes on (README.md beside this file says more).
 set -euo pipefail
 PACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-usage="usage: run.sh SIZE [SEQ_LEN] [-- overrides]; SIZE: default, 2m, 8m or 20m (configs/gpu-SIZE.yaml)"
-SIZE=${1:?$usage}
-shift
-SEQ_LEN=""
-if [[ $# -gt 0 && $1 != -- ]]; then SEQ_LEN=$1; shift; fi
-if [[ $# -gt 0 && $1 == -- ]]; then shift; fi
-if [[ ! -f configs/gpu.yaml || ! -f configs/gpu-$SIZE.yaml ]]; then
-  echo "run.sh: run from the repository root; $usage" >&2
-  exit 2
-fi
+usage="usage: run.sh start|train SIZE [SEQ_LEN] [-- overrides] | status | wait [SECONDS] | collect
+SIZE: default, 2m, 8m or 20m (configs/gpu-SIZE.yaml)"
 PYTHON=${PYTHON:-python3}
 SITE=${SITE:-/tmp/site}
 RUNS=${RUNS:-/tmp/musicrel-runs}
 DEST=${OUT:-gpu_out}
 export PYTHONUNBUFFERED=1
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+CURRENT=$RUNS/current # the run under way: its name, its pid, when it started
 
-# 1. Wheels of what this machine lacks. One it already has stays: its other packages were built against it.
-mapfile -t wheels < <("$PYTHON" - "$PACK/wheels" <<'EOF'
+die() { echo "run.sh: $*" >&2; exit 2; }
+run_name() { [[ -f $CURRENT ]] || die "no run started (run.sh start SIZE)"; sed -n 1p "$CURRENT"; }
+running() { [[ -f $CURRENT ]] && kill -0 "$(sed -n 2p "$CURRENT")" 2>/dev/null; }
+
+install() {
+  # Wheels of what this machine lacks. One it already has stays: its other packages were built against it.
+  local wheels
+  mapfile -t wheels < <("$PYTHON" -c '
 import importlib.metadata as md, pathlib, sys
 for w in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
     try:
         md.version(w.name.split("-")[0])
     except md.PackageNotFoundError:
         print(w)
-EOF
-)
-if [[ ${#wheels[@]} -gt 0 ]]; then
-  echo "installing into $SITE: ${wheels[*]##*/}"
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "${wheels[@]}"
-fi
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+' "$PACK/wheels")
+  if [[ ${#wheels[@]} -gt 0 ]]; then
+    echo "installing into $SITE: ${wheels[*]##*/}"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "${wheels[@]}"
+  fi
+}
 
-# 2. Train (the repository's own code comes first on sys.path: python -m from its root).
-RUN=gpu-$SIZE
-ctx=()
-if [[ -n $SEQ_LEN ]]; then RUN=$RUN-$SEQ_LEN; ctx=(--model.config.max_seq_len "$SEQ_LEN"); fi
-start=$(date +%s)
-"$PYTHON" -m musicrel.cli train --config configs/gpu.yaml --config "configs/gpu-$SIZE.yaml" \
-  --data.data_dir "$PACK/data" --trainer.default_root_dir "$RUNS" --run_name "$RUN" "${ctx[@]}" "$@"
-echo "trained in $(( $(date +%s) - start )) s"
+unpack() {
+  # data/*.npy.xz -> data/*.npy, once; a half-written array never lies under its final name.
+  "$PYTHON" -c '
+import lzma, os, pathlib, shutil, sys
+for xz in sorted(pathlib.Path(sys.argv[1]).glob("*.npy.xz")):
+    dest = xz.with_suffix("")
+    if not dest.exists():
+        with lzma.open(xz) as src, open(f"{dest}.part", "wb") as out:
+            shutil.copyfileobj(src, out, length=2**22)
+        os.replace(f"{dest}.part", dest)
+' "$PACK/data"
+}
 
-# 3. Export the best checkpoint (by val_nll), else the last, as a folder that comes back whole:
-#    bfloat16 weights in shards of at most 16 MiB (a device command returns 8 files of <= 16 MiB).
-version=$(ls -d "$RUNS/$RUN"/version_* | sort -V | tail -n 1)
-shopt -s nullglob
-best=("$version"/checkpoints/best-*.ckpt)
-ckpt=${best[0]:-$version/checkpoints/last.ckpt}
-"$PYTHON" -m musicrel.cli export "$ckpt" --out "$DEST/$RUN" \
-  --dtype "${WEIGHTS_DTYPE:-bfloat16}" --max-shard-mib "${MAX_SHARD_MIB:-16}"
-cp "$version/metrics.csv" "$DEST/$RUN/metrics.csv"
-ls -l "$DEST/$RUN"
+start() {
+  local size=${1:-}
+  [[ -n $size ]] || die "$usage"
+  shift
+  local seq_len=""
+  if [[ $# -gt 0 && $1 != -- ]]; then seq_len=$1; shift; fi
+  if [[ $# -gt 0 && $1 == -- ]]; then shift; fi
+  [[ -f configs/gpu.yaml && -f configs/gpu-$size.yaml ]] || die "run from the repository root; $usage"
+  if running; then die "a run is under way: $(run_name) (run.sh status)"; fi
+  install
+  unpack
+  local run=gpu-$size ctx=()
+  if [[ -n $seq_len ]]; then run=$run-$seq_len; ctx=(--model.config.max_seq_len "$seq_len"); fi
+  mkdir -p "$RUNS"
+  # A session of its own: the run outlives the device command that started it. The repository's own code
+  # comes first on sys.path (python -m from its root).
+  setsid "$PYTHON" -m musicrel.cli train --config configs/gpu.yaml --config "configs/gpu-$size.yaml" \
+    --data.data_dir "$PACK/data" --trainer.default_root_dir "$RUNS" --run_name "$run" "${ctx[@]}" "$@" \
+    >"$RUNS/$run.log" 2>&1 </dev/null &
+  printf '%s\n%s\n%s\n' "$run" "$!" "$(date +%s)" >"$CURRENT"
+  echo "started $run (pid $!); log: $RUNS/$run.log"
+}
+
+status() {
+  local run took
+  run=$(run_name)
+  took=$(( $(date +%s) - $(sed -n 3p "$CURRENT") ))
+  if running; then echo "$run: running, ${took} s"; else echo "$run: ended (${took} s since its start)"; fi
+  tail -n "${1:-6}" "$RUNS/$run.log"
+}
+
+wait_run() {
+  local limit=${1:-0} begun=$SECONDS last=$SECONDS
+  run_name >/dev/null
+  while running; do
+    if (( limit > 0 && SECONDS - begun >= limit )); then break; fi
+    sleep 2
+    if (( SECONDS - last >= 60 )); then status 2; last=$SECONDS; fi
+  done
+  status
+  if ! running && ! grep -q "^done at step" "$RUNS/$(run_name).log"; then
+    die "the run failed (its log above)"
+  fi
+}
+
+collect() {
+  # The best checkpoint (by val_nll), else the last, as a folder that comes back whole: bfloat16 weights in
+  # shards of at most 16 MiB (a device command returns 8 files of <= 16 MiB). While the run goes on, a
+  # checkpoint can be replaced under us: it is copied first, and tried again.
+  local run version tmp attempt ckpt
+  run=$(run_name)
+  version=$(ls -d "$RUNS/$run"/version_* | sort -V | tail -n 1)
+  tmp=$(mktemp -d)
+  shopt -s nullglob
+  for attempt in 1 2 3; do
+    local best=("$version"/checkpoints/best-*.ckpt)
+    ckpt=${best[0]:-$version/checkpoints/last.ckpt}
+    if [[ -f $ckpt ]] && cp "$ckpt" "$tmp/" && "$PYTHON" -m musicrel.cli export "$tmp/${ckpt##*/}" \
+        --out "$DEST/$run" --dtype "${WEIGHTS_DTYPE:-bfloat16}" --max-shard-mib "${MAX_SHARD_MIB:-16}"; then
+      cp "$version/metrics.csv" "$DEST/$run/metrics.csv"
+      cp "$RUNS/$run.log" "$DEST/$run/train.log"
+      rm -rf "$tmp"
+      ls -l "$DEST/$run"
+      return 0
+    fi
+    echo "collect: attempt $attempt found no readable checkpoint in $version/checkpoints" >&2
+    rm -f "$tmp"/*
+    sleep 5
+  done
+  rm -rf "$tmp"
+  die "no checkpoint to collect yet in $version/checkpoints"
+}
+
+cmd=${1:-}
+[[ $# -gt 0 ]] && shift
+case $cmd in
+  start) start "$@" ;;
+  status) status ;;
+  wait) wait_run "${1:-0}" ;;
+  collect) collect ;;
+  train) start "$@" && wait_run 0 && collect ;;
+  *) die "$usage" ;;
+esac
 """

@@ -5,6 +5,7 @@ trains, exports a sharded checkpoint and hands it to load_model, here on a CPU w
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import re
 import subprocess
@@ -16,7 +17,16 @@ import torch
 
 from musicrel.cli import main
 from musicrel.errors import MusicrelError
-from training.pack import DATA_FILES, PACK_FILE, closure, missing_on_gpu, normalize, pack_gpu
+from training.pack import (
+    ARRAYS,
+    MANIFEST,
+    PACK_FILE,
+    PACKED_DATA,
+    closure,
+    missing_on_gpu,
+    normalize,
+    pack_gpu,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,15 +40,16 @@ def test_pack_holds_the_splits_and_the_scripts(tiny_data, tmp_path, capsys):
     assert main(["pack-gpu", "--data", str(tiny_data), "--out", str(out), "--no-wheels"]) == 0
     assert "MiB of 64" in capsys.readouterr().out
     assert (tiny_data / "cache").is_dir() and not (out / "data" / "cache").exists()
-    assert sorted(p.name for p in (out / "data").iterdir()) == sorted(DATA_FILES)
-    for name in DATA_FILES:
-        assert (out / "data" / name).read_bytes() == (tiny_data / name).read_bytes()
+    assert sorted(p.name for p in (out / "data").iterdir()) == sorted(PACKED_DATA)
+    assert (out / "data" / MANIFEST).read_bytes() == (tiny_data / MANIFEST).read_bytes()
+    for name in ARRAYS:  # xz-compressed, and exactly the arrays once unpacked
+        assert lzma.decompress((out / "data" / f"{name}.xz").read_bytes()) == (tiny_data / name).read_bytes()
     assert os.access(out / "run.sh", os.X_OK) and list((out / "wheels").iterdir()) == []
     info = json.loads((out / PACK_FILE).read_text())
     on_disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     assert on_disk <= info["total_bytes"] <= on_disk + 4096  # pack.json is counted at an upper bound
     readme = (out / "README.md").read_text()
-    assert f"bash {out.as_posix()}/run.sh 8m" in readme and "--target /tmp/site" in readme
+    assert f"bash {out.as_posix()}/run.sh start 8m" in readme and "--target /tmp/site" in readme
     # packing again replaces what is there, wheels included
     (out / "wheels" / "stale-1.0-py3-none-any.whl").write_bytes(b"x")
     pack_gpu(tiny_data, out, wheels=False, downloader=_never)
@@ -97,11 +108,12 @@ def test_package_list_logic():
         **{n: [] for n in ("typing-extensions", "filelock", "pyyaml", "tqdm", "six", "protobuf")},
         "datasketch": [],
     }
-    # the train extra is in, the server's packages (an extra, or a core dependency of older metadata) and the
-    # other extras are left out; markers are those of the GPU machine (python 3.12, linux);
-    # what torch and lightning bring (typing-extensions, pyyaml, tqdm) is there already
+    # the train extra is in, the server's packages (an extra, or a core dependency of older metadata), what
+    # only `prepare` needs (datasketch) and the other extras are left out; markers are those of the GPU
+    # machine (python 3.12, linux); what torch and lightning bring (typing-extensions, pyyaml, tqdm) and
+    # protobuf are there already
     requires = lambda name: graph.get(normalize(name))  # noqa: E731 (as metadata, by normalized name)
-    assert missing_on_gpu(requires) == ["datasketch", "midi", "plugin", "protobuf", "six"]
+    assert missing_on_gpu(requires) == ["midi", "plugin", "six"]
     del graph["six"]
     with pytest.raises(MusicrelError, match="six") as exc:
         missing_on_gpu(requires)
@@ -109,8 +121,9 @@ def test_package_list_logic():
 
     need = set(missing_on_gpu())  # this environment's real metadata
     assert {"pretty-midi", "mido", "jsonargparse", "docstring-parser", "typeshed-client"} <= need
-    assert "tensorboardx" in need and "protobuf" in need
-    assert need.isdisjoint({"torch", "lightning", "numpy", "safetensors", "tqdm", "pyyaml"})
+    assert "tensorboardx" in need
+    assert need.isdisjoint({"torch", "lightning", "numpy", "safetensors", "tqdm", "pyyaml", "protobuf"})
+    assert need.isdisjoint({"datasketch", "scipy"})  # 34 MiB that only `prepare` needs
     assert need.isdisjoint({"fastapi", "uvicorn", "pydantic-settings", "prometheus-client"})
 
 
@@ -124,7 +137,7 @@ def test_gpu_configs_state_their_parameter_counts():
 
     base = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())
     assert base["trainer"]["precision"] == "bf16-mixed" and base["model"]["compile"] is True
-    assert base["trainer"]["max_time"] == "00:00:09:00"
+    assert base["trainer"]["max_time"] == "00:00:23:00" and base["model"]["config"]["max_seq_len"] == 1024
     for size in ("2m", "8m", "20m"):
         path = REPO / "configs" / f"gpu-{size}.yaml"
         text = path.read_text()
@@ -171,7 +184,14 @@ CPU_TINY = [
 ]  # fmt: skip
 
 
-def test_run_sh_trains_exports_and_loads_on_a_cpu(tiny_data, tmp_path):
+def _run_sh(pack: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    cmd = ["bash", str(pack / "run.sh"), *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_run_sh_starts_waits_and_collects_on_a_cpu(tiny_data, tmp_path):
+    """The steps a GPU lease takes, one device command each: start (returns while training goes on in its own
+    session), status, wait, collect."""
     from musicrel.generation.decode import generate
     from musicrel.model.checkpoint import load_codec, load_model
 
@@ -188,21 +208,30 @@ def test_run_sh_trains_exports_and_loads_on_a_cpu(tiny_data, tmp_path):
         "SITE": str(tmp_path / "site"),
         "MAX_SHARD_MIB": str(shard_mib),
     }
-    proc = subprocess.run(
-        ["bash", str(pack / "run.sh"), "8m", "32", "--", *CPU_TINY],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+    def run_sh(*args):
+        return _run_sh(pack, env, *args)
+
+    nothing = run_sh("collect")
+    assert nothing.returncode == 2 and "no run started" in nothing.stderr
+    started = run_sh("start", "8m", "32", "--", *CPU_TINY)
+    assert started.returncode == 0, started.stderr[-4000:]
+    assert "started gpu-8m-32" in started.stdout
+    assert sorted(p.name for p in (pack / "data").glob("*.npy")) == sorted(ARRAYS)  # unpacked beside the .xz
+    status = run_sh("status")
+    assert status.returncode == 0 and re.match(r"gpu-8m-32: (running|ended)", status.stdout)
+    waited = run_sh("wait", "280")
+    assert waited.returncode == 0, (waited.stdout + waited.stderr)[-4000:]
+    assert "gpu-8m-32: ended" in waited.stdout and "done at step 2" in waited.stdout
+    collected = run_sh("collect")
+    assert collected.returncode == 0, collected.stderr[-4000:]
 
     folder = tmp_path / "out" / "gpu-8m-32"  # run name: size and context
     names = sorted(p.name for p in folder.iterdir())
     shards = [n for n in names if n.startswith("model-")]
     assert len(shards) >= 2 and "model.safetensors" not in names
     assert {"model.safetensors.index.json", "config.json", "MODEL_CARD.md", "metrics.csv"} <= set(names)
+    assert "train.log" in names
     assert len(names) <= 8  # what one device command brings back
     assert all((folder / n).stat().st_size <= shard_mib * 2**20 for n in shards)
     assert "best-step=2" in (folder / "MODEL_CARD.md").read_text()  # validated at step 2: the best exported
@@ -215,3 +244,19 @@ def test_run_sh_trains_exports_and_loads_on_a_cpu(tiny_data, tmp_path):
     prompt = torch.tensor([[codec.bos_id]])
     tokens = [int(t) for t in generate(model, prompt, 8, generators=[torch.Generator().manual_seed(0)])]
     assert len(tokens) == 8 and all(0 <= t < codec.vocab_size for t in tokens)
+
+
+def test_run_sh_wait_fails_on_a_failed_run(tiny_data, tmp_path):
+    pack = tmp_path / "pack"
+    pack_gpu(tiny_data, pack, wheels=False)
+    env = {**os.environ, "PYTHON": sys.executable, "RUNS": str(tmp_path / "runs")}
+
+    def run_sh(*args):
+        return _run_sh(pack, env, *args)
+
+    assert run_sh("start", "nosuchsize").returncode == 2
+    started = run_sh("start", "8m", "32", "--", "--trainer.no_such_option", "1")
+    assert started.returncode == 0, started.stderr
+    waited = run_sh("wait")
+    assert waited.returncode == 2 and "the run failed" in waited.stderr
+    assert "no_such_option" in waited.stdout  # the log's tail says why

@@ -208,3 +208,35 @@ def test_multi_source_data_validates_each_source_and_evaluates_each(pattern_midi
     assert pooled == pytest.approx(
         sum(n * x for n, x in per.values()) / sum(n for n, _ in per.values()), abs=1e-3
     )
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_step_with_non_finite_gradients_is_skipped(tiny_data, tmp_path, guarded):
+    """One poisoned gradient (as a NaN from a kernel's backward would be) costs one update, not the run; the
+    control without the guard shows the poison is real."""
+    import lightning as L
+
+    from musicrel.midi.codec import CodecConfig
+    from musicrel.model.config import ModelConfig
+    from training.module import MusicDataModule, MusicLM
+
+    class Poison(L.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            if trainer.global_step == 2:  # callbacks run before the module's own hook
+                next(pl_module.parameters()).grad.view(-1)[0] = float("nan")
+
+    data = MusicDataModule(str(tiny_data), batch_size=2, seq_len=16, examples_per_epoch=8)
+    cfg = ModelConfig(vocab_size=data.vocab_size, n_layers=1, d_model=16, n_heads=2, d_ff=32, max_seq_len=16)
+    module = MusicLM(cfg, codec=CodecConfig().to_dict(), compile=False, warmup_steps=1, decay_steps=5)
+    if not guarded:
+        module.on_before_optimizer_step = lambda optimizer: None
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=5, callbacks=[Poison()], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=data)
+    finite = all(torch.isfinite(p).all() for p in module.parameters())
+    assert trainer.global_step == 5
+    assert finite is guarded
+    if guarded:
+        assert module.skipped_steps == 1

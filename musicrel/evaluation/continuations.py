@@ -161,8 +161,8 @@ def piece_compositions(codec, folder: Path, paths: Sequence[str]) -> tuple[list[
     A prepared folder: the groups of its manifest (`musicrel prepare` found them over the whole corpus). A
     plain folder of MIDI: found here, among these pieces, from their notes as prepare finds them
     (`musicrel.data.compositions`; CompositionsUnavailable without datasketch). Folded by file instead, one
-    performance of a piece on the training side taught the classifier the others (issue 31: real music 86 %).
-    """
+    performance of a piece on the training side taught the classifier the others: on ASAP's Haydn folder (54
+    files, 10 pieces, all 10 found) real music read 86 % by file, 56 % by composition."""
     paths = [str(p) for p in paths]
     if is_prepared(folder):
         known = file_sources(folder)[1]

@@ -50,7 +50,7 @@ SERVER_ONLY = (
     "prometheus-client",
 )
 # musicrel's training requirements that only `musicrel prepare` imports (datasketch, for the composition
-# groups, brings scipy: 34 MiB).
+# groups, brings scipy: 34 MiB; evaluate-continuations needs it too, on a plain folder only, not on the GPU).
 PREPARE_ONLY = ("datasketch",)
 ARRAYS = tuple(f"{s}{suffix}.npy" for s in SPLITS for suffix in ("", "_offsets"))
 DATA_FILES = (MANIFEST, *ARRAYS)

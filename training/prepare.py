@@ -21,8 +21,8 @@ often a source is seen.
 
 Files are identified by the sha256 of their bytes: duplicates (same bytes under another name) are counted and
 dropped. Versions of one composition (performances of a piece, its score, a copy in another collection) are
-found from their notes (`training.compositions`) and a whole group goes to one split, chosen by the hash of
-its first member: a file with no other version keeps the split of its hash alone, as the corpus grows.
+found from their notes (`musicrel.data.compositions`) and a whole group goes to one split, chosen by the hash
+of its first member: a file with no other version keeps the split of its hash alone, as the corpus grows.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
+from musicrel.data.compositions import CONTAINMENT, MIN_SHINGLES, NGRAM, group_versions, shingles
 from musicrel.data.prepared import FORMAT_VERSION, MANIFEST, SPLITS
 from musicrel.errors import ConfigError, InvalidMidiError
 from musicrel.midi.files import find_midi_files
-from training.compositions import CONTAINMENT, MIN_SHINGLES, NGRAM, group_versions, shingles
 
 # Percent of the hash space per split (train, val, test).
 SPLIT_PERCENT = (90, 5, 5)
@@ -330,7 +330,7 @@ def _composition_report(grouping, usable: list[str], first_path: dict, splits: d
     groups = [m for m in grouping.members().values() if len(m) > 1]
     groups.sort(key=lambda m: (-len(m), str(first_path[usable[m[0]]])))
     return {
-        "method": "top-voice interval n-grams, MinHash LSH + exact containment (training.compositions)",
+        "method": "top-voice interval n-grams, MinHash LSH + exact containment (musicrel.data.compositions)",
         "settings": {"ngram": NGRAM, "containment": CONTAINMENT, "min_shingles": MIN_SHINGLES},
         "files": len(usable),
         "groups": len(grouping.members()),

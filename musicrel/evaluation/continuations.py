@@ -30,6 +30,7 @@ import pretty_midi
 import torch
 from tqdm import tqdm
 
+from musicrel.data.compositions import CompositionsUnavailable, group_versions, shingles
 from musicrel.data.prepared import MANIFEST, is_prepared, load_manifest
 from musicrel.errors import MusicrelError, is_int
 from musicrel.evaluation.metrics import (
@@ -140,7 +141,7 @@ def held_out_files(folder: Path, split: str = "test", source: str | None = None)
 
 def file_sources(folder: Path) -> tuple[dict[str, str], dict[str, str]]:
     """({file: source}, {file: its composition}) of a prepared folder's manifest; ({}, {}) for a plain folder.
-    A composition is named by the first file of its versions (`training.compositions`: ASAP has up to 29
+    A composition is named by the first file of its versions (`musicrel.data.compositions`: ASAP has up to 29
     performances of one piece); files with no other version are not listed."""
     if not is_prepared(folder):
         return {}, {}
@@ -151,6 +152,38 @@ def file_sources(folder: Path) -> tuple[dict[str, str], dict[str, str]]:
         {f["path"]: f["source"] for f in files if f.get("source")},
         {path: group["files"][0] for group in groups for path in group["files"]},
     )
+
+
+def piece_compositions(codec, folder: Path, paths: Sequence[str]) -> tuple[list[str], dict]:
+    """Per piece (its path), the composition it is a version of, named by the path of its first version, and
+    how they were found: {method, files, compositions, multi_file: [[the paths of one composition], ...]}.
+
+    A prepared folder: the groups of its manifest (`musicrel prepare` found them over the whole corpus). A
+    plain folder of MIDI: found here, among these pieces, from their notes as prepare finds them
+    (`musicrel.data.compositions`; CompositionsUnavailable without datasketch). Folded by file instead, one
+    performance of a piece on the training side taught the classifier the others: on ASAP's Haydn folder (54
+    files, 10 pieces, all 10 found) real music read 86 % by file, 56 % by composition."""
+    paths = [str(p) for p in paths]
+    if is_prepared(folder):
+        known = file_sources(folder)[1]
+        comps, method = [known.get(p, p) for p in paths], "manifest"
+    else:
+        sets = []
+        for path in paths:
+            try:
+                sets.append(shingles(codec, codec.encode(path)))
+            except (MusicrelError, OSError):  # read before as a piece; an error here: it stays alone
+                sets.append(set())
+        comps, method = [paths[g] for g in group_versions(sets).group], "notes"
+    members: dict[str, list[str]] = {}
+    for path, comp in zip(paths, comps, strict=True):
+        members.setdefault(comp, []).append(path)
+    return comps, {
+        "method": method,
+        "files": len(paths),
+        "compositions": len(members),
+        "multi_file": [m for m in members.values() if len(m) > 1],
+    }
 
 
 def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit: int | None):
@@ -505,10 +538,12 @@ def evaluate_continuations(
     split = options.split if is_prepared(input_dir) else None
     head = {"checkpoint": str(checkpoint), "input": str(input_dir), "split": split}
     ran = (timings, example_system, examples, heard)
-    return {**head, **_report(pieces, skipped, systems, options, runs, ran, input_dir)}
+    return {**head, **_report(codec, pieces, skipped, systems, options, runs, ran, input_dir)}
 
 
-def _report(pieces, skipped, systems: _Systems, options: EvaluationOptions, runs, ran, input_dir: Path):
+def _report(
+    codec, pieces, skipped, systems: _Systems, options: EvaluationOptions, runs, ran, input_dir: Path
+):
     """The report's figures: per system, each metric's summary and per-piece values; the truth's; the
     real-vs-generated classifier; examples. `ran`: the rest of what `_run` returns."""
     timings, example, examples, heard = ran
@@ -530,22 +565,24 @@ def _report(pieces, skipped, systems: _Systems, options: EvaluationOptions, runs
     truth = [systems.scored(describe(p.reference, seconds, p.key), p.reference) for p in pieces]
     truth_values = {m: [_json_value(t[m]) for t in truth] for m in intrinsic}
 
-    sources, compositions = file_sources(input_dir)
+    sources = file_sources(input_dir)[0]
     motifs = [_shift(p.motif, p.primer.end_time) for p in pieces]
     try:
+        # performances of one composition share their notes: they stay on one side of every split
+        compositions, grouping = piece_compositions(codec, input_dir, [p.path for p in pieces])
         classifier = two_sample(
             motifs,
             [p.reference for p in pieces],
             heard,
             seconds,
             [options.source or sources.get(p.path) for p in pieces],
-            # performances of one composition share their notes: they stay on one side of every split
-            [compositions.get(p.path, p.path) for p in pieces],
+            compositions,
             # real music follows the truth, `seconds` after the motif: the truth is what it joins
             real_contexts={"real-music": [_shift(p.reference, seconds) for p in pieces]},
             seed=options.seed,
         )
-    except TwoSampleUnavailable as exc:
+        classifier["grouping"] = grouping
+    except (TwoSampleUnavailable, CompositionsUnavailable) as exc:
         classifier, left_out["two_sample"] = None, str(exc)
 
     warnings = []

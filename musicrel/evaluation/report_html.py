@@ -20,6 +20,7 @@ import numpy as np
 import pretty_midi
 
 from musicrel.errors import MusicrelError
+from musicrel.evaluation.twosample import format_grouping
 
 # Debian's General MIDI soundfonts, smallest first (timgm6mb: 6 MB, what `make` installs).
 SOUNDFONTS = (
@@ -114,6 +115,8 @@ def _classifier_html(result: dict) -> str:
         f"{100 * result['confidence']:g} % bootstrap over compositions. Given away by: the held-out AUC of a "
         "classifier that sees one feature family alone.</p>"
     ]
+    if "grouping" in result:
+        parts.append(f"<p>{html.escape(format_grouping(result['grouping']))}.</p>")
     for source, section in result["sections"].items():
         parts.append(f"<h3>{html.escape(source)} ({section['pieces']} pieces)</h3>")
         rows = [

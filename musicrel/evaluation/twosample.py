@@ -7,9 +7,11 @@ self-repetition, and how the continuation joins what came before it. If it canno
 (balanced accuracy 50 %, AUC 0.5) the system's continuations are, to these features, indistinguishable.
 
 - Cross-validated by composition (GroupKFold): a piece's truth and all its samples, and every other
-  performance of the same composition (the prepared folder's `compositions`), sit on the same side of every
-  split. Split by file, the forest learned "bars 10-20 of the Mephisto Waltz are the truth" from one pianist
-  and recognised them in another's: real music read 90 % on ASAP performances.
+  performance of the same composition (the prepared folder's `compositions`; in a plain folder of MIDI, found
+  from the notes as `musicrel prepare` finds them), sit on the same side of every split. Split by file, the
+  forest learned "bars 10-20 of the Mephisto Waltz are the truth" from one pianist and recognised them in
+  another's: real music read 90 % on ASAP performances. `FOLDS` folds, fewer when there are fewer
+  compositions; under `MIN_PIECES` compositions the system is left out of the section, with the reason.
 - Every seed's sample counts; the truth (one per piece) and the system (one per seed) weigh the same, so
   50 % is chance whatever --seeds is (balanced accuracy; AUC weighted the same way).
 - A 95 % percentile-bootstrap interval over compositions (all of a composition's rows resampled together).
@@ -341,7 +343,11 @@ def two_sample(
             comps = [i if compositions is None else compositions[i] for i in idx]
             usable = len({c for c, s in zip(comps, samples, strict=True) if len(s)})
             if usable < MIN_PIECES:
-                section["left_out"][name] = f"{usable} compositions with continuations (< {MIN_PIECES})"
+                files = sum(1 for s in samples if len(s))
+                section["left_out"][name] = (
+                    f"{usable} compositions with continuations (< {MIN_PIECES}) in {files} files: "
+                    "too few to fold"
+                )
                 continue
             section["systems"][name] = classify(truth_x[idx], samples, seed, comps)
         sections[source] = section
@@ -357,13 +363,32 @@ def _pct(ci: dict) -> str:
     return f"{100 * ci['mean']:.0f}% [{100 * ci['low']:.0f},{100 * ci['high']:.0f}]"
 
 
+def format_grouping(grouping: dict) -> str:
+    """What the folds held, one line: the report's `two_sample.grouping` (see
+    musicrel.evaluation.continuations.piece_compositions)."""
+    how = {
+        "manifest": "versions from the prepared folder's manifest",
+        "notes": "versions found from the notes",
+    }.get(grouping["method"], grouping["method"])
+    several = grouping["multi_file"]
+    held = "none has several"
+    if several:
+        held = f"{len(several)} with several: {sum(len(m) for m in several)} files"
+    return (
+        f"folds by composition: {grouping['files']} files in {grouping['compositions']} compositions "
+        f"({how}; {held})"
+    )
+
+
 def format_two_sample(result: dict) -> list[str]:
-    """Lines of the console table: per source, per system, accuracy and AUC with intervals, what gives it
-    away."""
+    """Lines of the console table: what the folds held, then per source, per system, accuracy and AUC with
+    intervals, what gives it away."""
     lines = [
         "real vs generated (classifier two-sample test; balanced accuracy, 50% = indistinguishable; "
         "given away by: a feature family's AUC alone):"
     ]
+    if "grouping" in result:
+        lines.append("  " + format_grouping(result["grouping"]))
     for source, section in result["sections"].items():
         lines.append(f"  {source} ({section['pieces']} pieces):")
         width = max((len(n) for n in section["systems"]), default=0)
@@ -372,7 +397,7 @@ def format_two_sample(result: dict) -> list[str]:
             lines.append(
                 f"    {name.ljust(width)}  accuracy {_pct(r['accuracy'])}  AUC {r['auc']['mean']:.2f} "
                 f"[{r['auc']['low']:.2f},{r['auc']['high']:.2f}]  n={r['pieces']} "
-                f"({r['compositions']} compositions)  given away by: {away}"
+                f"({r['compositions']} compositions, {r['folds']} folds)  given away by: {away}"
             )
         for name, reason in section["left_out"].items():
             lines.append(f"    {name.ljust(width)}  left out: {reason}")

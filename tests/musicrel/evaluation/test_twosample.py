@@ -264,6 +264,10 @@ def test_evaluate_continuations_reports_the_classifier_per_source(report):
     assert set(report["examples"][0]["continuations"]) == {"untrained", "repeat-motif", "real-music"}
     table = format_report(report)
     assert "real vs generated" in table and "eighths (6 pieces)" in table and "low (6 pieces)" in table
+    # a prepared folder: the folds keep the versions its manifest lists (none among these melodies)
+    grouping = report["two_sample"]["grouping"]
+    assert (grouping["method"], grouping["files"], grouping["compositions"]) == ("manifest", 12, 12)
+    assert "folds by composition: 12 files in 12 compositions (versions from the prepared folder's" in table
 
 
 # ------------------------------------------------------------------------------------------ report.html
@@ -302,6 +306,7 @@ def test_report_html_has_rolls_and_audio_that_open_offline(report, written):
             assert 3.0 <= w.getnframes() / w.getframerate() <= 8.0, wav
             assert np.abs(np.frombuffer(w.readframes(w.getnframes()), np.int16)).max() > 1000, wav
     assert "eighths" in page and "low" in page and "untrained" in page and "metrics.png" in page
+    assert "folds by composition: 12 files in 12 compositions" in page
 
 
 def test_report_html_in_a_real_browser(written):
@@ -359,3 +364,166 @@ def test_file_sources_reads_sources_and_versions_of_one_composition(tmp_path):
     # two performances of one piece share a composition; a piece with no other version is not listed
     assert compositions == {"/m/a1.mid": "/m/a1.mid", "/m/a2.mid": "/m/a1.mid"}
     assert file_sources(tmp_path / "plain") == ({}, {})
+
+
+# ------------------------------------------------------------------------------ folds by composition
+
+
+def tune(seed: int, n: int = 100) -> list[int]:
+    """A random walk of pitches with wide steps: two seeds give two unrelated tunes."""
+    rng = np.random.default_rng(seed)
+    return [int(p) for p in 60 + np.cumsum(rng.choice([-5, -3, -2, -1, 1, 2, 3, 4, 7], size=n)) % 24]
+
+
+def write_tune(path, pitches, transpose=0, beat=0.25, jitter=0.0, seed=0) -> None:
+    """One file of the tune: transposed, at another tempo, with onsets jittered and velocities varied (a
+    performance) if asked."""
+    rng = np.random.default_rng(seed)
+    pm = pretty_midi.PrettyMIDI()
+    inst = pretty_midi.Instrument(program=0)
+    for i, p in enumerate(pitches):
+        t = max(0.0, i * beat + (rng.uniform(-jitter, jitter) if jitter else 0.0))
+        velocity = int(rng.integers(45, 110)) if jitter else 80
+        inst.notes.append(pretty_midi.Note(velocity, p + transpose, t, t + 0.8 * beat))
+    pm.instruments.append(inst)
+    pm.write(str(path))
+
+
+VERSIONS = ("a_score.mid", "a_transposed.mid", "a_performed.mid")
+
+
+@pytest.fixture(scope="module")
+def versions_folder(tmp_path_factory):
+    """A tiny random checkpoint and a plain folder (no manifest) of 9 files: three versions of one tune (as
+    written, a fourth up, slower and performed) and six unrelated tunes."""
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+
+    codec = EventCodec()
+    tmp = tmp_path_factory.mktemp("versions")
+    torch.manual_seed(1)
+    cfg = ModelConfig(
+        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128
+    )
+    save_model(MusicTransformer(cfg), tmp / "ckpt", codec=codec)
+    folder = tmp / "midi"
+    folder.mkdir()
+    a = tune(1)
+    write_tune(folder / VERSIONS[0], a)
+    write_tune(folder / VERSIONS[1], a, transpose=5)
+    write_tune(folder / VERSIONS[2], a, beat=0.28, jitter=0.03, seed=3)
+    for k in range(6):
+        write_tune(folder / f"other{k}.mid", tune(10 + k), transpose=k % 3)
+    return tmp
+
+
+def test_a_plain_folder_groups_the_versions_of_a_composition_from_their_notes(versions_folder):
+    from musicrel.evaluation.continuations import piece_compositions
+    from musicrel.midi.codec import EventCodec
+
+    folder = versions_folder / "midi"
+    paths = sorted(str(p) for p in folder.glob("*.mid"))
+    comps, grouping = piece_compositions(EventCodec(), folder, paths)
+    by_name = {os.path.basename(p): c for p, c in zip(paths, comps, strict=True)}
+    assert len({by_name[v] for v in VERSIONS}) == 1  # one composition, named by its first version's path
+    assert by_name["a_performed.mid"] in paths
+    assert len(set(comps)) == 7 and len({by_name[f"other{k}.mid"] for k in range(6)}) == 6
+    assert grouping["method"] == "notes" and grouping["files"] == 9 and grouping["compositions"] == 7
+    assert [sorted(os.path.basename(p) for p in m) for m in grouping["multi_file"]] == [sorted(VERSIONS)]
+
+
+def test_a_prepared_folder_keeps_the_manifests_groups(tmp_path, monkeypatch):
+    import json
+
+    from musicrel.evaluation import continuations
+    from musicrel.midi.codec import EventCodec
+
+    def not_here(*args, **kw):
+        raise AssertionError("a prepared folder's groups come from its manifest")
+
+    monkeypatch.setattr(continuations, "group_versions", not_here)
+    files = [{"path": f"/m/{n}.mid", "source": "asap"} for n in ("a1", "a2", "b")]
+    manifest = {
+        "splits": {"test": {"files": files}},
+        "compositions": {"multi_file": [{"split": "test", "files": ["/m/a1.mid", "/m/a2.mid"]}]},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    comps, grouping = continuations.piece_compositions(EventCodec(), tmp_path, [f["path"] for f in files])
+    assert comps == ["/m/a1.mid", "/m/a1.mid", "/m/b.mid"]
+    assert grouping == {
+        "method": "manifest", "files": 3, "compositions": 2, "multi_file": [["/m/a1.mid", "/m/a2.mid"]],
+    }  # fmt: skip
+
+
+def test_versions_of_one_composition_never_fall_into_different_folds(versions_folder, monkeypatch):
+    """evaluate-continuations on a plain folder: every fold holds all three versions of the tune or none,
+    and the console and report.json say how many files and compositions the folds held."""
+    from sklearn import model_selection
+
+    from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
+    from musicrel.evaluation.report import format_report
+
+    folds: list[list[np.ndarray]] = []  # per classify call, the test rows of each fold
+    real = model_selection.GroupKFold.split
+
+    def spy(self, X, y, groups):
+        folds.append([])
+        for train, test in real(self, X, y, groups):
+            folds[-1].append(test)
+            yield train, test
+
+    monkeypatch.setattr(model_selection.GroupKFold, "split", spy)
+    options = EvaluationOptions(
+        motif_seconds=3.0, seconds=2.0, seeds=1, systems=["repeat-motif", "real-music"]
+    )
+    report = evaluate_continuations(versions_folder / "ckpt", versions_folder / "midi", options)
+    names = [os.path.basename(f) for f in report["files"]]
+    assert sorted(names) == sorted([*VERSIONS, *(f"other{k}.mid" for k in range(6))])
+    assert len(folds) == 2  # one cross-validation per system
+    for per_system in folds:
+        assert len(per_system) == 5
+        # classify's first rows are the truths of the pieces, in the report's order (every piece has a sample)
+        fold_of = {names[r]: k for k, test in enumerate(per_system) for r in test if r < len(names)}
+        assert len(fold_of) == 9 and len({fold_of[v] for v in VERSIONS}) == 1
+    grouping = report["two_sample"]["grouping"]
+    assert (grouping["method"], grouping["files"], grouping["compositions"]) == ("notes", 9, 7)
+    systems = report["two_sample"]["sections"]["all"]["systems"]
+    for r in systems.values():
+        assert (r["pieces"], r["compositions"], r["folds"]) == (9, 7, 5)
+    table = format_report(report)
+    assert "folds by composition: 9 files in 7 compositions" in table
+    assert "(7 compositions, 5 folds)" in table
+
+
+def test_without_datasketch_a_plain_folder_leaves_the_classifier_out_with_the_reason(
+    versions_folder, monkeypatch
+):
+    from musicrel.data.compositions import CompositionsUnavailable
+    from musicrel.evaluation import continuations
+
+    def unavailable(sets):
+        raise CompositionsUnavailable("datasketch is not installed: pip install 'musicrel[eval]'")
+
+    monkeypatch.setattr(continuations, "group_versions", unavailable)
+    options = continuations.EvaluationOptions(
+        motif_seconds=3.0, seconds=2.0, seeds=1, systems=["repeat-motif"]
+    )
+    report = continuations.evaluate_continuations(versions_folder / "ckpt", versions_folder / "midi", options)
+    assert "two_sample" not in report and "datasketch" in report["left_out"]["two_sample"]
+
+
+def test_fewer_compositions_fewer_folds_and_too_few_are_left_out():
+    _, contexts, truths = world(8, seed=4)
+    truth_x = np.stack([features(t, c, SECONDS) for t, c in zip(truths, contexts, strict=True)])
+    samples = [truth_x[i : i + 1] + 0.0 for i in range(8)]
+    r = classify(truth_x, samples, compositions=[k // 2 for k in range(8)])  # 4 compositions of 2 files
+    assert (r["pieces"], r["compositions"], r["folds"]) == (8, 4, 4)
+    systems = {"drone": [[drone(t)] for t in truths]}
+    section = two_sample(
+        contexts, truths, systems, SECONDS, [None] * 8, compositions=[k // 3 for k in range(8)]
+    )
+    assert section["sections"]["all"]["left_out"]["drone"] == (
+        f"3 compositions with continuations (< {MIN_PIECES}) in 8 files: too few to fold"
+    )

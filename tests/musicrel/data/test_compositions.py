@@ -1,12 +1,12 @@
-"""Versions of one composition found from the notes (training.compositions)."""
+"""Versions of one composition found from the notes (musicrel.data.compositions)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pretty_midi
 
+from musicrel.data.compositions import containment, group_versions, shingles
 from musicrel.midi.codec import EventCodec
-from training.compositions import containment, group_versions, shingles
 
 CODEC = EventCodec()
 
@@ -72,3 +72,24 @@ def test_files_with_too_few_shingles_are_left_alone():
     assert 0 < len(short) < 24
     g = group_versions([short, set(short)])
     assert g.group == [0, 1] and g.pairs == []
+
+
+def test_without_datasketch_grouping_fails_with_a_typed_error(monkeypatch):
+    import builtins
+
+    import pytest
+
+    from musicrel.data.compositions import CompositionsUnavailable
+    from musicrel.errors import MusicrelError
+
+    real_import = builtins.__import__
+
+    def no_datasketch(name, *args, **kw):
+        if name == "datasketch" or name.startswith("datasketch."):
+            raise ImportError("No module named 'datasketch'")
+        return real_import(name, *args, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasketch)
+    with pytest.raises(CompositionsUnavailable, match=r"musicrel\[eval\]") as err:
+        group_versions([shingles(CODEC, tokens(melody(1)))])
+    assert isinstance(err.value, MusicrelError) and err.value.code == "compositions_unavailable"

@@ -1,4 +1,6 @@
-"""Versions of one composition, found from the notes: so that train/val/test are split by composition.
+"""Versions of one composition, found from the notes: so that train/val/test are split by composition
+(`musicrel prepare`) and the real-vs-generated classifier folds by composition on a plain folder of MIDI
+(`musicrel evaluate-continuations`).
 
 A piece often exists several times in a corpus (ASAP holds up to 16 performances of one piece and its score; a
 piece can be in two collections under different names), and a file split would then test on what was trained.
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from musicrel.errors import MusicrelError
+
 ONSET_WINDOW_S = 0.05
 NGRAM = 6
 MIN_SHINGLES = 24
@@ -35,6 +39,12 @@ CONTAINMENT = 0.15
 LSH_THRESHOLD = 0.05
 NUM_PERM = 128
 MAX_FILES_PER_SHINGLE = 40
+
+
+class CompositionsUnavailable(MusicrelError):
+    """datasketch is not installed: the versions of one composition cannot be found."""
+
+    code = "compositions_unavailable"
 
 
 def shingles(codec, tokens: np.ndarray, n: int = NGRAM) -> set[bytes]:
@@ -88,8 +98,14 @@ def group_versions(
     seed: int = 1,
 ) -> Grouping:
     """Connected components of files whose shingle sets, less the n-grams of more than `max_files` files,
-    overlap by `threshold` (containment)."""
-    from datasketch import MinHash, MinHashLSH
+    overlap by `threshold` (containment). Raises CompositionsUnavailable without datasketch."""
+    try:
+        from datasketch import MinHash, MinHashLSH
+    except ImportError as exc:
+        raise CompositionsUnavailable(
+            "datasketch is not installed, and finding the versions of one composition needs it: "
+            "pip install 'musicrel[eval]' (or '[train]'; make test does)"
+        ) from exc
 
     parent = list(range(len(sets)))
 

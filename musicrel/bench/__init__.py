@@ -8,6 +8,7 @@ BENCH_MODULES = (
     "musicrel.bench.codec",
     "musicrel.bench.attention",
     "musicrel.bench.generate",
+    "musicrel.bench.shapes",
     "musicrel.bench.neighbour",
     "server.bench",
     "server.probes",

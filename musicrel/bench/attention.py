@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 
+from musicrel.bench.rss import fresh_process_env, reset_peak, status_kb
 from musicrel.bench.timing import medians, side_by_side
 
 MB = 1024 * 1024
@@ -36,21 +37,6 @@ def register(bench_sub) -> None:
 
 
 # ---------------------------------------------------------------- memory cases (run in a subprocess)
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> int:
-    """Reset the peak resident set to the current one and return it (KiB)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_kb("VmRSS")
 
 
 def _memory_case(case: str, L: int, B: int, H: int, D: int, chunk: int) -> dict:
@@ -97,19 +83,19 @@ def _memory_case(case: str, L: int, B: int, H: int, D: int, chunk: int) -> dict:
 
     compute(*setup(min(L, 2 * chunk)))  # warm-up: library workspaces and thread pools are not the case's
     if case.startswith("layer_"):
-        base = _reset_peak()
+        base = reset_peak()
         out = compute(*setup(L))
     else:
         inputs = setup(L)
-        base = _reset_peak()
+        base = reset_peak()
         out = compute(*inputs)
-    peak = _status_kb("VmHWM")
+    peak = status_kb("VmHWM")
     del out
     return {"case": case, "L": L, "peak_bytes": max(peak - base, 0) * 1024}
 
 
 def _measure(case: str, L: int, B: int, H: int = 8, D: int = 512, chunk: int = 128) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    env = fresh_process_env(OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "musicrel.bench.attention", case, str(L), str(B), str(H), str(D), str(chunk)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:

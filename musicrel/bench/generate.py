@@ -47,6 +47,29 @@ def register(bench_sub) -> None:
     parser.set_defaults(func=run)
 
 
+def every_control():
+    """Every control set at once (key, chords, density, range, polyphony): what the benchmarks steer with."""
+    from musicrel.generation.controls import Controls
+
+    return Controls(key="C:major", chords="C:2 G:2 Am:2 F:2", density=8.0, low_note=36, high_note=96,
+                    max_polyphony=6)  # fmt: skip
+
+
+def set_threads(threads: int | None, rows: int = 8) -> str:
+    """Torch threads: `threads` (--threads), else what `musicrel generate` would choose for `rows` rows (the
+    largest batch measured). Returns how the count was chosen, for the benchmark's header."""
+    import torch
+
+    from musicrel.generation.threads import choose_threads
+
+    if threads:
+        torch.set_num_threads(threads)
+        return "--threads"
+    choice = choose_threads(rows)
+    torch.set_num_threads(choice.threads)
+    return f"chosen: {choice}"
+
+
 def _sync(device) -> None:
     import torch
 
@@ -60,25 +83,17 @@ def run(args) -> int:
     import numpy as np
     import torch
 
-    from musicrel.generation.controls import Controls
     from musicrel.generation.decode import decode_one_token, generate, prefill
     from musicrel.generation.decode_batch import generate_batch
     from musicrel.generation.grammar import Grammar
     from musicrel.generation.primer import Primer
     from musicrel.generation.sampling import SamplingParams
-    from musicrel.generation.threads import choose_threads
     from musicrel.midi.codec import EventCodec
     from musicrel.model.checkpoint import load_codec, load_model
     from musicrel.model.config import ModelConfig
     from musicrel.model.transformer import MusicTransformer
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-        chosen = "--threads"
-    else:  # what `musicrel generate` would choose for the largest batch measured here (8 rows)
-        choice = choose_threads(8)
-        torch.set_num_threads(choice.threads)
-        chosen = f"chosen: {choice}"
+    chosen = set_threads(args.threads)
     device = torch.device(args.device)
     checkpoint = args.checkpoint or (
         DEFAULT_CHECKPOINT if (DEFAULT_CHECKPOINT / "config.json").is_file() else None
@@ -202,8 +217,7 @@ def run(args) -> int:
         )
 
     # The same 8-row job with every control against none: what the controls' rules cost per token.
-    steer = Controls(key="C:major", chords="C:2 G:2 Am:2 F:2", density=8.0, low_note=36, high_note=96,
-                     max_polyphony=6)  # fmt: skip
+    steer = every_control()
     controlled = replace(params[8], controls=steer)
     t = medians(
         side_by_side(

@@ -54,7 +54,7 @@ def test_primer_window_clips_notes_sounding_at_the_cut():
     ]
 
 
-def test_primer_at_cut_leaves_sounding_notes_open_and_ends_at_the_cut():
+def test_primer_at_cut_leaves_sounding_notes_open_and_ends_on_its_last_event():
     notes = [
         pretty_midi.Note(80, 60, 0.0, 1.0),
         pretty_midi.Note(80, 62, 1.5, 4.0),  # sounding at the cut (3.0): stays open
@@ -64,13 +64,21 @@ def test_primer_at_cut_leaves_sounding_notes_open_and_ends_at_the_cut():
     primer = primer_at_cut(CODEC, notes, cut=3.0, primer_seconds=30.0)
     assert primer.end_time == 3.0 and primer.tokens[0] == CODEC.bos_id
     assert np.flatnonzero(open_pitches(CODEC, primer.tokens)).tolist() == [62]
-    assert shift_steps(CODEC)[primer.tokens].sum() * STEP == pytest.approx(3.0)  # trailing shifts reach it
+    # The tokens end on the last event (64's note-off at 2.5 s), not on a partial shift toward the cut: the
+    # 0.5 s left to the cut is the tail that decoding covers (generation.join).
+    assert primer.tokens[-1] == CODEC.note_off_offset + 64
+    assert shift_steps(CODEC)[primer.tokens].sum() * STEP == pytest.approx(2.5)
+    assert primer.tail_steps == 50
     assert CODEC.note_on_offset + 65 not in primer.tokens.tolist()
     check_grammar(primer.tokens[1:])
-    # A cut inside the last gap: the tokens still end at the cut, after the last note-off.
+    # A cut 1.75 s into a silence: more than one whole shift's worth of tail, and still no trailing shift.
     primer = primer_at_cut(CODEC, notes[:1], cut=2.75, primer_seconds=30.0)
-    assert shift_steps(CODEC)[primer.tokens].sum() * STEP == pytest.approx(2.75)
+    assert primer.tokens[-1] == CODEC.note_off_offset + 60 and primer.tail_steps == 175
+    assert (shift_steps(CODEC)[primer.tokens].sum() + primer.tail_steps) * STEP == pytest.approx(2.75)
     assert not open_pitches(CODEC, primer.tokens).any()
+    # A cut on an event (the last note-off): no tail.
+    primer = primer_at_cut(CODEC, notes[:1], cut=1.0, primer_seconds=30.0)
+    assert primer.tokens[-1] == CODEC.note_off_offset + 60 and primer.tail_steps == 0
 
 
 def test_long_primer_is_cropped_at_an_event_boundary():

@@ -81,6 +81,21 @@ def test_primer_at_cut_leaves_sounding_notes_open_and_ends_on_its_last_event():
     assert primer.tokens[-1] == CODEC.note_off_offset + 60 and primer.tail_steps == 0
 
 
+def test_a_note_the_primer_strikes_on_its_last_step_is_the_motifs_not_the_continuations():
+    # 64 starts a hair before the cut (a cut at t0 + 10 s in floating point does this): it rounds to the cut's
+    # step, the model reads it, and the truth (notes from the cut on) does not hold it.
+    notes = [pretty_midi.Note(80, 60, 0.0, 0.5), pretty_midi.Note(80, 64, 3.0 - 1e-9, 3.5)]
+    primer = primer_at_cut(CODEC, notes, cut=3.0)
+    assert primer.tail_steps == 0 and primer.tokens[-1] == CODEC.note_on_offset + 64
+    on, shift = CODEC.note_on_offset, CODEC.time_shift_offset
+    pm = render(CODEC, primer, np.array([shift + 9, on + 67, shift + 9]))
+    assert [(n.pitch, round(n.start, 2)) for n in pm.instruments[0].notes] == [(67, 0.1)]
+    # struck again by the continuation on that very step, it is the continuation's, from 0
+    pm = render(CODEC, primer, np.array([on + 64, shift + 9]))
+    notes = pm.instruments[0].notes
+    assert [(n.pitch, round(n.start, 2), round(n.end, 2)) for n in notes] == [(64, 0.0, 0.1)]
+
+
 def test_long_primer_is_cropped_at_an_event_boundary():
     motif = make_motif(200, drums=False)
     full = prepare_primer(CODEC, motif, 1000.0)

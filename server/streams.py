@@ -76,7 +76,9 @@ class ContinuationStream:
         self.start, self.parsed = start, parsed
         self.job: Job | None = None
         assert service.codec is not None
-        self.notes = [NoteStream(service.codec, primer.tokens) for _ in range(params.num_samples)]
+        self.notes = [
+            NoteStream(service.codec, primer.tokens, primer.tail_steps) for _ in range(params.num_samples)
+        ]
         self.pending: list[list[int]] = [[] for _ in range(params.num_samples)]  # reported, not yet decoded
         self.decoded = [0] * params.num_samples  # tokens decoded so far, per sample
         self.first_note_at: float | None = None

@@ -47,12 +47,13 @@ from musicrel.evaluation.metrics import (
 from musicrel.evaluation.ngram import NGramModel
 from musicrel.evaluation.novelty import NoveltyIndex, load_index
 from musicrel.evaluation.twosample import TwoSampleUnavailable, two_sample
-from musicrel.generation.decode import generate
+from musicrel.generation.decode import collect_rows, generate
 from musicrel.generation.decode_batch import generate_batch
+from musicrel.generation.join import Join
 from musicrel.generation.keys import find_key, key_label
 from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut, render, render_result
 from musicrel.generation.sampling import SamplingParams, row_seed
-from musicrel.midi.codec import open_pitches, shift_steps
+from musicrel.midi.codec import open_pitches
 from musicrel.midi.files import find_midi_files
 from musicrel.model.checkpoint import load_codec, load_model
 from musicrel.model.transformer import MusicTransformer
@@ -220,9 +221,10 @@ def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit
 
 def _sample_unmasked(model, codec, jobs, num_samples: int) -> list[list[np.ndarray]]:
     """The trained model sampled like `generate_batch` samples it (same settings, same per-row seeds) but
-    without the grammar: a row stops once its time shifts reach params.seconds. The jobs share their
-    settings but for the seed. Tokens per job and sample."""
-    steps = shift_steps(codec)
+    without the grammar: a row stops once its time shifts reach params.seconds after the cut. It starts at
+    the cut as every decoder does (`generation.join`: the primer's silence before the cut is covered first),
+    so what it reads there is what the model with the grammar reads. The jobs share their settings but for
+    the seed. Tokens per job and sample."""
     rows = [(j, s) for j in range(len(jobs)) for s in range(num_samples)]
     params = [jobs[j][1] for j, _ in rows]
     primers = [np.asarray(jobs[j][0].tokens, dtype=np.int64) for j, _ in rows]
@@ -232,11 +234,11 @@ def _sample_unmasked(model, codec, jobs, num_samples: int) -> list[list[np.ndarr
         prompt[r, P - len(p) :] = torch.as_tensor(p)
     device = next(model.parameters()).device
     limit = params[0].limit_steps(codec.config.step_ms)
-    max_new = params[0].token_budget()
+    join = Join(codec, [jobs[j][0].tail_steps for j, _ in rows], device)
     it = generate(
         model,
         prompt.to(device),
-        max_new,
+        params[0].token_budget(),  # generate stops there: every live row has drawn as many tokens
         left_pad=torch.tensor([P - len(p) for p in primers], device=device),
         temperature=params[0].temperature,
         top_k=params[0].top_k,
@@ -244,23 +246,10 @@ def _sample_unmasked(model, codec, jobs, num_samples: int) -> list[list[np.ndarr
         generators=[
             torch.Generator().manual_seed(row_seed(params[r].seed, s)) for r, (_, s) in enumerate(rows)
         ],
+        grammar=join,
     )
-    out: list[list[int]] = [[] for _ in rows]
-    elapsed = [0] * len(rows)
-    live = list(range(len(rows)))  # generate's rows, in order, once finished rows are dropped
     try:
-        token = next(it)
-        while True:
-            for r, t in zip(live, token.tolist(), strict=True):
-                out[r].append(t)
-                elapsed[r] += int(steps[t])
-            keep = [elapsed[r] < limit and len(out[r]) < max_new for r in live]
-            if not any(keep):
-                break
-            live = [r for r, k in zip(live, keep, strict=True) if k]
-            token = next(it) if all(keep) else it.send(torch.tensor(keep))
-    except StopIteration:
-        pass
+        out = collect_rows(it, len(rows), lambda: join.elapsed < limit)
     finally:
         it.close()
     samples = [[np.zeros(0, dtype=np.int64)] * num_samples for _ in jobs]

@@ -1,9 +1,9 @@
 """Do the controls hold? `evaluate_controls` continues held-out motifs under each control and measures what
 the control promises (`musicrel evaluate-controls` prints it; the tests run it on a tiny model).
 
-Every control is measured on the notes the continuation strikes (rendered as a user gets them; the motif's
-notes still sounding at the cut, which the file carries on from 0 s, are the motif's and left out), beside the
-same figure without any control, so a target met by the model alone shows as such:
+Every control is measured on the notes the continuation strikes (rendered as a user gets them: `render`
+leaves the motif's notes out, a chord struck a hair before the cut included), beside the same figure without
+any control, so a target met by the model alone shows as such:
 - key "only" / "prefer" (the key detected from the motif): share of new notes in the scale (100 % / >= 90 %);
 - a I-V-vi-IV progression in that key (i-VI-III-VII in minor), 2 s a chord, "prefer": share of note onsets
   that are tones of the chord sounding then (>= 80 %);
@@ -21,7 +21,6 @@ import numpy as np
 from musicrel.evaluation.metrics import polyphony
 from musicrel.generation.controls import Controls, chord_tone_share, in_range_share, in_scale_share
 from musicrel.generation.keys import PITCH_NAMES, find_key, key_label
-from musicrel.midi.codec import open_pitches
 
 DENSITY_TOLERANCE = 0.2
 CHORD_SECONDS = 2.0
@@ -46,14 +45,6 @@ def progression(key: tuple[int, str]) -> str:
         ((0, ""), (7, ""), (9, "m"), (5, "")) if mode == "major" else ((0, "m"), (8, ""), (3, ""), (10, ""))
     )
     return " ".join(f"{PITCH_NAMES[(tonic + s) % 12]}{q}:{CHORD_SECONDS:g}" for s, q in steps)
-
-
-def struck(codec, primer, pm) -> list:
-    """The notes of a rendered continuation that it struck itself: a motif's note sounding at the cut is
-    rendered from 0 s (real piano held 6 of them over a 3-voice cap, outside the range asked for)."""
-    held = set(np.flatnonzero(open_pitches(codec, primer.tokens)).tolist())
-    first_step = codec.config.step_ms / 1000.0
-    return [n for i in pm.instruments for n in i.notes if not (n.pitch in held and n.start < first_step)]
 
 
 def _conditions(primer) -> dict[str, Controls | None]:
@@ -92,7 +83,8 @@ def evaluate_controls(
                 names.append((name, primer))
         for (name, primer), result in zip(names, generate_batch(model, codec, jobs), strict=True):
             key = find_key(primer.motif_notes) or (0, "major")
-            notes = [struck(codec, primer, pm) for pm in render_result(codec, primer, result)]
+            rendered = render_result(codec, primer, result)
+            notes = [[n for i in pm.instruments for n in i.notes] for pm in rendered]
             per.setdefault(name, []).extend((key, n) for n in notes)
 
     def figure(name: str, fn) -> list[float]:

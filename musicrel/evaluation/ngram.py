@@ -151,7 +151,8 @@ class NGramModel:
         limit = max(1, math.ceil(seconds * 1000.0 / step_ms - 1e-9))
         holds = [round(max_hold_seconds(primer) * 1000.0 / step_ms) for primer, _ in jobs]
         contexts = [list(np.asarray(primer.tokens, dtype=np.int64)) for primer, _ in jobs]
-        grammar = Grammar(codec, [np.asarray(c) for c in contexts], [limit] * len(jobs), holds)
+        tails = [primer.tail_steps for primer, _ in jobs]  # it starts at the cut as the transformer does
+        grammar = Grammar(codec, [np.asarray(c) for c in contexts], [limit] * len(jobs), holds, tails=tails)
         rngs = [np.random.default_rng(seed) for _, seed in jobs]
         out: list[list[int]] = [[] for _ in jobs]
         live = list(range(len(jobs)))

@@ -44,11 +44,13 @@ CONTINUE_MIDI_DEFAULTS = {"seed": 0, "num_samples": 2}
 class ContinuationResult:
     """A finished job: each sample's tokens and how they were made. MIDI: `primer.render_result`."""
 
-    tokens: list  # np.ndarray of generated tokens per sample
+    # np.ndarray of generated tokens per sample, as the model read them: their first primer.tail_steps of time
+    # shifts lie before the cut (generation.join); render_result and NoteStream start the clock at the cut
+    tokens: list
     seed: int
     primer_tokens: int
     new_tokens: int  # all samples together
-    seconds: float  # music generated (the longest sample)
+    seconds: float  # music generated after the cut (the longest sample)
     # seconds: prefill (of the admission that took the job in), decode (admitted to done)
     timings: dict
     stopped: bool = False  # should_stop ended this job early
@@ -193,6 +195,7 @@ class DecodeBatch:
                 holds,
                 device=self.device,
                 controls=[row.job.controls for row in rows],
+                tails=[row.job.primer.tail_steps for row in rows],
             ),
         )
 
@@ -456,7 +459,10 @@ class DecodeBatch:
             seed=job.seed,
             primer_tokens=len(job.tokens),
             new_tokens=int(sum(len(t) for t in job.samples)),
-            seconds=max(float(self._shift_steps[t].sum()) * step_s for t in job.samples),
+            # music after the cut: the first tail_steps of every sample lie before it (generation.join)
+            seconds=max(
+                max(int(self._shift_steps[t].sum()) - job.primer.tail_steps, 0) * step_s for t in job.samples
+            ),
             timings={"prefill": job.prefill_s, "decode": time.perf_counter() - job.admitted},
             stopped=job.stopped,
             controls=applied,

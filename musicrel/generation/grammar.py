@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from musicrel.generation.controls import DENSITY_CHORD, DENSITY_SHIFT_TILT, DensityLoop, RowControls
+from musicrel.generation.join import join_mask
 from musicrel.midi.codec import open_pitches, shift_steps
 
 # A note the model never closes is closed by the grammar after the motif's longest note times HOLD_FACTOR,
@@ -56,6 +57,9 @@ class Grammar:
       the data (see `max_hold_seconds`), and never until the end of the file.
     - specials (pad/bos/eos) never; time only moves forward (time shifts are the only clock) and the shift
       that crosses a row's time limit is shortened to land on it, so the requested length is met to one step.
+    - the join (`tails`, musicrel.generation.join): a row's clock starts `tail` steps before its cut (the
+      silence between the primer's last event and the cut); until it reaches the cut only time shifts that
+      keep the first gap at least that long are drawn, and no note is closed for its length before the cut.
     - controls (rows given `RowControls`): key, chord and range biases/masks move probability among the
       note-ons only, so they choose pitches, not how many notes; the chord is the one sounding at the row's
       time (the progression repeats); a polyphony cap masks the note-ons of silent pitches while the row
@@ -72,6 +76,7 @@ class Grammar:
         max_hold_steps: Sequence[int] | None = None,
         device=None,
         controls: Sequence[RowControls | None] | None = None,
+        tails: Sequence[int] | None = None,
     ):
         self.codec = codec
         self.on0 = int(codec.note_on_offset)
@@ -87,11 +92,15 @@ class Grammar:
         for special in (codec.pad_id, codec.bos_id, codec.eos_id):
             self.allowed[special] = False
         B = len(prompts)
-        # onset: when each sounding note began, in steps from the primer's end (<= 0 for the primer's notes)
+        # Every row's clock counts steps from its cut, which lies `tail` steps after its primer's last token
+        # (Primer.tail_steps; the join: musicrel.generation.join): it starts at -tail.
+        tail = np.zeros(B, np.int64) if tails is None else np.asarray(list(tails), dtype=np.int64).reshape(B)
+        # onset: when each sounding note began, in steps from the cut (< 0 for the primer's notes)
         onsets = np.stack([note_onsets(codec, p) for p in prompts]) if B else np.zeros((0, 128), np.int64)
+        onsets = np.where(onsets > _SILENT, onsets - tail[:, None], _SILENT)
         self.onset = torch.as_tensor(onsets, device=device)  # (B, 128) long
         self.open = self.onset > _SILENT  # (B, 128)
-        self.elapsed = torch.zeros(B, dtype=torch.long, device=device)  # (B,) time steps
+        self.elapsed = torch.as_tensor(-tail, device=device)  # (B,) time steps since the cut
         self.limit = torch.as_tensor(list(limit_steps), dtype=torch.long, device=device)  # (B,)
         hold = [_FOREVER] * B if max_hold_steps is None else [max(1, int(h)) for h in max_hold_steps]
         self.max_hold = torch.as_tensor(hold, dtype=torch.long, device=device)  # (B,)
@@ -140,9 +149,14 @@ class Grammar:
         self.any_chords = bool((self.chord_period < _FOREVER).any())
         self.any_cap = bool((self.max_poly < 128).any())
 
+    def deadline(self) -> Tensor:
+        """(B, 128) long: the step at which each sounding note reaches its row's max_hold, never before the
+        cut (a note of the primer still open sounds at least until the cut: the motif says so)."""
+        return (self.onset + self.max_hold[:, None]).clamp(min=0)
+
     def overdue(self) -> Tensor:
         """(B, 128) bool: sounding notes that have reached their row's max_hold."""
-        return self.open & (self.elapsed[:, None] - self.onset >= self.max_hold[:, None])
+        return self.open & (self.elapsed[:, None] >= self.deadline())
 
     def constrain(self, logits: Tensor) -> Tensor:
         logits = self._repair_orphans(logits)
@@ -151,6 +165,8 @@ class Grammar:
         logits = self._vary(logits)
         allowed = self.allowed.expand_as(logits).clone()  # (B, V)
         allowed[:, self.off0 : self.off0 + 128] = self.open
+        # Before its cut a row only covers the silence already heard (no overdue note there: `deadline`).
+        allowed &= join_mask(self.steps_per_token, self.elapsed, self.max_shift)
         overdue = self.overdue()
         forced = overdue.any(dim=1)  # (B,) these rows must close a note now
         if bool(forced.any()):
@@ -262,15 +278,16 @@ class Grammar:
         """Record the sampled tokens (B,); returns them with shifts that cross the row's time limit or a
         note's max_hold cut short to land on it."""
         steps = self.steps_per_token[tokens]
-        deadline = torch.where(self.open, self.onset + self.max_hold[:, None], _FOREVER).amin(dim=1)  # (B,)
+        deadline = torch.where(self.open, self.deadline(), _FOREVER).amin(dim=1)  # (B,)
         remaining = torch.minimum(self.limit, deadline) - self.elapsed
         cut = (steps > remaining) & (remaining > 0)
         tokens = torch.where(cut, self.shift0 + remaining.clamp(1, self.max_shift) - 1, tokens)
         dt = torch.where(cut, remaining, steps)
+        if self.any_density:  # the loop measures the continuation: time before the cut is not its own
+            music = (self.elapsed + dt).clamp(min=0) - self.elapsed.clamp(min=0)
+            self.density.update(self.codec.is_note_on(tokens), music.float() * self.step_s)
         self.elapsed += dt
         is_on, is_off = self.codec.is_note_on(tokens), self.codec.is_note_off(tokens)
-        if self.any_density:
-            self.density.update(is_on, dt.float() * self.step_s)
         pitch = torch.where(is_on, tokens - self.on0, (tokens - self.off0).clamp(0, 127))[:, None]  # (B, 1)
         now = torch.where(is_on | is_off, is_on, self.open.gather(1, pitch).squeeze(1))
         self.open.scatter_(1, pitch, now[:, None])

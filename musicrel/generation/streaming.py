@@ -5,8 +5,9 @@ note-on, its end still unknown) and when it ends (`off`). It decodes exactly as 
 decoder over primer + continuation), so the notes it reports are the notes of the MIDI file written for the
 same tokens (pedal changes aside: those are in the file only):
 
-- the velocity in force carries over from the primer, and notes struck in the primer are not the
-  continuation's (their note-offs are silent here);
+- the velocity in force carries over from the primer, and notes struck in the primer, on its last step
+  too, are not the continuation's (their note-offs are silent here); its clock starts at the cut,
+  `tail_steps` after the primer's last token (`musicrel.generation.join`);
 - a re-strike closes the sounding note of its pitch; struck again on the very step it began, the first strike
   is dropped (`drop`: it is not in the file);
 - a note-off on its note-on's own step gives a one-step note, unless the pitch is struck again on that step,
@@ -40,7 +41,9 @@ class NoteEvent:
 class NoteStream:
     """One sample's note events, fed its generated tokens chunk by chunk (`feed`), then `close()`."""
 
-    def __init__(self, codec: EventCodec, primer_tokens) -> None:
+    def __init__(self, codec: EventCodec, primer_tokens, tail_steps: int = 0) -> None:
+        """tail_steps: `Primer.tail_steps`, the silence between the primer's last token and the cut: the
+        continuation's clock starts there (generation.join), and what is struck before it is not heard."""
         self.codec = codec
         self.step = codec.step
         self._off0, self._shift0 = codec.note_off_offset, codec.time_shift_offset
@@ -51,21 +54,13 @@ class NoteStream:
         self.velocity = 64
         self._open: dict[int, tuple[int, int, int | None]] = {}  # pitch -> (start step, velocity, id or None)
         self._one_step: dict[int, int] = {}  # pitch -> id of a note closed on its own start step (this step)
-        self._one_step_primer: dict[int, tuple[int, int]] = {}  # the same in the primer: (start, velocity)
         self._ids = 0
         self._closed = False
         self._events: list[NoteEvent] = []
         self._live = False  # reading the primer: its notes are not the continuation's, nothing is reported
         self.feed(primer_tokens)
-        self.t0 = self.t
+        self.t0 = self.t + int(tail_steps)  # the cut
         self._live = True
-        # `render` counts a note struck on the primer's last step as the continuation's (it starts at 0).
-        for pitch, (start, velocity, _) in sorted(self._open.items()):
-            if start == self.t:
-                self._open[pitch] = (start, velocity, self._strike(pitch, velocity))
-        for pitch, (_, velocity) in sorted(self._one_step_primer.items()):
-            self._one_step[pitch] = self._strike(pitch, velocity)
-        self._one_step_primer.clear()
 
     def _seconds(self, step: int) -> float:
         return (step - self.t0) * self.step
@@ -115,12 +110,11 @@ class NoteStream:
         cut = self._one_step.pop(pitch, None)
         if cut is not None:  # the one-step note ends where this one starts: on its own start, so no note
             self._emit("drop", cut, pitch, self.t)
-        self._one_step_primer.pop(pitch, None)
         self._open[pitch] = (self.t, self.velocity, self._strike(pitch, self.velocity))
 
     def _strike(self, pitch: int, velocity: int) -> int | None:
-        """A new note's id (None in the primer), its onset reported."""
-        if not self._live:
+        """A new note's id (None in the primer or before the cut: `render` drops it), its onset reported."""
+        if not self._live or self.t < self.t0:
             return None
         note_id = self._ids
         self._ids += 1
@@ -136,11 +130,8 @@ class NoteStream:
             self._emit("off", note_id, pitch, self.t)
         elif note_id is not None:
             self._one_step[pitch] = note_id  # one step long unless struck again on this step
-        else:
-            self._one_step_primer[pitch] = (start, prev[1])
 
     def _flush_one_step(self) -> None:
         for pitch, note_id in self._one_step.items():
             self._emit("off", note_id, pitch, self.t + 1)
         self._one_step.clear()
-        self._one_step_primer.clear()

@@ -16,12 +16,14 @@ from musicrel.evaluation.continuations import (
     SYSTEMS,
     EvaluationError,
     EvaluationOptions,
+    _continuations,
     evaluate_continuations,
     held_out_files,
     repeat_motif,
     split_piece,
 )
 from musicrel.evaluation.metrics import (
+    GEOMETRIC_FLOOR,
     METRICS,
     bootstrap_interval,
     compare,
@@ -42,9 +44,13 @@ from musicrel.evaluation.metrics import (
     sounding_at_end,
     velocity_histogram,
 )
+from musicrel.evaluation.ngram import NGramModel
 from musicrel.evaluation.report import format_report, write_report
 from musicrel.generation.keys import find_key
+from musicrel.generation.primer import primer_at_cut
 from musicrel.generation.sampling import SamplingParams
+from musicrel.midi.codec import shift_steps
+from musicrel.model.checkpoint import load_model
 from tests.musicrel.evaluation.conftest import CODEC, N
 
 
@@ -293,7 +299,9 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
             values = [v for v in row["per_piece"][metric] if v is not None]
             assert len(row["per_piece"][metric]) == 3 and ci["n"] == len(values), (name, metric)
             if values:
-                mean = np.exp(np.mean(np.log(values))) if metric == "density_ratio" else np.mean(values)
+                # a piece with no note (a tiny random model can wait 2 s) counts at the floor, as documented
+                floored = np.maximum(values, GEOMETRIC_FLOOR)
+                mean = np.exp(np.mean(np.log(floored))) if metric == "density_ratio" else np.mean(values)
                 assert ci["low"] <= ci["mean"] <= ci["high"] and ci["mean"] == pytest.approx(mean)
     for name in ("model", "untrained", "ngram"):  # the grammar holds for every sampled system
         assert rows[name]["metrics"]["grammar_error"]["mean"] == 0.0, name
@@ -337,6 +345,26 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
     cooler = run_small(world, systems=["model"], temperature=0.5, top_k=5)
     assert cooler["sampling"]["temperature"] == 0.5 and cooler["sampling"]["top_k"] == 5
     assert cooler["systems"]["model"]["per_piece"] != rows["model"]["per_piece"]
+
+
+def test_every_sampled_system_starts_at_the_cut(world):
+    """A cut 0.7 s into a silence: every system that samples tokens (the model with and without the grammar,
+    the untrained model, the n-gram) reads the primer up to its last event, covers the 0.7 s first, and its
+    continuation's first note lands at the cut or after it."""
+    notes = [N(60 + i % 5, 0.25 * i, 0.25 * i + 0.2) for i in range(10)]  # the last note-off at 2.45 s
+    primer = primer_at_cut(CODEC, notes, cut=3.15)
+    assert primer.tail_steps == 70 and not CODEC.is_time_shift(primer.tokens[-1])
+    model = load_model(world / "ckpt")
+    models = {"model": model, "untrained": model}
+    ngram = NGramModel.from_prepared(world / "data", CODEC)
+    jobs = [(primer, SamplingParams(seconds=2.0, seed=3, num_samples=3))]
+    steps = shift_steps(CODEC)
+    for name in ("model", "model-no-grammar", "untrained", "ngram"):
+        for notes_out, tokens in _continuations(name, models, ngram, CODEC, jobs)[0]:
+            first_event = int(np.flatnonzero(steps[tokens] == 0)[0])
+            assert steps[tokens[:first_event]].sum() >= 70, name
+            assert all(n.start >= 0 for n in notes_out), name
+            assert steps[tokens].sum() - 70 >= 200 or len(tokens) >= jobs[0][1].token_budget(), name
 
 
 def test_ngram_is_left_out_without_data_and_the_report_says_why(world):

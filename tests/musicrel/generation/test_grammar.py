@@ -79,11 +79,17 @@ def test_grammar_repairs_an_orphan_note_off_to_the_nearest_sounding_pitch():
 def test_grammar_knows_the_notes_open_at_the_primers_cut():
     notes = [pretty_midi.Note(80, 60, 0.0, 5.0), pretty_midi.Note(80, 64, 0.5, 1.0)]
     primer = primer_at_cut(CODEC, notes, cut=2.0)
-    grammar = Grammar(CODEC, [primer.tokens], [10**6], [300])
+    assert primer.tail_steps == 100  # the primer ends on 64's note-off, 1 s before the cut
+    grammar = Grammar(CODEC, [primer.tokens], [10**6], [300], tails=[primer.tail_steps])
     assert grammar.open[0].nonzero().flatten().tolist() == [60]
     assert grammar.onset[0, 60].item() == -200  # struck 2 s before the cut
+    assert grammar.elapsed.item() == -100  # the clock counts from the cut
+    # Before the cut the note is known to sound: only the 1 s shift that reaches the cut may come.
     logits = grammar.constrain(_peaked(OFF + 60))
-    assert logits.argmax().item() == OFF + 60  # its note-off is legal, not an orphan
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [SHIFT + 99]
+    grammar.advance(torch.tensor([SHIFT + 99]))
+    logits = grammar.constrain(_peaked(OFF + 60))
+    assert logits.argmax().item() == OFF + 60  # at the cut its note-off is legal, not an orphan
 
 
 def test_grammar_closes_a_note_held_past_max_hold():

@@ -54,7 +54,7 @@ def test_primer_window_clips_notes_sounding_at_the_cut():
     ]
 
 
-def test_primer_at_cut_leaves_sounding_notes_open_and_ends_at_the_cut():
+def test_primer_at_cut_leaves_sounding_notes_open_and_ends_on_its_last_event():
     notes = [
         pretty_midi.Note(80, 60, 0.0, 1.0),
         pretty_midi.Note(80, 62, 1.5, 4.0),  # sounding at the cut (3.0): stays open
@@ -64,13 +64,36 @@ def test_primer_at_cut_leaves_sounding_notes_open_and_ends_at_the_cut():
     primer = primer_at_cut(CODEC, notes, cut=3.0, primer_seconds=30.0)
     assert primer.end_time == 3.0 and primer.tokens[0] == CODEC.bos_id
     assert np.flatnonzero(open_pitches(CODEC, primer.tokens)).tolist() == [62]
-    assert shift_steps(CODEC)[primer.tokens].sum() * STEP == pytest.approx(3.0)  # trailing shifts reach it
+    # The tokens end on the last event (64's note-off at 2.5 s), not on a partial shift toward the cut: the
+    # 0.5 s left to the cut is the tail that decoding covers (generation.join).
+    assert primer.tokens[-1] == CODEC.note_off_offset + 64
+    assert shift_steps(CODEC)[primer.tokens].sum() * STEP == pytest.approx(2.5)
+    assert primer.tail_steps == 50
     assert CODEC.note_on_offset + 65 not in primer.tokens.tolist()
     check_grammar(primer.tokens[1:])
-    # A cut inside the last gap: the tokens still end at the cut, after the last note-off.
+    # A cut 1.75 s into a silence: more than one whole shift's worth of tail, and still no trailing shift.
     primer = primer_at_cut(CODEC, notes[:1], cut=2.75, primer_seconds=30.0)
-    assert shift_steps(CODEC)[primer.tokens].sum() * STEP == pytest.approx(2.75)
+    assert primer.tokens[-1] == CODEC.note_off_offset + 60 and primer.tail_steps == 175
+    assert (shift_steps(CODEC)[primer.tokens].sum() + primer.tail_steps) * STEP == pytest.approx(2.75)
     assert not open_pitches(CODEC, primer.tokens).any()
+    # A cut on an event (the last note-off): no tail.
+    primer = primer_at_cut(CODEC, notes[:1], cut=1.0, primer_seconds=30.0)
+    assert primer.tokens[-1] == CODEC.note_off_offset + 60 and primer.tail_steps == 0
+
+
+def test_a_note_the_primer_strikes_on_its_last_step_is_the_motifs_not_the_continuations():
+    # 64 starts a hair before the cut (a cut at t0 + 10 s in floating point does this): it rounds to the cut's
+    # step, the model reads it, and the truth (notes from the cut on) does not hold it.
+    notes = [pretty_midi.Note(80, 60, 0.0, 0.5), pretty_midi.Note(80, 64, 3.0 - 1e-9, 3.5)]
+    primer = primer_at_cut(CODEC, notes, cut=3.0)
+    assert primer.tail_steps == 0 and primer.tokens[-1] == CODEC.note_on_offset + 64
+    on, shift = CODEC.note_on_offset, CODEC.time_shift_offset
+    pm = render(CODEC, primer, np.array([shift + 9, on + 67, shift + 9]))
+    assert [(n.pitch, round(n.start, 2)) for n in pm.instruments[0].notes] == [(67, 0.1)]
+    # struck again by the continuation on that very step, it is the continuation's, from 0
+    pm = render(CODEC, primer, np.array([on + 64, shift + 9]))
+    notes = pm.instruments[0].notes
+    assert [(n.pitch, round(n.start, 2), round(n.end, 2)) for n in notes] == [(64, 0.0, 0.1)]
 
 
 def test_long_primer_is_cropped_at_an_event_boundary():

@@ -36,10 +36,10 @@ tokens_st = st.lists(
 )
 
 
-def replay(primer_tokens, new_tokens, cuts) -> list[tuple[float, float, int, int]]:
+def replay(primer_tokens, new_tokens, cuts, tail: int = 0) -> list[tuple[float, float, int, int]]:
     """Feed the tokens in chunks split at `cuts`, apply every event, return the notes (start, end, pitch,
-    velocity); checks the event protocol on the way."""
-    stream = NoteStream(CODEC, np.asarray(primer_tokens, dtype=np.int64))
+    velocity); checks the event protocol on the way. `tail`: the primer's steps of silence before the cut."""
+    stream = NoteStream(CODEC, np.asarray(primer_tokens, dtype=np.int64), tail)
     notes: dict[int, list] = {}
     ended: set[int] = set()
     bounds = [0, *sorted(c % (len(new_tokens) + 1) for c in cuts), len(new_tokens)]
@@ -64,17 +64,19 @@ def replay(primer_tokens, new_tokens, cuts) -> list[tuple[float, float, int, int
     return sorted((s, e, p, v) for s, e, p, v in notes.values() if e != "drop")
 
 
-def rendered(primer_tokens, new_tokens) -> list[tuple[float, float, int, int]]:
-    primer = Primer(np.asarray(primer_tokens, dtype=np.int64), 0.0, 0.0, 120.0, 0, [])
+def rendered(primer_tokens, new_tokens, tail: int = 0) -> list[tuple[float, float, int, int]]:
+    primer = Primer(np.asarray(primer_tokens, dtype=np.int64), 0.0, 0.0, 120.0, 0, [], tail_steps=tail)
     pm = render(CODEC, primer, np.asarray(new_tokens, dtype=np.int64))
     return sorted((n.start, n.end, n.pitch, n.velocity) for n in pm.instruments[0].notes)
 
 
 @settings(max_examples=400, deadline=None)
-@given(tokens_st, tokens_st, st.lists(st.integers(0, 60), max_size=4))
-def test_streamed_notes_are_the_rendered_notes(primer_tokens, new_tokens, cuts):
-    got = replay(primer_tokens, new_tokens, cuts)
-    want = rendered(primer_tokens, new_tokens)
+@given(tokens_st, tokens_st, st.lists(st.integers(0, 60), max_size=4), st.sampled_from([0, 0, 1, 2, 5]))
+def test_streamed_notes_are_the_rendered_notes(primer_tokens, new_tokens, cuts, tail):
+    # Any stream, with a silence before the cut too (notes struck before it, as a stream decoded without
+    # the join could strike them, are heard in neither).
+    got = replay(primer_tokens, new_tokens, cuts, tail)
+    want = rendered(primer_tokens, new_tokens, tail)
     assert len(got) == len(want)
     np.testing.assert_allclose(np.array(got).reshape(-1, 4), np.array(want).reshape(-1, 4), atol=1e-9)
 
@@ -95,3 +97,15 @@ def test_onsets_come_with_their_note_on_and_ends_wait_for_time_to_move():
     assert [(e.kind, e.id, e.time) for e in stream.close()] == [("drop", 2, pytest.approx(0.05))]
     with pytest.raises(ValueError, match="closed"):
         stream.feed([on + 60])
+
+
+def test_the_clock_starts_at_the_cut_after_the_primers_silence():
+    on, off, shift = CODEC.note_on_offset, CODEC.note_off_offset, CODEC.time_shift_offset
+    # The primer ends on a note-off; the cut is 0.7 s later (its tail), which the decoder covers with 1 s.
+    stream = NoteStream(CODEC, [on + 50, shift + 9, off + 50], tail_steps=70)
+    assert stream.feed([shift + 99]) == []
+    events = stream.feed([on + 60, shift + 9]) + stream.close()
+    assert [(e.kind, e.pitch, e.time) for e in events] == [
+        ("on", 60, pytest.approx(0.3)),  # 1 s after the primer's end is 0.3 s after the cut
+        ("off", 60, pytest.approx(0.4)),
+    ]

@@ -177,7 +177,9 @@ def _pack_gpu(args) -> int:
         f"{args.out}: {info['total_bytes'] / 2**20:.1f} MiB of {args.max_mib:g} "
         f"(data {data / 2**20:.1f} MiB, {len(info['wheels'])} wheels {wheels / 2**20:.1f} MiB)"
     )
-    print(f"on the GPU machine, from the repository root: bash {args.out}/run.sh 8m   ({args.out}/README.md)")
+    print(
+        f"on the GPU machine, from the repo root: bash {args.out}/run.sh start 8m; see {args.out}/README.md"
+    )
     return 0
 
 
@@ -299,9 +301,10 @@ def _register_rest(subparsers) -> None:
     p = subparsers.add_parser(
         "pack-gpu",
         help="pack a prepared data folder + the wheels a bare GPU machine lacks, with run.sh",
-        description="Writes OUT/data (the split arrays, not the cache), OUT/wheels (pip download of what "
-        "the GPU machine lacks, at the versions installed here, and musicrel's own wheel), OUT/run.sh and "
-        "OUT/README.md; refuses when the whole would exceed --max-mib.",
+        description="Writes OUT/data (the split arrays xz-compressed, not the cache), OUT/wheels (pip "
+        "download of what the GPU machine lacks, at the versions installed here, and musicrel's own wheel), "
+        "OUT/run.sh (start, status, wait, collect) and OUT/README.md; refuses when the whole would exceed "
+        "--max-mib.",
     )
     p.add_argument("--data", default="data/default", help="prepared data folder (default: %(default)s)")
     p.add_argument("--out", default="gpu_pack", help="pack folder (default: %(default)s, git-ignored)")

@@ -260,3 +260,30 @@ def test_run_sh_wait_fails_on_a_failed_run(tiny_data, tmp_path):
     waited = run_sh("wait")
     assert waited.returncode == 2 and "the run failed" in waited.stderr
     assert "no_such_option" in waited.stdout  # the log's tail says why
+
+
+def test_the_shared_corpora_pack_under_the_limit(tmp_path):
+    """At the corpora's real size (every shared corpus, as the shipped model's recipe prepares them): the data
+    fits with room for the wheels (6.8 MiB when last packed) and for music21's export, which this test does
+    not run (1.1 M of the recipe's 21.5 M training tokens)."""
+    from tests.conftest import SHARED_MIDI
+    from training.prepare import prepare
+
+    c = SHARED_MIDI / "corpora"
+    if not c.is_dir():
+        pytest.skip(f"the shared corpora are not at {c} (set MUSICREL_SHARED to the shared/ folder)")
+    sources = [
+        f"pop909={c / 'pop909'}",
+        f"scores={c}/asap/**/midi_score.mid",
+        f"performances={c / 'asap'}",
+        f"piano-midi={c / 'piano-midi.de'}",
+        f"giantmidi={c / 'giantmidi-eval'}",
+    ]
+    m = prepare(sources, tmp_path / "data", progress=False, weights={"pop909": 2})
+    assert m["splits"]["train"]["stream_tokens"] > 20_000_000
+    info = pack_gpu(tmp_path / "data", tmp_path / "pack", wheels=False)
+    data = sum(n for f, n in info["files"].items() if f.startswith("data/"))
+    unpacked = info["data"]["unpacked_bytes"]
+    assert unpacked > 64 * 2**20 and data < unpacked / 2.5  # the token streams alone would not travel
+    music21 = data * 1.2e6 / m["splits"]["train"]["stream_tokens"]
+    assert data + music21 + 16 * 2**20 <= 64 * 2**20  # 16 MiB left for the wheels

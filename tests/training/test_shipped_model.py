@@ -1,5 +1,5 @@
-"""The model shipped in checkpoints/default loads, names what it learned from, and predicts real music it
-never saw far better than chance."""
+"""The models shipped in checkpoints/default (GPU-trained) and checkpoints/small (the 1.7 M model for slow
+machines) load, name what they learned from, and predict real music they never saw far better than chance."""
 
 from __future__ import annotations
 
@@ -7,27 +7,39 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from musicrel.model.checkpoint import load_codec, load_model
 from training.evaluate import score_stream
 
-SHIPPED = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
-SMALL = ("6338816_Etude_No._4.mid", "POP909_008.mid", "POP909_010.mid")
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
+# each folder, the recipe its card must give, and its shape (layers, width, context)
+RECIPES = {
+    "default": ("bash gpu_pack/run.sh start 8m", (6, 320, 1024)),
+    "small": ("musicrel train --config configs/cpu-real.yaml", (3, 192, 512)),
+}
+SHORT_FILES = ("6338816_Etude_No._4.mid", "POP909_008.mid", "POP909_010.mid")
 
 
-def test_shipped_folder_is_complete_and_small():
-    assert {"config.json", "model.safetensors", "MODEL_CARD.md"} <= {p.name for p in SHIPPED.iterdir()}
-    assert (SHIPPED / "model.safetensors").stat().st_size <= 30 * 1024 * 1024
-    card = (SHIPPED / "MODEL_CARD.md").read_text()
-    assert "musicrel train --config configs/cpu-real.yaml" in card and "absolute" in card
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_shipped_folder_is_complete_and_small(name):
+    folder = CHECKPOINTS / name
+    assert {"config.json", "model.safetensors", "MODEL_CARD.md"} <= {p.name for p in folder.iterdir()}
+    assert (folder / "model.safetensors").stat().st_size <= 30 * 1024 * 1024
+    recipe, shape = RECIPES[name]
+    cfg = load_model(folder).cfg
+    assert (cfg.n_layers, cfg.d_model, cfg.max_seq_len) == shape
+    card = (folder / "MODEL_CARD.md").read_text()
+    assert recipe in card and "absolute" in card
     # the corpora it saw, where to get them, and the licence that carries to the model
-    for name in ("POP909", "ASAP", "piano-midi.de", "GiantMIDI", "music21", "CC BY-NC-SA 4.0"):
-        assert name in card, name
+    for corpus in ("POP909", "ASAP", "piano-midi.de", "GiantMIDI", "music21", "CC BY-NC-SA 4.0"):
+        assert corpus in card, corpus
 
 
-def test_shipped_model_scores_real_files_below_uniform(real_midi_dir):
-    model, codec = load_model(SHIPPED), load_codec(SHIPPED)
-    for name in SMALL:
+@pytest.mark.parametrize("folder", ["default", "small"])
+def test_shipped_model_scores_real_files_below_uniform(real_midi_dir, folder):
+    model, codec = load_model(CHECKPOINTS / folder), load_codec(CHECKPOINTS / folder)
+    for name in SHORT_FILES:
         tokens = codec.encode(real_midi_dir / name)[:1000]
         stream = np.concatenate([[codec.bos_id], tokens, [codec.eos_id]])
         s = score_stream(model, stream, codec.pad_id, batch_size=4)

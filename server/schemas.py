@@ -10,14 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from musicrel.generation.controls import MAX_DENSITY, Controls, gm_program_names
 from musicrel.generation.primer import PRIMER_SECONDS
-from musicrel.generation.sampling import SamplingParams
+from musicrel.generation.sampling import MAX_SEED, SamplingParams
 from musicrel.midi.codec import CodecConfig
 
 # The defaults are the library's (SamplingParams, PRIMER_SECONDS, Controls); the bounds are the server's own.
 _D = SamplingParams
 _C = Controls
 
-MAX_SEED = 2**32 - 1
 PROGRAMS_BY_NAME = {name.lower(): program for program, name in enumerate(gm_program_names())}
 MAX_TRACKS = 64
 

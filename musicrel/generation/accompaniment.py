@@ -27,7 +27,7 @@ from torch import Tensor
 from musicrel.errors import GenerationError, InvalidMidiError
 from musicrel.generation.controls import Controls, gm_program_name
 from musicrel.generation.grammar import MAX_HOLD_SECONDS, Grammar
-from musicrel.generation.sampling import MAX_SEED, TOKENS_PER_SECOND_CAP, SamplingParams, row_seed
+from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, SamplingParams, draw_seed, row_seed
 from musicrel.midi.codec import EventCodec, shift_steps
 
 MAX_MELODY_SECONDS = 600.0
@@ -293,7 +293,7 @@ def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams
     from musicrel.generation.decode import collect_rows, generate
     from musicrel.generation.primer import Primer
 
-    seed = params.seed if params.seed is not None else int(np.random.default_rng().integers(0, MAX_SEED))
+    seed = params.seed if params.seed is not None else draw_seed()
     B = params.num_samples
     step_ms = codec.config.step_ms
     end = max(n.end for n in notes)

@@ -11,7 +11,6 @@ first, one shared length, per-row left padding), and they are read together or n
 from __future__ import annotations
 
 import itertools
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -33,7 +32,7 @@ from musicrel.generation.primer import (
     prepare_primer,
     render_result,
 )
-from musicrel.generation.sampling import SamplingParams, row_seed
+from musicrel.generation.sampling import SamplingParams, draw_seed, row_seed
 from musicrel.midi.codec import EventCodec, shift_steps
 
 # continue_midi's own defaults: a reproducible pair of samples (SamplingParams draws one random seed).
@@ -268,7 +267,7 @@ class DecodeBatch:
         self.left_pad[n : n + n_new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
         ids, rows, generators = [], [], []
         for j, (primer, params) in enumerate(jobs):
-            seed = secrets.randbelow(2**31) if params.seed is None else params.seed
+            seed = draw_seed() if params.seed is None else params.seed
             job = _Job(
                 id=next(self._ids),
                 primer=primer,

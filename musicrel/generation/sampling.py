@@ -7,6 +7,7 @@ No torch here: the command line and the server's schemas read these defaults at 
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +15,10 @@ import numpy as np
 from musicrel.errors import GenerationError, is_int, is_number
 from musicrel.generation.controls import Controls
 
-MAX_SEED = 2**63 - 1
+# The one seed range of library, command line and API: every seed reported (drawn or given) can be sent back
+# and repeats the music. 32 bits so that any client (a JavaScript page: 53-bit integers) holds it exactly.
+SEED_RANGE = 2**32
+MAX_SEED = SEED_RANGE - 1
 # Without max_new_tokens a row may emit at most this many tokens per second of music (dense piano passages
 # reach ~100 events/s); the cap only matters for a model that stalls time.
 TOKENS_PER_SECOND_CAP = 200
@@ -28,7 +32,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 0.95
-    seed: int | None = None  # None: a random seed is drawn by generate_batch and reported
+    seed: int | None = None  # None: a random seed is drawn (draw_seed) and reported
     num_samples: int = 1
     max_new_tokens: int | None = None
     include_primer: bool = False  # render the motif followed by the continuation
@@ -90,3 +94,13 @@ def row_seed(seed: int, sample_index: int) -> int:
     """The generator seed of sample `sample_index` of a job: a function of (seed, index) only, so sample i is
     reproducible whatever num_samples or batch it ran in."""
     return int(np.random.SeedSequence([seed, sample_index]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def draw_seed() -> int:
+    """A random seed for a request that gave none, in the range every seed field accepts back."""
+    return secrets.randbelow(SEED_RANGE)
+
+
+def derived_seed(seed: int, index: int) -> int:
+    """A job seed in range, a function of (seed, index): for runs that give each of many jobs its own seed."""
+    return row_seed(seed, index) % SEED_RANGE

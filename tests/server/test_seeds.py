@@ -23,7 +23,10 @@ ACCOMPANIMENT = {"num_samples": "2"}
 @pytest.fixture(scope="module")
 def client(tiny_checkpoint, tiny_accompany_checkpoint) -> Iterator[TestClient]:
     with serve(
-        tiny_checkpoint, accompany_checkpoint=tiny_accompany_checkpoint, batch_window_ms=0, max_melody_seconds=30
+        tiny_checkpoint,
+        accompany_checkpoint=tiny_accompany_checkpoint,
+        batch_window_ms=0,
+        max_melody_seconds=30,
     ) as (client, _):
         yield client
 
@@ -49,7 +52,9 @@ def stream(client: TestClient, **fields: str) -> list[dict]:
 def accompaniment(client: TestClient, json_: bool = False, **fields: str) -> httpx.Response:
     headers = {"accept": "application/json"} if json_ else {}
     files = {"file": ("melody.mid", MELODY, "audio/midi")}
-    response = client.post("/v1/accompaniments", files=files, data={**ACCOMPANIMENT, **fields}, headers=headers)
+    response = client.post(
+        "/v1/accompaniments", files=files, data={**ACCOMPANIMENT, **fields}, headers=headers
+    )
     assert response.status_code == 200, response.text
     return response
 

@@ -236,7 +236,10 @@ def test_a_drawn_seed_is_in_range_and_repeats_the_accompaniment(model):
     pm = song(tune(6))
     first = accompany_midi(model, CODEC, pm, track=0, params=AccompanimentParams(num_samples=2))
     assert 0 <= first.seed <= MAX_SEED
-    again = accompany_midi(model, CODEC, pm, track=0, params=AccompanimentParams(seed=first.seed, num_samples=2))
+    again = accompany_midi(
+        model, CODEC, pm, track=0, params=AccompanimentParams(seed=first.seed, num_samples=2)
+    )
+
     def keys(result):
         return [[(n.pitch, n.velocity, n.start, n.end) for n in notes] for notes in result.notes]
 

@@ -38,5 +38,7 @@ def test_one_seed_range_drawn_derived_and_accepted():
     drawn = {draw_seed() for _ in range(200)}
     assert all(0 <= s <= MAX_SEED for s in drawn) and len(drawn) > 190
     derived = [derived_seed(MAX_SEED, i) for i in range(50)]
-    assert all(0 <= s <= MAX_SEED for s in derived) and derived == [derived_seed(MAX_SEED, i) for i in range(50)]
+    assert all(0 <= s <= MAX_SEED for s in derived) and derived == [
+        derived_seed(MAX_SEED, i) for i in range(50)
+    ]
     assert len(set(derived)) == 50

@@ -167,16 +167,15 @@ class Accompanist:
 
     def load(self) -> None:
         """Blocking (start-up thread). No folder is no error: the service runs without the route."""
-        import torch
-
         from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
+        from musicrel.threads import loading_threads
 
         folder = Path(self.settings.accompany_checkpoint)
         if not (folder / "config.json").is_file():
             self.unavailable = f"no accompaniment model on this server ({folder} holds no checkpoint)"
             log.info("accompaniment: %s", self.unavailable)
             return
-        torch.set_num_threads(1)  # loading needs no team of threads (see Service.load)
+        loading_threads()
         model = load_model(folder, device="cpu").eval()
         codec = load_codec(folder)
         if codec.melody_on_offset is None:
@@ -184,7 +183,7 @@ class Accompanist:
             log.warning("accompaniment: %s", self.unavailable)
             return
         self.model, self.codec = model, codec
-        from musicrel.generation.threads import CpuSampler
+        from musicrel.threads import CpuSampler
 
         self.cpu = CpuSampler()
         card = folder / "MODEL_CARD.md"
@@ -284,19 +283,14 @@ def generate(
 ) -> tuple[Any, float, float]:
     """On a worker thread: (AccompanimentResult, when it started, when it ended). A request whose deadline
     passed or whose client left while it waited for the lock is not generated at all."""
-    import torch
-
     from musicrel.generation.accompaniment import accompany_midi
     from server.worker import generation_threads
 
     with accompanist.lock:
         if gone.is_set() or time.monotonic() > deadline:
             raise ApiError(504, "timeout", "the accompaniment did not start within the request deadline")
-        threads = accompanist.settings.torch_threads
-        if threads == "auto":
-            threads = generation_threads(params.num_samples, accompanist.cpu).threads
-        if threads is not None:
-            torch.set_num_threads(int(threads))  # OpenMP's count is per calling thread: set in this one
+        # OpenMP's count is per calling thread: set in this one
+        generation_threads(accompanist.settings.torch_threads, params.num_samples, accompanist.cpu)
         started = time.monotonic()
         result = accompany_midi(
             accompanist.model, accompanist.codec, pm, track=track, params=params.library_params()

@@ -171,9 +171,9 @@ def run(args: argparse.Namespace) -> int:
     # The in-process rows run with the server's thread count, so that they compare with its numbers.
     threads = args.torch_threads or Settings().torch_threads
     if threads == "auto":  # as the server's worker would choose for this concurrency
-        from server.worker import generation_threads
+        from musicrel.threads import choose_threads, request_reserve
 
-        threads = generation_threads(args.concurrency).threads
+        threads = choose_threads(args.concurrency, reserve=request_reserve()).threads
     engine = os.environ.get("MUSICREL_ENGINE", Settings().engine)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or random_checkpoint(Path(tmp) / "ckpt")

@@ -328,11 +328,10 @@ def engine_main(conn: Any, settings: Settings) -> None:
             conn.send(message)
 
     try:
-        import torch
-
         from musicrel.model.checkpoint import load_codec, load_model
+        from musicrel.threads import loading_threads
 
-        torch.set_num_threads(1)  # see Service.load: only the worker thread runs an OpenMP team
+        loading_threads()  # only the worker thread runs an OpenMP team
         model = load_model(settings.checkpoint, device=settings.device)
         codec = load_codec(settings.checkpoint)
     except Exception as exc:

@@ -61,15 +61,11 @@ class Service:
         """Load the checkpoint once (blocking: called in a thread during start-up). With the engine in its own
         process this copy stays on the CPU: it serves the model info and the primer crop; the engine loads
         its own on the configured device."""
-        import torch
-
         from musicrel.evaluation.novelty import INDEX_FILE, load_index
         from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
+        from musicrel.threads import loading_threads
 
-        # Loading needs no parallelism, and an OpenMP team in this thread would count against the CPUs: with
-        # more OpenMP threads than CPUs libgomp lets idle workers spin only 100 times before sleeping, which
-        # made the generation thread's steps 2x slower. (Its own count is set in that thread: worker.py.)
-        torch.set_num_threads(1)
+        loading_threads()  # the generation thread sets its own count (worker.py)
         folder = Path(self.settings.checkpoint)
         device = "cpu" if self.uses_engine_process else self.settings.device
         self.model = load_model(folder, device=device)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from musicrel.generation.threads import CpuSampler, ThreadChoice, choose_threads, cpu_budget
+from musicrel.threads import CpuSampler, ThreadChoice, request_reserve, set_torch_threads
 from server.jobs import Job, QueueFullError, WorkerStoppedError, to_loop
 from server.metrics import Metrics
 
@@ -40,11 +40,14 @@ log = logging.getLogger("musicrel.server")
 THREADS_RECHECK_S = 5.0  # how often "auto" threads look at the machine again while decoding
 
 
-def generation_threads(rows: int, sampler: CpuSampler | None = None) -> ThreadChoice:
-    """The worker's torch threads under MUSICREL_TORCH_THREADS=auto: generation.threads' choice for `rows`
-    rows, keeping one CPU for request handling (multipart, MIDI parsing and writing, HTTP) when there are
-    two or more: on a 2-core machine one thread, the count measured fastest there (settings.py)."""
-    return choose_threads(rows, reserve=1.0 if cpu_budget() >= 2 else 0.0, sampler=sampler)
+def generation_threads(
+    threads: int | str | None, rows: int, sampler: CpuSampler | None = None
+) -> ThreadChoice | None:
+    """Set the calling thread's torch threads as MUSICREL_TORCH_THREADS says (None: leave torch alone): a
+    count, or under "auto" musicrel.threads' choice for `rows` rows keeping a CPU for request handling."""
+    if threads is None:
+        return None
+    return set_torch_threads(threads, rows, reserve=request_reserve(), sampler=sampler)
 
 
 def warmup_midi() -> bytes:
@@ -128,6 +131,7 @@ class GenerationThread:
         self.torch_threads = torch_threads
         self._cpu = CpuSampler()  # the machine's load since the last thread choice
         self._threads_checked = 0.0
+        self._threads = 0  # the count last set in the worker thread (0: none yet)
         self.codec = codec
         self.metrics = metrics
         self.max_queue = max_queue
@@ -289,18 +293,12 @@ class GenerationThread:
             self.metrics.queue_seconds.observe(start - job.enqueued_at)
 
     def _set_threads(self, rows: int) -> None:
-        if self.torch_threads is None:
-            return
-        import torch
-
-        if self.torch_threads != "auto":
-            torch.set_num_threads(int(self.torch_threads))
-            return
-        choice = generation_threads(rows, self._cpu)
+        before = self._threads
+        choice = generation_threads(self.torch_threads, rows, self._cpu)
         self._threads_checked = time.monotonic()
-        if choice.threads != torch.get_num_threads():
+        if choice is not None and choice.threads != before:
+            self._threads = choice.threads
             log.info("generation: %s", choice)
-            torch.set_num_threads(choice.threads)
 
     def _step(self, batch: Any) -> Any:
         """One decoding step; delivers the jobs that finished. Returns the batch to go on with."""

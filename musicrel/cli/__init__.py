@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
-# Set before torch starts OpenMP: how long idle workers spin before they sleep. A decode step is dozens of
-# small parallel ops with Python in between; waking sleeping workers for each (OMP_WAIT_POLICY=PASSIVE) made
-# it 2.4x slower on an idle 2-core machine, and 10,000 spins still let them fall asleep between ops, while
-# libgomp's default 300,000 starves other processes longer on a busy machine. 100,000 measured as fast as the
-# default (`musicrel bench generate`). An explicit setting wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "100000")
+from musicrel.threads import set_spin_count
 
-from musicrel.errors import MusicrelError
+set_spin_count()  # before torch starts OpenMP (an explicit GOMP_SPINCOUNT wins)
+
+from musicrel.errors import MusicrelError  # noqa: E402
 
 # Modules are imported for their `register`; they keep heavy imports (torch, lightning) inside handlers
 # so that `musicrel --help` stays fast.

@@ -536,7 +536,7 @@ def test_a_sample_of_fewer_than_two_notes_has_no_copy_and_fails_nothing(tiny_che
     whole request, the good samples with it, and an error line at the end of the stream."""
     import json
 
-    from server.genfuzz import with_novelty_index
+    from musicrel.bench.genfuzz import with_novelty_index
 
     folder = with_novelty_index(tiny_checkpoint, tmp_path / "ckpt")
     one_note = motif(1)

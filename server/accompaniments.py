@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from musicrel.errors import InvalidMidiError
 from musicrel.generation.controls import Controls, gm_program_name
 from server.deps import ServiceDep, SettingsDep, WantsJsonDep, refuse_unknown_fields
-from server.errors import ApiError, limit_message
+from server.errors import CLIENT_CLOSED, ApiError, limit_message
 from server.middleware import ACCOMPANIMENTS_PATH
 from server.schemas import ContinuationParams
 from server.service import Service
@@ -41,7 +41,6 @@ from server.settings import Settings
 log = logging.getLogger("musicrel.server")
 router = APIRouter()
 
-CLIENT_CLOSED = 499
 # Errors about the melody track: the page shows them beside its track menu.
 TRACK_CODES = frozenset({"which_track", "no_such_track", "melody_has_chords"})
 _P = ContinuationParams.model_fields

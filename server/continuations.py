@@ -232,7 +232,7 @@ def write_samples(
     return out
 
 
-async def create_continuation(
+async def continue_upload(
     service: Service,
     file: UploadFile,
     params: ContinuationParams,

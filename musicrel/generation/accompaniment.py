@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -286,11 +287,21 @@ def melody_schedule(codec: EventCodec, notes) -> tuple[np.ndarray, np.ndarray]:
     return steps.astype(np.int64), toks.astype(np.int64)
 
 
-@torch.inference_mode()
 def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0):
     """The accompaniment of a melody (notes, file time) per sample, as token arrays (file time 0 = step 0),
     with the seed used and the resolved controls. One batch of num_samples rows."""
-    from musicrel.generation.decode import collect_rows, generate
+    from musicrel.generation.decode import run_to_end
+
+    return run_to_end(accompany_notes_steps(model, codec, notes, params, tempo))
+
+
+@torch.inference_mode()
+def accompany_notes_steps(
+    model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0
+) -> Generator[None, None, tuple[list[np.ndarray], int, dict | None, list[str]]]:
+    """`accompany_notes` one token at a time (it yields after each): what the server's engine runs beside
+    its continuation batch, a step at a time."""
+    from musicrel.generation.decode import collecting_rows, generate
     from musicrel.generation.primer import Primer
 
     seed = params.seed if params.seed is not None else draw_seed()
@@ -326,7 +337,11 @@ def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams
         generators=generators,
         grammar=grammar,
     )
-    out = collect_rows(gen, B, lambda: ~(grammar.melody_done() & (grammar.elapsed >= grammar.limit)))
+
+    def going() -> Tensor:
+        return ~(grammar.melody_done() & (grammar.elapsed >= grammar.limit))
+
+    out = yield from collecting_rows(gen, B, going)
     return [np.asarray(o, dtype=np.int64) for o in out], seed, applied, warnings
 
 
@@ -345,13 +360,26 @@ def accompany_midi(
 ) -> AccompanimentResult:
     """Accompany the melody in `midi` (path, bytes or PrettyMIDI; `track`: its instrument index, or None for
     a file with one track of notes). One answer file per sample."""
-    params = params or AccompanimentParams()
+    from musicrel.generation.decode import run_to_end
+
     pm = codec.read(midi)
-    track = melody_track(pm, track)
+    return run_to_end(accompany_steps(model, codec, pm, melody_track(pm, track), params))
+
+
+def accompany_steps(
+    model,
+    codec: EventCodec,
+    pm: pretty_midi.PrettyMIDI,
+    track: int,
+    params: AccompanimentParams | None = None,
+) -> Generator[None, None, AccompanimentResult]:
+    """`accompany_midi` of a parsed file whose melody track is known, one token at a time (it yields after
+    each and returns the result): the server's engine interleaves it with its continuation batch."""
+    params = params or AccompanimentParams()
     notes = melody_notes(pm, track)
     tempo = float(pm.get_tempo_changes()[1][0]) if len(pm.get_tempo_changes()[1]) else 120.0
     start = time.perf_counter()
-    tokens, seed, applied, warnings = accompany_notes(model, codec, notes, params, tempo)
+    tokens, seed, applied, warnings = yield from accompany_notes_steps(model, codec, notes, params, tempo)
     decode_seconds = time.perf_counter() - start
     program = params.controls.program if params.controls and params.controls.program is not None else 0
     parts = [codec.decode_notes(t) for t in tokens]

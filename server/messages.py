@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from server.jobs import JobEvent
+from server.jobs import Accompany, Job, JobEvent
 
 if TYPE_CHECKING:
     from musicrel.generation.primer import Primer
@@ -20,10 +20,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class SubmitJob:
     id: int
-    primer: Primer
-    params: SamplingParams
+    primer: Primer | None
+    params: SamplingParams | None
     deadline: float
     stream: bool
+    accompany: Accompany | None = None  # an accompaniment job (primer and params None)
+
+    @classmethod
+    def of(cls, job: Job) -> SubmitJob:
+        return cls(job.id, job.primer, job.params, job.deadline, job.stream, job.accompany)
 
 
 @dataclass(frozen=True)

@@ -167,9 +167,7 @@ async def model_info(request: Request, service: ServiceDep, settings: SettingsDe
         "request_timeout_s": settings.request_timeout_s,
         "defaults": ContinuationParams().model_dump(),
     }
-    accompanist = getattr(request.app.state, "accompanist", None)  # server/accompaniments.py
-    accompaniment = accompanist.summary() if accompanist is not None else None
-    return {**service.info, "limits": limits, "accompaniment": accompaniment}
+    return {**service.info, "limits": limits, "accompaniment": service.accompaniment_info()}
 
 
 @router.get("/v1/examples", response_model=list[Example], summary="Bundled example motifs for the web page")

@@ -1,5 +1,5 @@
-"""What the app holds while it runs: the model and codec (loaded once), the generation worker, the parse
-limiter, and the readiness / draining state."""
+"""What the app holds while it runs: the description and codec of each model (server/model.py; the weights
+are the engine's), the generation worker, the parse limiter, and the readiness / draining state."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from server.admission import Admission, Ticket
 from server.engine import EngineProcess
 from server.errors import ApiError
 from server.metrics import Metrics
+from server.model import LoadedModel, ModelCard, describe, describe_accompanist, load_accompanist
 from server.settings import Settings
 from server.worker import GenerationThread, GenerationWorker, warm_up
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from musicrel.evaluation.novelty import NoveltyIndex
     from musicrel.generation.primer import Primer
     from musicrel.midi.codec import EventCodec
-    from musicrel.model.transformer import MusicTransformer
 
 log = logging.getLogger("musicrel.server")
 
@@ -40,8 +40,14 @@ class Service:
         self.settings = settings
         self.metrics = metrics
         self.decoder = decoder
-        self.model: MusicTransformer | None = None
+        self.card: ModelCard | None = None  # the continuation model's description
         self.codec: EventCodec | None = None
+        self.loaded: LoadedModel | None = None  # the weights, held here only with MUSICREL_ENGINE=thread
+        # The accompaniment model (MUSICREL_ACCOMPANY_CHECKPOINT): its description and codec, or why none.
+        self.accompaniment: ModelCard | None = None
+        self.accompaniment_codec: EventCodec | None = None
+        self.accompaniment_unavailable = "not loaded yet"
+        self.accompanist: LoadedModel | None = None  # its weights, with MUSICREL_ENGINE=thread only
         self.novelty: NoveltyIndex | None = None
         self.worker: GenerationWorker | None = None
         self.admission = Admission(settings, metrics)
@@ -58,37 +64,52 @@ class Service:
     # ---- start-up --------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Load the checkpoint once (blocking: called in a thread during start-up). With the engine in its own
-        process this copy stays on the CPU: it serves the model info and the primer crop; the engine loads
-        its own on the configured device."""
+        """Describe both checkpoints once (blocking: called in a thread during start-up). With the engine in
+        its own process this process holds no weights, only each model's card and codec (the engine loads
+        them); with MUSICREL_ENGINE=thread they are loaded here, for the worker."""
         from musicrel.evaluation.novelty import INDEX_FILE, load_index
-        from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
-        from musicrel.threads import loading_threads
 
-        loading_threads()  # the generation thread sets its own count (worker.py)
         folder = Path(self.settings.checkpoint)
-        device = "cpu" if self.uses_engine_process else self.settings.device
-        self.model = load_model(folder, device=device)
-        self.codec = load_codec(folder)
+        if self.uses_engine_process:
+            self.card, self.codec = describe(folder)
+        else:
+            self.loaded = LoadedModel.load(folder, device=self.settings.device)
+            self.card, self.codec = self.loaded.card, self.loaded.codec
         # What a sample copied from the training data is reported when the checkpoint ships the index.
         self.novelty = load_index(folder) if (folder / INDEX_FILE).is_file() else None
         self.admission.calibrate(self.codec)
-        config = self.model.cfg
-        card = folder / "MODEL_CARD.md"
         self.info = {
-            "checkpoint": str(folder),
-            "sha256": weights_sha256(folder),
-            "parameters": sum(p.numel() for p in self.model.parameters()),
-            "vocab_size": self.codec.vocab_size,
-            "model": config.to_dict(),
-            "codec": self.codec.config.to_dict(),
-            "card": card.read_text(errors="replace") if card.is_file() else None,
+            **self.card.info,
             "novelty_index": self.novelty
             and {"pieces": len(self.novelty.names), "notes": self.novelty.notes},
         }
         log.info(
             "loaded %s: %d parameters, sha256 %s", folder, self.info["parameters"], self.info["sha256"][:12]
         )
+        self._load_accompaniment()
+
+    def _load_accompaniment(self) -> None:
+        """No folder is no error: the service runs without the route (503 no_accompaniment_model)."""
+        folder = self.settings.accompany_checkpoint
+        if self.uses_engine_process:
+            card, codec, why = describe_accompanist(folder)
+        else:
+            self.accompanist = load_accompanist(folder)
+            card, codec, why = describe_accompanist(folder) if self.accompanist is None else (
+                self.accompanist.card, self.accompanist.codec, "",
+            )  # fmt: skip
+        self.accompaniment, self.accompaniment_codec, self.accompaniment_unavailable = card, codec, why
+        if card is None:
+            (log.warning if "melody tokens" in why else log.info)("accompaniment: %s", why)
+        else:
+            log.info("accompaniment: loaded %s (%d parameters)", folder, card.info["parameters"])
+
+    def accompaniment_info(self) -> dict[str, Any] | None:
+        """What /v1/model says of the accompaniment model: null when the route is unavailable."""
+        if self.accompaniment is None:
+            return None
+        info = {key: value for key, value in self.accompaniment.info.items() if key != "codec"}
+        return {**info, "max_melody_seconds": self.settings.max_melody_seconds}
 
     @property
     def uses_engine_process(self) -> bool:
@@ -105,9 +126,11 @@ class Service:
         if self.uses_engine_process:
             self.worker = EngineProcess(s, self.metrics, on_dequeue=self.admission.departed)
         else:
+            assert self.loaded is not None  # load() loads the model here for a worker in this process
             self.worker = GenerationThread(
-                self.model,
+                self.loaded.model,
                 self.codec,
+                accompanist=self.accompanist,
                 metrics=self.metrics,
                 max_queue=s.max_queue,
                 max_batch_rows=s.max_batch_rows,

@@ -9,10 +9,12 @@ worker is idle, the first job waits up to `batch_window_s` for companions, so th
 deadline passed is skipped if still queued, and stopped at its next step if already decoding.
 
 Accompaniments (`Job.accompany`) wait in the same queue but cannot join the batch: the melody's grammar places
-its tokens at their steps. The worker runs them beside it, one token at a time, in turn, and shares its time
-fairly: after a batch step that took d seconds the accompaniments get d seconds of steps (a credit, so a step
-longer than the batch's waits for its turn), so neither side gets less than half of the engine while both
-have work; with no continuation running they run back to back.
+its tokens at their steps. The worker runs them beside it, one token at a time, in turn, and shares its time:
+after a batch step that took d seconds the accompaniments get ACCOMPANIMENT_SHARE x d seconds of steps (a
+credit), taken in turns of at least TURN_S: switching between the two models every token left each step
+running on caches the other model had just filled. The batch keeps the larger share, so that a continuation
+beside accompaniments takes less than twice its time alone; with no continuation running the accompaniments
+run back to back.
 
 A job's events (server/jobs.py: `Started`, `Progress`, `Finished`, `Failed`) leave the worker one way,
 through the job's `report`: `to_loop` settles the request's future on its event loop; in the engine process
@@ -50,6 +52,8 @@ THREADS_RECHECK_S = 5.0  # how often "auto" threads look at the machine again wh
 # The most accompaniment time the batch's steps can bank: a long batch step does not buy a long run of
 # accompaniment steps that would hold the next batch step back.
 MAX_CREDIT_S = 0.25
+ACCOMPANIMENT_SHARE = 0.75  # accompaniment seconds per second of batch steps, while both have work
+TURN_S = 0.03  # the accompaniments' shortest turn beside the batch (a streamed note waits at most this)
 
 
 def generation_threads(
@@ -276,8 +280,9 @@ class GenerationThread:
             if batch.rows:
                 started = time.monotonic()
                 batch = self._step(batch)
-                self._credit = min(self._credit + time.monotonic() - started, MAX_CREDIT_S)
-            if self._side:
+                earned = ACCOMPANIMENT_SHARE * (time.monotonic() - started)
+                self._credit = min(self._credit + earned, MAX_CREDIT_S)
+            if self._side and (not batch.rows or self._credit >= TURN_S):
                 self._accompany(alone=not batch.rows)
 
     def _take(self, batch: Any) -> list[Job] | None:

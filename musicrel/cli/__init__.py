@@ -16,6 +16,7 @@ set_spin_count()  # before torch starts OpenMP (an explicit GOMP_SPINCOUNT wins)
 # Modules are imported for their `register`; they keep heavy imports (torch, lightning) inside handlers
 # so that `musicrel --help` stays fast.
 import server.cli  # noqa: E402
+import training.bench  # noqa: E402
 import training.cli  # noqa: E402
 from musicrel import bench  # noqa: E402
 from musicrel.cli import (  # noqa: E402
@@ -39,7 +40,6 @@ COMMAND_MODULES = (
     evaluate_controls,
     sweep_sampling,
     server.cli,  # serve
-    bench,  # bench codec | attention | generate | shapes | neighbour | serve | reliability | train
 )
 
 
@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(subparsers)
+    # bench codec | attention | generate | shapes | neighbour | serve | reliability, and training's `train`
+    bench.register(subparsers, more=(training.bench,))
     return parser
 
 

@@ -105,7 +105,7 @@ class AccompanimentParams(BaseModel):
         return None if controls.is_empty else controls
 
     def library_params(self):
-        from musicrel.generation.accompaniment import AccompanimentParams as Library
+        from musicrel.generation.melody import AccompanimentParams as Library
 
         fields = self.model_dump(include={"temperature", "top_k", "top_p", "seed", "num_samples"})
         return Library(**fields, controls=self.controls())
@@ -153,15 +153,16 @@ async def get_params(
 ) -> AccompanimentParams:
     """The form, checked: unknown fields (422), the operator's limits, controls that cannot be honoured
     whatever the melody; and 503 when there is no model, before anything is parsed."""
-    card = service.accompaniment
-    if card is None:
+    accompaniment = service.accompaniment
+    if accompaniment is None:
         raise ApiError(503, "no_accompaniment_model", service.accompaniment_unavailable)
     await refuse_unknown_fields(request, AccompanimentParams)
     limit = min(settings.max_num_samples, settings.max_batch_rows)
     if form.num_samples > limit:
         raise ApiError(422, "invalid_request", limit_message("num_samples", limit), field="num_samples")
-    if form.top_k is not None and form.top_k > card.vocab_size:
-        message = limit_message("top_k", card.vocab_size)
+    vocab_size = accompaniment.codec.vocab_size
+    if form.top_k is not None and form.top_k > vocab_size:
+        message = limit_message("top_k", vocab_size)
         raise ApiError(422, "invalid_request", message, field="top_k")
     form.controls()
     return form
@@ -173,7 +174,7 @@ ParamsDep = Annotated[AccompanimentParams, Depends(get_params)]
 def parse_melody(codec: Any, data: bytes, track: int | None, max_seconds: float) -> tuple[Any, int, int]:
     """(PrettyMIDI, melody track, melody notes) or InvalidMidiError; the library's own checks, run here before
     the job is queued so that a bad file is refused at once, with the server's length limit."""
-    from musicrel.generation.accompaniment import melody_notes, melody_track
+    from musicrel.generation.melody import melody_notes, melody_track
 
     pm = codec.read(data)
     index = melody_track(pm, track)
@@ -267,7 +268,7 @@ async def parse_upload(
         with anyio.fail_after(settings.request_timeout_s):
             return await anyio.to_thread.run_sync(
                 parse_melody,
-                service.accompaniment_codec,
+                service.accompaniment.codec,
                 data,
                 params.track,
                 settings.max_melody_seconds,

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import anyio
 from fastapi import UploadFile
@@ -19,7 +20,6 @@ from fastapi.responses import Response
 
 from musicrel.evaluation.novelty import longest_copy
 from musicrel.generation.controls import gm_program_name
-from musicrel.generation.decode_batch import ContinuationResult
 from musicrel.generation.primer import Primer, prepare_primer, render_result
 from musicrel.generation.sampling import SamplingParams
 from server.admission import Ticket
@@ -38,6 +38,9 @@ from server.schemas import (
 )
 from server.service import Service
 from server.submit import queue_job, wait_for_result
+
+if TYPE_CHECKING:
+    from musicrel.generation.sampling import ContinuationResult
 
 log = logging.getLogger("musicrel.server")
 
@@ -68,7 +71,7 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
     data = await file.read()
     if not data:  # the OpenAPI schema says minLength 1: the same verdict as any other field out of bounds
         raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
-    assert service.codec is not None and service.card is not None  # admitted only once loaded
+    assert service.codec is not None and service.view is not None  # admitted only once loaded
     # The same motif again (a re-roll with another seed) is not parsed again: a dense file's parse and
     # primer window take 100-600 ms on 2 busy cores, most of the wait for a streamed first note.
     key = primer_key(data, params)
@@ -81,7 +84,7 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
         data,
         primer_seconds=params.primer_seconds,
         tracks=params.track_selection(),
-        max_tokens=service.card.max_primer_tokens,
+        max_tokens=service.view.max_primer_tokens,
         motif_end=params.motif_end,
     )
     # Abandoned on cancel (the request's deadline): a parse that hangs then costs its own request and a

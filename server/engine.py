@@ -97,6 +97,7 @@ class EngineProcess:
         self.max_queue = settings.max_queue
         self.ready = threading.Event()
         self.failed: str | None = None
+        self.cards: Ready | None = None  # the models' descriptions, from the engine once it is ready
         self._jobs: dict[int, RemoteJob] = {}  # submitted and not answered yet
         self._queued = 0  # of those, not started yet
         self._ids = itertools.count()
@@ -255,7 +256,8 @@ class EngineProcess:
                         if name != "stop_reason" or value is not None:
                             setattr(job, name, value)
                     job.report(job, event)
-                case Ready():
+                case Ready() as ready:
+                    self.cards = ready
                     self._deaths = 0
                     with self._lock:  # before ready is set, so they keep their place ahead of new submissions
                         for job in self._resend:
@@ -389,7 +391,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
         if worker.failed:
             send(EngineFailed(worker.failed))
             return
-    send(Ready())
+    send(Ready(loaded.card, accompanist.card if accompanist is not None else None))
     while True:
         try:
             message = conn.recv()

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from musicrel.generation.accompaniment import AccompanimentParams, AccompanimentResult
-    from musicrel.generation.decode_batch import ContinuationResult
+    from musicrel.generation.melody import AccompanimentParams, AccompanimentResult
     from musicrel.generation.primer import Primer
-    from musicrel.generation.sampling import SamplingParams
+    from musicrel.generation.sampling import ContinuationResult, SamplingParams
 
 
 class QueueFullError(Exception):

@@ -15,6 +15,7 @@ from server.jobs import Accompany, Job, JobEvent
 if TYPE_CHECKING:
     from musicrel.generation.primer import Primer
     from musicrel.generation.sampling import SamplingParams
+    from server.model import ModelCard
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class Stop:
 
 @dataclass(frozen=True)
 class Ready:
-    pass
+    card: ModelCard  # the continuation model's, as loaded by the engine (server/model.py)
+    accompaniment: ModelCard | None = None  # the accompaniment model's; None when the server has none
 
 
 @dataclass(frozen=True)

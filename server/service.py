@@ -1,5 +1,6 @@
-"""What the app holds while it runs: the description and codec of each model (server/model.py; the weights
-are the engine's), the generation worker, the parse limiter, and the readiness / draining state."""
+"""What the app holds while it runs: what it reads of each checkpoint (server/model.py: codec and primer
+window; the weights and the models' cards are the engine's), the generation worker, the parse limiter, and the
+readiness / draining state."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from server.admission import Admission, Ticket
 from server.engine import EngineProcess
 from server.errors import ApiError
 from server.metrics import Metrics
-from server.model import LoadedModel, ModelCard, describe, describe_accompanist, load_accompanist
+from server.model import CheckpointView, LoadedModel, ModelCard, load_accompanist, view_accompanist
 from server.settings import Settings
 from server.worker import GenerationThread, GenerationWorker, warm_up
 
@@ -40,18 +41,16 @@ class Service:
         self.settings = settings
         self.metrics = metrics
         self.decoder = decoder
-        self.card: ModelCard | None = None  # the continuation model's description
-        self.codec: EventCodec | None = None
+        self.view: CheckpointView | None = None  # the continuation model, as read from its config
+        self.codec: EventCodec | None = None  # its codec (the view's)
         self.loaded: LoadedModel | None = None  # the weights, held here only with MUSICREL_ENGINE=thread
-        # The accompaniment model (MUSICREL_ACCOMPANY_CHECKPOINT): its description and codec, or why none.
-        self.accompaniment: ModelCard | None = None
-        self.accompaniment_codec: EventCodec | None = None
+        # The accompaniment model (MUSICREL_ACCOMPANY_CHECKPOINT), or why there is none.
+        self.accompaniment: CheckpointView | None = None
         self.accompaniment_unavailable = "not loaded yet"
         self.accompanist: LoadedModel | None = None  # its weights, with MUSICREL_ENGINE=thread only
         self.novelty: NoveltyIndex | None = None
         self.worker: GenerationWorker | None = None
         self.admission = Admission(settings, metrics)
-        self.info: dict[str, Any] = {}
         self.parse_limiter: anyio.CapacityLimiter | None = None
         # Recently parsed motifs by (sha256 of the upload, primer_seconds, tracks); used on the loop only.
         self.parsed_primers: LRU[Primer] = LRU(settings.primer_cache)
@@ -64,51 +63,55 @@ class Service:
     # ---- start-up --------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Describe both checkpoints once (blocking: called in a thread during start-up). With the engine in
-        its own process this process holds no weights, only each model's card and codec (the engine loads
-        them); with MUSICREL_ENGINE=thread they are loaded here, for the worker."""
+        """Read both checkpoints (blocking: called in a thread during start-up). With the engine in its own
+        process this process loads no weights: the views (codec, primer window) come from the configs, the
+        models' cards from the engine once it is ready. With MUSICREL_ENGINE=thread the models load here, for
+        the worker."""
         from musicrel.evaluation.novelty import INDEX_FILE, load_index
 
         folder = Path(self.settings.checkpoint)
-        if self.uses_engine_process:
-            self.card, self.codec = describe(folder)
-        else:
+        self.view = CheckpointView.read(folder)
+        self.codec = self.view.codec
+        if not self.uses_engine_process:
             self.loaded = LoadedModel.load(folder, device=self.settings.device)
-            self.card, self.codec = self.loaded.card, self.loaded.codec
         # What a sample copied from the training data is reported when the checkpoint ships the index.
         self.novelty = load_index(folder) if (folder / INDEX_FILE).is_file() else None
         self.admission.calibrate(self.codec)
-        self.info = {
-            **self.card.info,
-            "novelty_index": self.novelty
-            and {"pieces": len(self.novelty.names), "notes": self.novelty.notes},
-        }
-        log.info(
-            "loaded %s: %d parameters, sha256 %s", folder, self.info["parameters"], self.info["sha256"][:12]
-        )
         self._load_accompaniment()
 
     def _load_accompaniment(self) -> None:
         """No folder is no error: the service runs without the route (503 no_accompaniment_model)."""
         folder = self.settings.accompany_checkpoint
-        if self.uses_engine_process:
-            card, codec, why = describe_accompanist(folder)
-        else:
-            self.accompanist = load_accompanist(folder)
-            card, codec, why = describe_accompanist(folder) if self.accompanist is None else (
-                self.accompanist.card, self.accompanist.codec, "",
-            )  # fmt: skip
-        self.accompaniment, self.accompaniment_codec, self.accompaniment_unavailable = card, codec, why
-        if card is None:
+        self.accompaniment, self.accompaniment_unavailable = view_accompanist(folder)
+        if self.accompaniment is None:
+            why = self.accompaniment_unavailable
             (log.warning if "melody tokens" in why else log.info)("accompaniment: %s", why)
-        else:
-            log.info("accompaniment: loaded %s (%d parameters)", folder, card.info["parameters"])
+        elif not self.uses_engine_process:
+            self.accompanist = load_accompanist(folder)
+
+    def cards(self) -> tuple[ModelCard | None, ModelCard | None]:
+        """The continuation and accompaniment models' cards: from the models loaded here, or from the engine
+        once it is ready (None before)."""
+        if self.loaded is not None:
+            return self.loaded.card, self.accompanist.card if self.accompanist is not None else None
+        ready = getattr(self.worker, "cards", None)
+        return (ready.card, ready.accompaniment) if ready is not None else (None, None)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What /v1/model says of the continuation model; empty until it is loaded."""
+        card, _ = self.cards()
+        if card is None:
+            return {}
+        novelty = self.novelty and {"pieces": len(self.novelty.names), "notes": self.novelty.notes}
+        return {**card.info, "novelty_index": novelty}
 
     def accompaniment_info(self) -> dict[str, Any] | None:
         """What /v1/model says of the accompaniment model: null when the route is unavailable."""
-        if self.accompaniment is None:
+        _, card = self.cards()
+        if self.accompaniment is None or card is None:
             return None
-        info = {key: value for key, value in self.accompaniment.info.items() if key != "codec"}
+        info = {key: value for key, value in card.info.items() if key != "codec"}
         return {**info, "max_melody_seconds": self.settings.max_melody_seconds}
 
     @property

@@ -27,13 +27,12 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import UploadFile
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from musicrel.generation.decode_batch import ContinuationResult
 from musicrel.generation.primer import Primer
 from musicrel.generation.sampling import draw_seed
 from musicrel.generation.streaming import NoteEvent, NoteStream
@@ -43,6 +42,9 @@ from server.errors import ApiError, describe
 from server.jobs import Job, WorkerStoppedError
 from server.schemas import ContinuationParams
 from server.service import Service
+
+if TYPE_CHECKING:
+    from musicrel.generation.sampling import ContinuationResult
 
 log = logging.getLogger("musicrel.server")
 

@@ -84,7 +84,8 @@ def warm_up_accompaniment(accompanist: LoadedModel) -> None:
     """A four-note melody accompanied once, so that the first request does not pay for the first run."""
     import pretty_midi
 
-    from musicrel.generation.accompaniment import AccompanimentParams, accompany_midi
+    from musicrel.generation.accompaniment import accompany_midi
+    from musicrel.generation.melody import AccompanimentParams
 
     pm = pretty_midi.PrettyMIDI(initial_tempo=120)
     tune = pretty_midi.Instrument(0)

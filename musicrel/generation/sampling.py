@@ -1,14 +1,16 @@
 """How to continue one motif: `SamplingParams`, the one source of every sampling default (the library, the
-`musicrel generate` command and the server's form read them from here), and the per-sample seeds.
+`musicrel generate` command and the server's form read them from here), the one seed range and the per-sample
+seeds; and what a continuation gives back, `ContinuationResult`.
 
-No torch here: the command line and the server's schemas read these defaults at start-up.
+No torch here: the command line and the server's schemas read these defaults at start-up, and the server's
+HTTP process receives results from its engine without loading torch.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -104,3 +106,21 @@ def draw_seed() -> int:
 def derived_seed(seed: int, index: int) -> int:
     """A job seed in range, a function of (seed, index): for runs that give each of many jobs its own seed."""
     return row_seed(seed, index) % SEED_RANGE
+
+
+@dataclass
+class ContinuationResult:
+    """A finished job: each sample's tokens and how they were made. MIDI: `primer.render_result`."""
+
+    # np.ndarray of generated tokens per sample, as the model read them: their first primer.tail_steps of time
+    # shifts lie before the cut (generation.join); render_result and NoteStream start the clock at the cut
+    tokens: list
+    seed: int
+    primer_tokens: int
+    new_tokens: int  # all samples together
+    seconds: float  # music generated after the cut (the longest sample)
+    # seconds: prefill (of the admission that took the job in), decode (admitted to done)
+    timings: dict
+    stopped: bool = False  # should_stop ended this job early
+    controls: dict | None = None  # what params.controls applied (the key detected, ...), for the metadata
+    warnings: list = field(default_factory=list)  # controls that pull apart (a chord outside the key, ...)

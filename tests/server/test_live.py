@@ -7,6 +7,7 @@ import io
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pretty_midi
@@ -155,3 +156,30 @@ def test_sigterm_under_load_loses_no_accepted_request(tiny_checkpoint, tmp_path)
             thread.join(60)
         assert [a.status_code for a in answers] == [200] * n, [a.text for a in answers]
         assert server.proc.wait(30) == 0, server.log()[-3000:]
+
+
+def test_the_server_process_loads_neither_torch_nor_weights(
+    tiny_checkpoint, tiny_accompany_checkpoint, tmp_path
+):
+    """The engine process holds the models (server/model.py); the process that answers HTTP reads only the
+    checkpoints' configs and receives tokens, so libtorch is never mapped into it, even after a continuation,
+    a stream and an accompaniment."""
+    from tests.server.test_accompaniments import MELODY
+
+    accompany = {"MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint)}
+    with start_server(tiny_checkpoint, tmp_path, **accompany) as server:
+        files = {"file": ("m.mid", MOTIF, "audio/midi")}
+        assert (
+            httpx.post(f"{server.url}/v1/continuations", files=files, data={"seconds": "0.3"}).status_code
+            == 200
+        )
+        streamed = httpx.post(f"{server.url}/v1/continuations/stream", files=files, data={"seconds": "0.3"})
+        assert streamed.status_code == 200
+        melody = {"file": ("t.mid", MELODY, "audio/midi")}
+        assert httpx.post(f"{server.url}/v1/accompaniments", files=melody, timeout=60).status_code == 200
+        info = httpx.get(f"{server.url}/v1/model").json()
+        assert info["parameters"] > 0 and info["accompaniment"]["parameters"] > 0  # the engine's cards
+        maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
+        assert "libtorch" not in maps, "the HTTP process loaded torch"
+        children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+        assert any("libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in children)  # the engine's

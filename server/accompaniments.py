@@ -12,7 +12,6 @@ drained as a continuation is.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import io
 import logging
 import time
@@ -22,16 +21,20 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from musicrel.errors import InvalidMidiError
-from musicrel.generation.controls import Controls, gm_program_name
+from musicrel.generation.controls import gm_program_name
 from server.admission import Ticket
 from server.deps import ServiceDep, SettingsDep, WantsJsonDep, refuse_unknown_fields
 from server.errors import CLIENT_CLOSED, ApiError, limit_message
 from server.jobs import Accompany
 from server.middleware import ACCOMPANIMENTS_PATH, ADMISSION_TICKET
-from server.schemas import ContinuationParams
+from server.schemas import (
+    AccompanimentParams,
+    AccompanimentResponse,
+    AccompanimentSample,
+    AccompanimentTimings,
+)
 from server.service import Service
 from server.submit import queue_job, wait_for_result
 
@@ -40,108 +43,6 @@ router = APIRouter()
 
 # Errors about the melody track: the page shows them beside its track menu.
 TRACK_CODES = frozenset({"which_track", "no_such_track", "melody_has_chords"})
-_P = ContinuationParams.model_fields
-
-
-# ---------------------------------------------------------------- schemas
-class AccompanimentParams(BaseModel):
-    """The form fields that go with the uploaded melody `file`. Sampling and controls as a continuation's
-    (same bounds, same meaning); the controls steer the accompaniment only, never the melody."""
-
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-    track: int | None = Field(
-        None,
-        ge=0,
-        le=1023,
-        description="instrument index of the melody in the file (as pretty_midi counts them: tracks with "
-        "notes, in file order); empty: the file's only track with notes",
-    )
-    temperature: float = _P["temperature"]
-    top_k: int | None = _P["top_k"]
-    top_p: float = _P["top_p"]
-    seed: int | None = _P["seed"]
-    num_samples: int = Field(
-        _P["num_samples"].default, ge=1, le=64, description="independent accompaniments of the same melody"
-    )
-    program: int | None = Field(
-        None,
-        ge=0,
-        le=127,
-        description='General MIDI program of the accompaniment, by number or by name ("Violin", any case); '
-        "empty: Acoustic Grand Piano (0)",
-    )
-    key: str | None = Field(
-        None,
-        max_length=40,
-        description='keep the accompaniment in a key: "C:major", "A:minor", "Bb:dorian", "auto" (the '
-        "melody's key)",
-    )
-    key_strength: str = _P["key_strength"]
-    chords: str | None = Field(
-        None,
-        max_length=1000,
-        description="the accompaniment's chords, repeated from the file's start: \"C:2 G:2 Am:2 F:2\" "
-        '(seconds) or "C:4b G:4b" (beats)',
-    )
-    chord_strength: str = _P["chord_strength"]
-    density: float | None = _P["density"]
-    low_note: int | None = _P["low_note"]
-    high_note: int | None = _P["high_note"]
-    max_polyphony: int | None = _P["max_polyphony"]
-
-    _empty_is_none = field_validator(
-        "track", "top_k", "seed", "program", "key", "chords", "density", "low_note", "high_note",
-        "max_polyphony", mode="before",
-    )(ContinuationParams._empty_is_none.__func__)  # fmt: skip
-    _program_name = field_validator("program", mode="before")(ContinuationParams._program_name.__func__)
-    _empty_is_default = field_validator("key_strength", "chord_strength", mode="before")(
-        ContinuationParams._empty_is_default.__func__
-    )
-
-    def controls(self) -> Controls | None:
-        """The control fields as the library's Controls (ControlError -> 422); None when none is set."""
-        controls = Controls(**self.model_dump(include={f.name for f in dataclasses.fields(Controls)}))
-        return None if controls.is_empty else controls
-
-    def library_params(self):
-        from musicrel.generation.melody import AccompanimentParams as Library
-
-        fields = self.model_dump(include={"temperature", "top_k", "top_p", "seed", "num_samples"})
-        return Library(**fields, controls=self.controls())
-
-
-class AccompanimentSample(BaseModel):
-    index: int
-    midi_base64: str = Field(
-        description="a complete Standard MIDI File, base64-encoded: the melody track unchanged, then the "
-        "accompaniment's track (named `accompaniment`)"
-    )
-    notes: int = Field(description="notes of the accompaniment")
-    duration_s: float = Field(description="end of the file's last note, in seconds")
-
-
-class AccompanimentTimings(BaseModel):
-    parse_ms: float
-    queue_ms: float = Field(description="waiting in the engine's queue")
-    generation_ms: float
-    total_ms: float
-
-
-class AccompanimentResponse(BaseModel):
-    seed: int
-    settings: AccompanimentParams = Field(description="the settings used, seed and melody track filled in")
-    melody_track: int = Field(description="the instrument index the melody was read from")
-    melody_notes: int
-    seconds: float = Field(description="length of the accompaniment, in seconds (the melody's and a tail)")
-    real_time_factor: float = Field(description="seconds of music per second of generation")
-    samples: list[AccompanimentSample]
-    instrument: str = Field(description="General MIDI name of the accompaniment's program")
-    controls: dict[str, Any] | None = Field(
-        None, description="what the controls applied (the key `auto` found, ...); null when none was set"
-    )
-    warnings: list[str] = Field(default_factory=list)
-    timings: AccompanimentTimings
 
 
 # ---------------------------------------------------------------- the request

@@ -295,9 +295,14 @@ class GenerationThread:
                     self._cond.wait()
                 if self._stopping:
                     return None
-                # Idle: companions arriving within the window start with the first job (one prefill).
+                # Idle: companions arriving within the window start with the first continuation (one
+                # prefill); an accompaniment has no prefill to share and starts at once.
                 window_end = time.monotonic() + self.batch_window_s
-                while not self._stopping and sum(j.rows for j in self._pending) < batch.free_rows:
+                while (
+                    not self._stopping
+                    and self._pending[0].accompany is None
+                    and sum(j.rows for j in self._pending) < batch.free_rows
+                ):
                     remaining = window_end - time.monotonic()
                     if remaining <= 0:
                         break

@@ -30,11 +30,12 @@ ACCOMPANIMENT_NAME = "accompaniment"  # the answer file's accompaniment track
 class AccompanimentParams:
     """How to accompany one melody. Validated on construction like SamplingParams (GenerationError)."""
 
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float = 0.95
-    seed: int | None = None  # None: drawn and reported
-    num_samples: int = 1
+    # A continuation's sampling fields, with SamplingParams' defaults (their one source).
+    temperature: float = SamplingParams.temperature
+    top_k: int | None = SamplingParams.top_k
+    top_p: float = SamplingParams.top_p
+    seed: int | None = SamplingParams.seed  # None: drawn and reported
+    num_samples: int = SamplingParams.num_samples
     controls: Controls | None = None  # key, chords, density, range, polyphony, program (of the accompaniment)
 
     def __post_init__(self) -> None:

@@ -266,3 +266,17 @@ def test_accompany_command_writes_answers_and_records_bad_files(tmp_path, model,
     written = pretty_midi.PrettyMIDI(str(out / "tune.sample0.mid"))
     assert [i.name for i in written.instruments] == ["MELODY", ACCOMPANIMENT_NAME]
     assert "accompanied 1 of 2" in capsys.readouterr().out
+
+
+def test_accompaniment_params_take_sampling_params_defaults_and_checks():
+    import dataclasses
+
+    from musicrel.errors import GenerationError
+    from musicrel.generation.sampling import MAX_SEED, SamplingParams
+
+    mine, theirs = AccompanimentParams(), SamplingParams()
+    for f in dataclasses.fields(AccompanimentParams):
+        assert getattr(mine, f.name) == getattr(theirs, f.name), f.name
+    with pytest.raises(GenerationError, match="seed") as info:
+        AccompanimentParams(seed=MAX_SEED + 1)
+    assert info.value.code == "invalid_params"

@@ -358,3 +358,26 @@ def test_an_accompaniment_past_its_deadline_is_stopped_in_the_engine(
         wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="deadline") == 1, 30)
         assert service.worker.queue_depth == 0 and service.admission.admitted == 0
         assert post(c).status_code == 200  # the engine carries on
+
+
+def test_a_client_that_leaves_stops_its_accompaniment_in_the_engine(
+    tiny_checkpoint, tiny_accompany_checkpoint
+):
+    from tests.server.conftest import post_then_leave
+
+    with serve(
+        tiny_checkpoint,
+        accompany_checkpoint=tiny_accompany_checkpoint,
+        engine="process",
+        disconnect_poll_s=0.02,
+        max_melody_seconds=600,
+    ) as (c, service):
+
+        def started() -> bool:
+            return any(job.started_at for job in list(service.worker._jobs.values()))
+
+        long_tune = melody(n=600, step=0.4)  # 240 s of melody: no deadline is near when the client leaves
+        messages = post_then_leave(c, {}, started, path="/v1/accompaniments", data=long_tune)
+        assert messages[0]["status"] == 499
+        wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1, 30)
+        assert post(c).status_code == 200  # the engine carries on

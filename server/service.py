@@ -94,7 +94,7 @@ class Service:
         once it is ready (None before)."""
         if self.loaded is not None:
             return self.loaded.card, self.accompanist.card if self.accompanist is not None else None
-        ready = getattr(self.worker, "cards", None)
+        ready = self.worker.cards if isinstance(self.worker, EngineProcess) else None
         return (ready.card, ready.accompaniment) if ready is not None else (None, None)
 
     @property

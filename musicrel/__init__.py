@@ -24,7 +24,7 @@ _EXPORTS = {
     "load_codec": "musicrel.model.checkpoint",
     "continue_midi": "musicrel.generation.decode_batch",
     "accompany_midi": "musicrel.generation.accompaniment",
-    "AccompanimentParams": "musicrel.generation.accompaniment",
+    "AccompanimentParams": "musicrel.generation.melody",
     "Controls": "musicrel.generation.controls",
     "ControlError": "musicrel.generation.controls",
 }

@@ -1,261 +1,69 @@
 """POST /v1/accompaniments: a melody in (a MIDI file, and which of its tracks is the melody), the same file
 out with a piano accompaniment on a track of its own (musicrel.generation.accompaniment).
 
-Everything of the route lives here (its form and answer schemas, the model holder, the route) so that the
-continuation modules stay as they are. The accompaniment model is a second checkpoint
-(MUSICREL_ACCOMPANY_CHECKPOINT), loaded at start-up when its folder exists; without one the route answers
-503 `no_accompaniment_model` and /v1/model says `accompaniment: null`.
-
-It does not join the continuation worker's running batch: the melody grammar places the melody's tokens at
-their steps and its rows cannot join a running batch (MelodyGrammar.extend). One accompaniment is generated
-at a time, on a worker thread of this process, behind a lock; the request still holds its admission ticket
-while it waits, so MUSICREL_MAX_QUEUE bounds how many can wait, as it does for continuations.
+The accompaniment model is a second checkpoint (MUSICREL_ACCOMPANY_CHECKPOINT), described at start-up when its
+folder exists (server/model.py); without one the route answers 503 `no_accompaniment_model` and /v1/model says
+`accompaniment: null`. Here: parse the melody (this process checks it and its track, so a bad file is refused
+at once), submit an accompaniment job to the engine, which holds the model and runs it beside the
+continuation batch (server/worker.py), and render the answer. It is admitted, queued (429), cancelled and
+drained as a continuation is.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import io
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from musicrel.errors import InvalidMidiError
-from musicrel.generation.controls import Controls, gm_program_name
+from musicrel.generation.controls import gm_program_name
+from server.admission import Ticket
 from server.deps import ServiceDep, SettingsDep, WantsJsonDep, refuse_unknown_fields
-from server.errors import ApiError, limit_message
-from server.middleware import ACCOMPANIMENTS_PATH
-from server.schemas import ContinuationParams
+from server.errors import CLIENT_CLOSED, ApiError, limit_message
+from server.jobs import Accompany
+from server.middleware import ACCOMPANIMENTS_PATH, ADMISSION_TICKET
+from server.schemas import (
+    AccompanimentParams,
+    AccompanimentResponse,
+    AccompanimentSample,
+    AccompanimentTimings,
+)
 from server.service import Service
-from server.settings import Settings
+from server.submit import queue_job, wait_for_result
 
 log = logging.getLogger("musicrel.server")
 router = APIRouter()
 
-CLIENT_CLOSED = 499
 # Errors about the melody track: the page shows them beside its track menu.
 TRACK_CODES = frozenset({"which_track", "no_such_track", "melody_has_chords"})
-_P = ContinuationParams.model_fields
-
-
-# ---------------------------------------------------------------- schemas
-class AccompanimentParams(BaseModel):
-    """The form fields that go with the uploaded melody `file`. Sampling and controls as a continuation's
-    (same bounds, same meaning); the controls steer the accompaniment only, never the melody."""
-
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-    track: int | None = Field(
-        None,
-        ge=0,
-        le=1023,
-        description="instrument index of the melody in the file (as pretty_midi counts them: tracks with "
-        "notes, in file order); empty: the file's only track with notes",
-    )
-    temperature: float = _P["temperature"]
-    top_k: int | None = _P["top_k"]
-    top_p: float = _P["top_p"]
-    seed: int | None = _P["seed"]
-    num_samples: int = Field(
-        _P["num_samples"].default, ge=1, le=64, description="independent accompaniments of the same melody"
-    )
-    program: int | None = Field(
-        None,
-        ge=0,
-        le=127,
-        description='General MIDI program of the accompaniment, by number or by name ("Violin", any case); '
-        "empty: Acoustic Grand Piano (0)",
-    )
-    key: str | None = Field(
-        None,
-        max_length=40,
-        description='keep the accompaniment in a key: "C:major", "A:minor", "Bb:dorian", "auto" (the '
-        "melody's key)",
-    )
-    key_strength: str = _P["key_strength"]
-    chords: str | None = Field(
-        None,
-        max_length=1000,
-        description="the accompaniment's chords, repeated from the file's start: \"C:2 G:2 Am:2 F:2\" "
-        '(seconds) or "C:4b G:4b" (beats)',
-    )
-    chord_strength: str = _P["chord_strength"]
-    density: float | None = _P["density"]
-    low_note: int | None = _P["low_note"]
-    high_note: int | None = _P["high_note"]
-    max_polyphony: int | None = _P["max_polyphony"]
-
-    _empty_is_none = field_validator(
-        "track", "top_k", "seed", "program", "key", "chords", "density", "low_note", "high_note",
-        "max_polyphony", mode="before",
-    )(ContinuationParams._empty_is_none.__func__)  # fmt: skip
-    _program_name = field_validator("program", mode="before")(ContinuationParams._program_name.__func__)
-    _empty_is_default = field_validator("key_strength", "chord_strength", mode="before")(
-        ContinuationParams._empty_is_default.__func__
-    )
-
-    def controls(self) -> Controls | None:
-        """The control fields as the library's Controls (ControlError -> 422); None when none is set."""
-        controls = Controls(**self.model_dump(include={f.name for f in dataclasses.fields(Controls)}))
-        return None if controls.is_empty else controls
-
-    def library_params(self):
-        from musicrel.generation.accompaniment import AccompanimentParams as Library
-
-        fields = self.model_dump(include={"temperature", "top_k", "top_p", "seed", "num_samples"})
-        return Library(**fields, controls=self.controls())
-
-
-class AccompanimentSample(BaseModel):
-    index: int
-    midi_base64: str = Field(
-        description="a complete Standard MIDI File, base64-encoded: the melody track unchanged, then the "
-        "accompaniment's track (named `accompaniment`)"
-    )
-    notes: int = Field(description="notes of the accompaniment")
-    duration_s: float = Field(description="end of the file's last note, in seconds")
-
-
-class AccompanimentTimings(BaseModel):
-    parse_ms: float
-    queue_ms: float = Field(description="waiting for the accompaniment worker (one generation at a time)")
-    generation_ms: float
-    total_ms: float
-
-
-class AccompanimentResponse(BaseModel):
-    seed: int
-    settings: AccompanimentParams = Field(description="the settings used, seed and melody track filled in")
-    melody_track: int = Field(description="the instrument index the melody was read from")
-    melody_notes: int
-    seconds: float = Field(description="length of the accompaniment, in seconds (the melody's and a tail)")
-    real_time_factor: float = Field(description="seconds of music per second of generation")
-    samples: list[AccompanimentSample]
-    instrument: str = Field(description="General MIDI name of the accompaniment's program")
-    controls: dict[str, Any] | None = Field(
-        None, description="what the controls applied (the key `auto` found, ...); null when none was set"
-    )
-    warnings: list[str] = Field(default_factory=list)
-    timings: AccompanimentTimings
-
-
-# ---------------------------------------------------------------- the model
-class Accompanist:
-    """The accompaniment model and codec (loaded once, if the folder exists) and the lock that lets one
-    generation run at a time."""
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.model: Any = None
-        self.codec: Any = None
-        self.info: dict[str, Any] | None = None
-        self.unavailable = "not loaded yet"
-        # A threading lock, not only an anyio limiter: a request past its deadline abandons its thread, which
-        # still runs to its end; the next generation waits for it here instead of running beside it.
-        self.lock = threading.Lock()
-        # Kept between requests: a fresh sampler watches the machine 0.1 s before each choice of threads.
-        self.cpu: Any = None
-
-    def load(self) -> None:
-        """Blocking (start-up thread). No folder is no error: the service runs without the route."""
-        import torch
-
-        from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
-
-        folder = Path(self.settings.accompany_checkpoint)
-        if not (folder / "config.json").is_file():
-            self.unavailable = f"no accompaniment model on this server ({folder} holds no checkpoint)"
-            log.info("accompaniment: %s", self.unavailable)
-            return
-        torch.set_num_threads(1)  # loading needs no team of threads (see Service.load)
-        model = load_model(folder, device="cpu").eval()
-        codec = load_codec(folder)
-        if codec.melody_on_offset is None:
-            self.unavailable = f"{folder} is not an accompaniment model (its codec has no melody tokens)"
-            log.warning("accompaniment: %s", self.unavailable)
-            return
-        self.model, self.codec = model, codec
-        from musicrel.generation.threads import CpuSampler
-
-        self.cpu = CpuSampler()
-        card = folder / "MODEL_CARD.md"
-        self.info = {
-            "checkpoint": str(folder),
-            "sha256": weights_sha256(folder),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "vocab_size": codec.vocab_size,
-            "model": model.cfg.to_dict(),
-            "card": card.read_text(errors="replace") if card.is_file() else None,
-            "max_melody_seconds": self.settings.max_melody_seconds,
-        }
-        self.unavailable = ""
-        if self.settings.warmup:
-            self._warm_up()
-        log.info("accompaniment: loaded %s (%d parameters)", folder, self.info["parameters"])
-
-    def _warm_up(self) -> None:
-        """Every path of a generation once (a four-note melody), so that the first request does not pay it."""
-        import pretty_midi
-
-        from musicrel.generation.accompaniment import AccompanimentParams as Library
-        from musicrel.generation.accompaniment import accompany_midi
-
-        pm = pretty_midi.PrettyMIDI(initial_tempo=120)
-        tune = pretty_midi.Instrument(0)
-        tune.notes = [pretty_midi.Note(90, 60 + 2 * i, 0.25 * i, 0.25 * i + 0.2) for i in range(4)]
-        pm.instruments.append(tune)
-        start = time.perf_counter()
-        accompany_midi(self.model, self.codec, pm, params=Library(seed=0))
-        log.info("accompaniment: warm-up took %.0f ms", 1000 * (time.perf_counter() - start))
-
-    def stop(self) -> None:
-        """At shutdown: let a generation still running (one abandoned by its request included) end first,
-        up to the drain timeout, rather than tear torch down under it."""
-        if self.lock.acquire(timeout=self.settings.drain_timeout_s):
-            self.lock.release()
-
-    @property
-    def available(self) -> bool:
-        return self.model is not None
-
-    def summary(self) -> dict[str, Any] | None:
-        """What /v1/model says of the accompaniment model: null when the route is unavailable."""
-        return self.info if self.available else None
-
-
-def get_accompanist(request: Request) -> Accompanist:
-    return request.app.state.accompanist
-
-
-AccompanistDep = Annotated[Accompanist, Depends(get_accompanist)]
 
 
 # ---------------------------------------------------------------- the request
 async def get_params(
     form: Annotated[AccompanimentParams, Form()],
     settings: SettingsDep,
-    accompanist: AccompanistDep,
+    service: ServiceDep,
     request: Request,
 ) -> AccompanimentParams:
     """The form, checked: unknown fields (422), the operator's limits, controls that cannot be honoured
     whatever the melody; and 503 when there is no model, before anything is parsed."""
-    if not accompanist.available:
-        raise ApiError(503, "no_accompaniment_model", accompanist.unavailable)
+    accompaniment = service.accompaniment
+    if accompaniment is None:
+        raise ApiError(503, "no_accompaniment_model", service.accompaniment_unavailable)
     await refuse_unknown_fields(request, AccompanimentParams)
     limit = min(settings.max_num_samples, settings.max_batch_rows)
     if form.num_samples > limit:
         raise ApiError(422, "invalid_request", limit_message("num_samples", limit), field="num_samples")
-    if form.top_k is not None and form.top_k > accompanist.codec.vocab_size:
-        message = limit_message("top_k", accompanist.codec.vocab_size)
+    vocab_size = accompaniment.codec.vocab_size
+    if form.top_k is not None and form.top_k > vocab_size:
+        message = limit_message("top_k", vocab_size)
         raise ApiError(422, "invalid_request", message, field="top_k")
     form.controls()
     return form
@@ -265,83 +73,13 @@ ParamsDep = Annotated[AccompanimentParams, Depends(get_params)]
 
 
 def parse_melody(codec: Any, data: bytes, track: int | None, max_seconds: float) -> tuple[Any, int, int]:
-    """(PrettyMIDI, melody track, melody notes) or InvalidMidiError; the library's own checks, run before
-    the generation lock is taken so that a bad file is refused at once, with the server's length limit."""
-    from musicrel.generation.accompaniment import melody_notes, melody_track
+    """(PrettyMIDI, melody track, melody notes) or InvalidMidiError; the library's own checks, run here before
+    the job is queued so that a bad file is refused at once, with the server's length limit."""
+    from musicrel.generation.melody import melody_notes, melody_track
 
     pm = codec.read(data)
     index = melody_track(pm, track)
     return pm, index, len(melody_notes(pm, index, max_seconds=max_seconds))
-
-
-def generate(
-    accompanist: Accompanist,
-    pm: Any,
-    track: int,
-    params: AccompanimentParams,
-    deadline: float,
-    gone: threading.Event,
-) -> tuple[Any, float, float]:
-    """On a worker thread: (AccompanimentResult, when it started, when it ended). A request whose deadline
-    passed or whose client left while it waited for the lock is not generated at all."""
-    import torch
-
-    from musicrel.generation.accompaniment import accompany_midi
-    from server.worker import generation_threads
-
-    with accompanist.lock:
-        if gone.is_set() or time.monotonic() > deadline:
-            raise ApiError(504, "timeout", "the accompaniment did not start within the request deadline")
-        threads = accompanist.settings.torch_threads
-        if threads == "auto":
-            threads = generation_threads(params.num_samples, accompanist.cpu).threads
-        if threads is not None:
-            torch.set_num_threads(int(threads))  # OpenMP's count is per calling thread: set in this one
-        started = time.monotonic()
-        result = accompany_midi(
-            accompanist.model, accompanist.codec, pm, track=track, params=params.library_params()
-        )
-        return result, started, time.monotonic()
-
-
-async def wait(
-    worker: Callable[[], Any], deadline: float, is_disconnected: Callable[[], Awaitable[bool]], poll_s: float
-) -> Any:
-    """Run `worker` on a thread and wait for it while watching the deadline and the client. A deadline or a
-    client gone abandons the thread (it cannot be stopped mid-way; it finishes and its result is dropped)."""
-    done = anyio.Event()
-    box: dict[str, Any] = {}
-
-    async def run() -> None:
-        try:
-            box["result"] = await anyio.to_thread.run_sync(worker, abandon_on_cancel=True)
-        except Exception as exc:  # handed to the waiting request below
-            box["error"] = exc
-        finally:
-            done.set()
-
-    stopped = ""  # set, the body leaves the task group quietly (an exception there would come out grouped)
-    async with anyio.create_task_group() as group:
-        group.start_soon(run)
-        while not done.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                stopped = "deadline"
-            else:
-                with anyio.move_on_after(min(poll_s, remaining)):
-                    await done.wait()
-                if not done.is_set() and await is_disconnected():
-                    stopped = "disconnected"
-            if stopped:
-                group.cancel_scope.cancel()
-                break
-    if stopped == "deadline":
-        raise ApiError(504, "timeout", "the accompaniment did not finish within the request deadline")
-    if stopped:
-        return None
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
 
 
 def _ms(seconds: float) -> float:
@@ -354,65 +92,40 @@ def _midi_bytes(pm: Any) -> bytes:
     return buffer.getvalue()
 
 
-async def create_accompaniment(
+async def accompany_upload(
     service: Service,
-    accompanist: Accompanist,
     file: UploadFile,
     params: AccompanimentParams,
+    ticket: Ticket | None,
     is_disconnected: Callable[[], Awaitable[bool]],
 ) -> AccompanimentResponse | None:
+    """The whole request after admission: parse, queue, wait, render; None when the client left."""
     settings = service.settings
     start = time.monotonic()
     deadline = start + settings.request_timeout_s
-    data = await file.read()
-    if not data:
-        raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
-    try:
-        with anyio.fail_after(settings.request_timeout_s):
-            pm, track, notes = await anyio.to_thread.run_sync(
-                parse_melody,
-                accompanist.codec,
-                data,
-                params.track,
-                settings.max_melody_seconds,
-                limiter=service.parse_limiter,
-                abandon_on_cancel=True,
-            )
-    except TimeoutError as exc:
-        raise ApiError(504, "timeout", "parsing the upload did not finish by the request deadline") from exc
-    except InvalidMidiError as exc:
-        # The library's code and status; the track's errors name the field the page shows them beside.
-        raise ApiError(422, exc.code, str(exc), field="track" if exc.code in TRACK_CODES else None) from exc
+    pm, track, notes = await parse_upload(service, file, params)
     parsed = time.monotonic()
     service.metrics.parse_seconds.observe(parsed - start)
 
-    gone = threading.Event()
-    try:
-        outcome = await wait(
-            lambda: generate(accompanist, pm, track, params, deadline, gone),
-            deadline,
-            is_disconnected,
-            settings.disconnect_poll_s,
-        )
-    except BaseException:
-        gone.set()
-        raise
-    if outcome is None:
-        gone.set()
-        log.info("accompaniment: client disconnected")
+    assert service.worker is not None
+    worker, request = service.worker, Accompany(pm, track, params.library_params())
+    job = queue_job(service, lambda: worker.submit_accompaniment(request, deadline), ticket)
+    result = await wait_for_result(job, is_disconnected, settings.disconnect_poll_s, what="accompaniment")
+    if result is None:
+        log.info("accompaniment: client disconnected; generation stopped")
         return None
-    result, started, ended = outcome
     rendered = await anyio.to_thread.run_sync(
         lambda: [_midi_bytes(m) for m in result.midis], limiter=service.render_limiter
     )
     done = time.monotonic()
-    generation_s = ended - started
+    started = job.started_at or parsed
     log.info(
-        "accompaniment: seed=%d melody=%d notes, %.1f s, gen=%.0f ms",
+        "accompaniment: seed=%d melody=%d notes, %.1f s, queue=%.0f ms gen=%.0f ms",
         result.seed,
         notes,
         result.seconds,
-        1000 * generation_s,
+        1000 * (started - parsed),
+        1000 * job.generation_s,
     )
     program = params.program if params.program is not None else 0
     return AccompanimentResponse(
@@ -421,7 +134,7 @@ async def create_accompaniment(
         melody_track=int(result.melody_track),
         melody_notes=notes,
         seconds=round(float(result.seconds), 4),
-        real_time_factor=round(float(result.seconds) / max(generation_s, 1e-9), 3),
+        real_time_factor=round(float(result.seconds) / max(job.generation_s, 1e-9), 3),
         samples=[
             AccompanimentSample(
                 index=i,
@@ -437,10 +150,37 @@ async def create_accompaniment(
         timings=AccompanimentTimings(
             parse_ms=_ms(parsed - start),
             queue_ms=_ms(started - parsed),
-            generation_ms=_ms(generation_s),
+            generation_ms=_ms(job.generation_s),
             total_ms=_ms(done - start),
         ),
     )
+
+
+async def parse_upload(
+    service: Service, file: UploadFile, params: AccompanimentParams
+) -> tuple[Any, int, int]:
+    """The melody of the upload, on a parse thread within the request deadline: (PrettyMIDI, melody track,
+    melody notes); 422 for an empty file or one that cannot be accompanied."""
+    settings = service.settings
+    data = await file.read()
+    if not data:
+        raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
+    try:
+        with anyio.fail_after(settings.request_timeout_s):
+            return await anyio.to_thread.run_sync(
+                parse_melody,
+                service.accompaniment.codec,
+                data,
+                params.track,
+                settings.max_melody_seconds,
+                limiter=service.parse_limiter,
+                abandon_on_cancel=True,
+            )
+    except TimeoutError as exc:
+        raise ApiError(504, "timeout", "parsing the upload did not finish by the request deadline") from exc
+    except InvalidMidiError as exc:
+        # The library's code and status; the track's errors name the field the page shows them beside.
+        raise ApiError(422, exc.code, str(exc), field="track" if exc.code in TRACK_CODES else None) from exc
 
 
 def as_midi(answer: AccompanimentResponse) -> Response:
@@ -506,7 +246,6 @@ def _responses() -> dict[int | str, dict[str, Any]]:
 async def create(
     request: Request,
     service: ServiceDep,
-    accompanist: AccompanistDep,
     params: ParamsDep,
     wants_json: WantsJsonDep,
     file: Annotated[
@@ -518,10 +257,11 @@ async def create(
     ],
 ) -> Any:
     """The melody's track is kept as it is; the accompaniment (a piano unless `program` says otherwise)
-    starts with the file and ends a second after the melody's last note. Generated one request at a time on
-    a worker of its own; admitted, bounded by MUSICREL_REQUEST_TIMEOUT_S (504) and drained as a
+    starts with the file and ends a second after the melody's last note. Generated by the engine beside the
+    continuations; admitted, queued (429), bounded by MUSICREL_REQUEST_TIMEOUT_S (504) and drained as a
     continuation is."""
-    answer = await create_accompaniment(service, accompanist, file, params, request.is_disconnected)
+    ticket = request.scope.get(ADMISSION_TICKET)
+    answer = await accompany_upload(service, file, params, ticket, request.is_disconnected)
     if answer is None:
         return Response(status_code=CLIENT_CLOSED)
     return answer if wants_json else as_midi(answer)

@@ -55,20 +55,17 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
     settings = settings or Settings()
     metrics = Metrics()
     service = Service(settings, metrics, decoder=decoder)
-    accompanist = accompaniments.Accompanist(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         _share_uvicorn_logging()
         await anyio.to_thread.run_sync(service.load)
-        await anyio.to_thread.run_sync(accompanist.load)
         service.start()
         service.install_sigterm_handler()
         try:
             yield
         finally:
             await anyio.to_thread.run_sync(service.stop)
-            await anyio.to_thread.run_sync(accompanist.stop)
             worker_exited()
 
     # /docs and /redoc with their scripts, styles and icon served from here (fastapi-offline ships them): the
@@ -81,7 +78,6 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
         static_url="/docs-assets",
     )
     app.state.service = service
-    app.state.accompanist = accompanist
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(accompaniments.router)

@@ -4,7 +4,6 @@ deadline, and shape the answer as MIDI or JSON."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import io
@@ -13,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import anyio
 from fastapi import UploadFile
@@ -20,12 +20,11 @@ from fastapi.responses import Response
 
 from musicrel.evaluation.novelty import longest_copy
 from musicrel.generation.controls import gm_program_name
-from musicrel.generation.decode_batch import ContinuationResult
-from musicrel.generation.primer import Primer, default_max_primer_tokens, prepare_primer, render_result
+from musicrel.generation.primer import Primer, prepare_primer, render_result
 from musicrel.generation.sampling import SamplingParams
 from server.admission import Ticket
 from server.errors import ApiError
-from server.jobs import Job, QueueFullError, WorkerStoppedError
+from server.jobs import Job
 from server.schemas import (
     BatchInfo,
     ContinuationParams,
@@ -38,6 +37,10 @@ from server.schemas import (
     Timings,
 )
 from server.service import Service
+from server.submit import queue_job, wait_for_result
+
+if TYPE_CHECKING:
+    from musicrel.generation.sampling import ContinuationResult
 
 log = logging.getLogger("musicrel.server")
 
@@ -68,7 +71,7 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
     data = await file.read()
     if not data:  # the OpenAPI schema says minLength 1: the same verdict as any other field out of bounds
         raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
-    assert service.codec is not None and service.model is not None  # admitted only once loaded
+    assert service.codec is not None and service.view is not None  # admitted only once loaded
     # The same motif again (a re-roll with another seed) is not parsed again: a dense file's parse and
     # primer window take 100-600 ms on 2 busy cores, most of the wait for a streamed first note.
     key = primer_key(data, params)
@@ -81,7 +84,7 @@ async def parse_upload(service: Service, file: UploadFile, params: ContinuationP
         data,
         primer_seconds=params.primer_seconds,
         tracks=params.track_selection(),
-        max_tokens=default_max_primer_tokens(service.model),
+        max_tokens=service.view.max_primer_tokens,
         motif_end=params.motif_end,
     )
     # Abandoned on cancel (the request's deadline): a parse that hangs then costs its own request and a
@@ -161,49 +164,12 @@ def submit(
     ticket: Ticket | None,
     on_progress: Callable[[list[list[int]]], None] | None = None,
 ) -> Job:
-    """Queue the job; its admission ticket is handed over to the queue (the job now counts there). Refused,
-    the ticket stays with the request, whose end releases it. `on_progress`: see GenerationWorker.submit."""
+    """Queue the continuation (server/submit.py). `on_progress`: see GenerationWorker.submit."""
     assert service.worker is not None
-    try:
-        job = service.worker.submit(primer, sampling, deadline, on_progress=on_progress)
-    except QueueFullError as exc:  # only if admission was bypassed (the ticket reserves a place)
-        service.metrics.rejected.labels("queue_full").inc()
-        retry = service.admission.retry_after_s(service.worker.queue_depth)
-        raise ApiError(
-            429, "queue_full", f"server busy: {exc}; retry later", headers={"Retry-After": str(retry)}
-        ) from exc
-    except WorkerStoppedError as exc:
-        retry = {"Retry-After": str(service.settings.retry_after_s)}
-        raise ApiError(503, "draining", str(exc), headers=retry) from exc
-    if ticket is not None:
-        ticket.handed_over()
-    return job
-
-
-async def wait_for_result(
-    job: Job, is_disconnected: Callable[[], Awaitable[bool]], poll_s: float
-) -> ContinuationResult | None:
-    """Await the job's result while watching the deadline and the client; None if the client left."""
-    assert job.future is not None
-    try:
-        while not job.future.done():
-            remaining = job.deadline - time.monotonic()
-            if remaining <= 0:
-                job.cancel("deadline")
-                break
-            await asyncio.wait({job.future}, timeout=min(poll_s, remaining))
-            if not job.future.done() and await is_disconnected():
-                job.cancel("disconnected")
-                return None
-    except asyncio.CancelledError:  # the server is cancelling this request (forced shutdown)
-        job.cancel("cancelled")
-        raise
-    if job.stop_reason == "deadline":
-        raise ApiError(504, "timeout", "the continuation did not finish within the request deadline")
-    try:
-        return job.future.result()
-    except WorkerStoppedError as exc:
-        raise ApiError(503, "draining", str(exc)) from exc
+    worker = service.worker
+    return queue_job(
+        service, lambda: worker.submit(primer, sampling, deadline, on_progress=on_progress), ticket
+    )
 
 
 def write_samples(
@@ -224,15 +190,13 @@ def write_samples(
             new_tokens=len(tokens),
             notes=sum(len(inst.notes) for inst in midi.instruments),
             duration_s=round(float(midi.get_end_time()), 4),
-            novelty=None
-            if novelty is None
-            else Copy(**longest_copy(novelty, codec, tokens)),
+            novelty=None if novelty is None else Copy(**longest_copy(novelty, codec, tokens)),
         )
         out.append((data, sample))
     return out
 
 
-async def create_continuation(
+async def continue_upload(
     service: Service,
     file: UploadFile,
     params: ContinuationParams,

@@ -4,7 +4,9 @@ In one process, every request's Python work (multipart parsing, reading and writ
 the decoding loop for the GIL: torch releases the GIL inside each op and the loop has to win it back about a
 hundred times per step. On a 2-core machine a thread busy 5 % of the time made decoding steps 10-25 % slower.
 So the server process only parses and answers, and a child process (spawned: no fork of a process holding
-threads and an OpenMP pool) owns the model and runs the same `GenerationThread` on its own GIL. It is a plain
+threads and an OpenMP pool) owns the models (server/model.py: the continuation model, and the accompaniment
+model when the server has one) and runs the same `GenerationThread` on its own GIL: continuations and
+accompaniments are jobs through it alike. It is a plain
 `python -m server.engine FD` with one end of a socket pair, so it never re-imports the server's main module.
 
 They talk over one pipe in typed messages (server/messages.py); the engine's metric updates are applied to
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from server.jobs import (
+    Accompany,
     Failed,
     Finished,
     Job,
@@ -55,6 +58,7 @@ from server.messages import (
     SubmitJob,
 )
 from server.metrics import Metrics
+from server.model import LoadedModel, load_accompanist
 from server.settings import Settings
 from server.worker import GenerationThread, warm_up
 
@@ -93,6 +97,7 @@ class EngineProcess:
         self.max_queue = settings.max_queue
         self.ready = threading.Event()
         self.failed: str | None = None
+        self.cards: Ready | None = None  # the models' descriptions, from the engine once it is ready
         self._jobs: dict[int, RemoteJob] = {}  # submitted and not answered yet
         self._queued = 0  # of those, not started yet
         self._ids = itertools.count()
@@ -140,26 +145,48 @@ class EngineProcess:
         on_progress: Callable[[list[list[int]]], None] | None = None,
     ) -> Job:
         future, report = to_loop(asyncio.get_running_loop(), on_progress)
-        with self._lock:
-            if self._stopping or self.failed or not self.ready.is_set():
-                raise WorkerStoppedError(self.failed or "the generation engine is not running")
-            if self._queued >= self.max_queue:
-                raise QueueFullError(f"{self._queued} requests are already waiting")
-            job = RemoteJob(
+        return self._queue(
+            lambda id: RemoteJob(
                 primer,
                 params,
                 rows=params.num_samples,
                 deadline=deadline,
                 report=report,
                 future=future,
-                id=next(self._ids),
+                id=id,
                 stream=on_progress is not None,
                 engine=self,
             )
+        )
+
+    def submit_accompaniment(self, request: Accompany, deadline: float) -> Job:
+        future, report = to_loop(asyncio.get_running_loop())
+        rows = request.params.num_samples
+        return self._queue(
+            lambda id: RemoteJob(
+                None,
+                None,
+                rows,
+                deadline,
+                report=report,
+                future=future,
+                id=id,
+                accompany=request,
+                engine=self,
+            )
+        )
+
+    def _queue(self, make: Callable[[int], RemoteJob]) -> Job:
+        with self._lock:
+            if self._stopping or self.failed or not self.ready.is_set():
+                raise WorkerStoppedError(self.failed or "the generation engine is not running")
+            if self._queued >= self.max_queue:
+                raise QueueFullError(f"{self._queued} requests are already waiting")
+            job = make(next(self._ids))
             self._jobs[job.id] = job
             self._queued += 1
             self.metrics.queue_depth.set(self._queued)
-            self._send_locked(SubmitJob(job.id, primer, params, deadline, job.stream))
+            self._send_locked(SubmitJob.of(job))
         return job
 
     @property
@@ -229,12 +256,12 @@ class EngineProcess:
                         if name != "stop_reason" or value is not None:
                             setattr(job, name, value)
                     job.report(job, event)
-                case Ready():
+                case Ready() as ready:
+                    self.cards = ready
                     self._deaths = 0
                     with self._lock:  # before ready is set, so they keep their place ahead of new submissions
                         for job in self._resend:
-                            again = SubmitJob(job.id, job.primer, job.params, job.deadline, job.stream)
-                            self._send_locked(again)
+                            self._send_locked(SubmitJob.of(job))
                         self._resend = []
                     self.ready.set()
                 case EngineFailed(why):
@@ -328,13 +355,8 @@ def engine_main(conn: Any, settings: Settings) -> None:
             conn.send(message)
 
     try:
-        import torch
-
-        from musicrel.model.checkpoint import load_codec, load_model
-
-        torch.set_num_threads(1)  # see Service.load: only the worker thread runs an OpenMP team
-        model = load_model(settings.checkpoint, device=settings.device)
-        codec = load_codec(settings.checkpoint)
+        loaded = LoadedModel.load(settings.checkpoint, device=settings.device)
+        accompanist = load_accompanist(settings.accompany_checkpoint)  # on the CPU, as in one process
     except Exception as exc:
         log.exception("loading the checkpoint failed")
         send(EngineFailed(f"loading the checkpoint failed: {exc}"))
@@ -351,9 +373,11 @@ def engine_main(conn: Any, settings: Settings) -> None:
             event = Failed(_picklable(event.error))
         send(JobUpdate(job.id, event, fields))
 
+    codec = loaded.codec
     worker = GenerationThread(
-        model,
+        loaded.model,
         codec,
+        accompanist=accompanist,
         metrics=_RemoteMetrics(send),
         max_queue=1 << 30,  # bounded by the server
         max_batch_rows=settings.max_batch_rows,
@@ -367,7 +391,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
         if worker.failed:
             send(EngineFailed(worker.failed))
             return
-    send(Ready())
+    send(Ready(loaded.card, accompanist.card if accompanist is not None else None))
     while True:
         try:
             message = conn.recv()
@@ -375,9 +399,18 @@ def engine_main(conn: Any, settings: Settings) -> None:
             worker.stop(timeout=0)
             return
         match message:
-            case SubmitJob(job_id, primer, params, deadline, stream):
-                rows = params.num_samples
-                job = Job(primer, params, rows, deadline, report=report, id=job_id, stream=stream)
+            case SubmitJob(job_id, primer, params, deadline, stream, accompany):
+                rows = accompany.params.num_samples if accompany is not None else params.num_samples
+                job = Job(
+                    primer,
+                    params,
+                    rows,
+                    deadline,
+                    report=report,
+                    id=job_id,
+                    stream=stream,
+                    accompany=accompany,
+                )
                 jobs[job_id] = job
                 try:
                     worker.enqueue(job)

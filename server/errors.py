@@ -35,6 +35,7 @@ HTTP_CODES = {
     503: "unavailable",
     504: "timeout",
 }
+CLIENT_CLOSED = 499  # nginx's code for "the client went away"; nobody receives it, the metrics count it
 
 
 class ApiError(Exception):

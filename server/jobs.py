@@ -1,7 +1,8 @@
-"""A generation job as the worker sees it (`Job`), the events it reports (`Started`, `Progress`, `Finished`,
-`Failed`) and `to_loop`, which turns them into a request's future on its event loop. The worker
-(server/worker.py), the engine process (server/engine.py) and the request's path (continuations.py,
-streams.py) all speak these."""
+"""A generation job as the worker sees it (`Job`: a continuation of a primer, or an accompaniment of a
+melody, `Accompany`), the events it reports (`Started`, `Progress`, `Finished`, `Failed`) and `to_loop`,
+which turns them into a request's future on its event loop. The worker (server/worker.py), the engine
+process (server/engine.py) and the request's path (continuations.py, streams.py, accompaniments.py) all
+speak these."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from musicrel.generation.decode_batch import ContinuationResult
+    from musicrel.generation.melody import AccompanimentParams, AccompanimentResult
     from musicrel.generation.primer import Primer
-    from musicrel.generation.sampling import SamplingParams
+    from musicrel.generation.sampling import ContinuationResult, SamplingParams
 
 
 class QueueFullError(Exception):
@@ -38,7 +39,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class Finished:
-    result: ContinuationResult
+    result: ContinuationResult | AccompanimentResult
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,21 @@ class Failed:
 JobEvent = Started | Progress | Finished | Failed
 
 
+@dataclass(frozen=True)
+class Accompany:
+    """What an accompaniment job is: the parsed file, its melody track (both checked by the HTTP process)
+    and the library's parameters. It cannot join the continuation batch (the melody's grammar places tokens
+    at their steps); the worker runs it beside the batch, one token at a time."""
+
+    midi: Any  # pretty_midi.PrettyMIDI
+    track: int
+    params: AccompanimentParams
+
+
 @dataclass(eq=False)
 class Job:
-    primer: Primer
-    params: SamplingParams
+    primer: Primer | None  # a continuation's (None for an accompaniment)
+    params: SamplingParams | None  # a continuation's (None for an accompaniment)
     rows: int
     deadline: float  # time.monotonic() after which the job is abandoned
     report: Callable[[Job, JobEvent], None]  # where its events go: `to_loop`, or the engine's pipe
@@ -67,6 +79,7 @@ class Job:
     batch_rows: int = 0  # the most rows (samples) decoded together while this one ran
     generation_s: float = 0.0
     stop_reason: str | None = None
+    accompany: Accompany | None = None  # set: an accompaniment job
 
     def cancel(self, reason: str) -> None:
         """Called from the event loop (client gone, deadline): the worker stops the job at its next step."""
@@ -93,7 +106,11 @@ class Job:
             self.reported = [len(tokens) for tokens in generated]
             self.report(self, Progress(new))
 
-    def _deliver(self, result: ContinuationResult | None = None, error: BaseException | None = None) -> None:
+    def _deliver(
+        self,
+        result: ContinuationResult | AccompanimentResult | None = None,
+        error: BaseException | None = None,
+    ) -> None:
         self.report(self, Finished(result) if error is None else Failed(error))
 
 

@@ -10,20 +10,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from server.jobs import JobEvent
+from server.jobs import Accompany, Job, JobEvent
 
 if TYPE_CHECKING:
     from musicrel.generation.primer import Primer
     from musicrel.generation.sampling import SamplingParams
+    from server.model import ModelCard
 
 
 @dataclass(frozen=True)
 class SubmitJob:
     id: int
-    primer: Primer
-    params: SamplingParams
+    primer: Primer | None
+    params: SamplingParams | None
     deadline: float
     stream: bool
+    accompany: Accompany | None = None  # an accompaniment job (primer and params None)
+
+    @classmethod
+    def of(cls, job: Job) -> SubmitJob:
+        return cls(job.id, job.primer, job.params, job.deadline, job.stream, job.accompany)
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,8 @@ class Stop:
 
 @dataclass(frozen=True)
 class Ready:
-    pass
+    card: ModelCard  # the continuation model's, as loaded by the engine (server/model.py)
+    accompaniment: ModelCard | None = None  # the accompaniment model's; None when the server has none
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server import continuations, streams
 from server.deps import MotifParamsDep, ParamsDep, ServiceDep, SettingsDep, WantsJsonDep
-from server.errors import ApiError, error_response
+from server.errors import CLIENT_CLOSED, ApiError, error_response
 from server.metrics import exposition_registry
 from server.middleware import ADMISSION_TICKET
 from server.schemas import (
@@ -71,7 +71,6 @@ JSON_ERRORS: dict[int | str, dict[str, Any]] = {
     }
     for status, spec in ERRORS.items()
 }
-CLIENT_CLOSED = 499  # nginx's code for "the client went away"; nobody receives it, the metrics count it
 
 
 @router.post(
@@ -93,7 +92,7 @@ async def create_continuation(
     wants_json: WantsJsonDep,
     file: Annotated[UploadFile, File(description=FILE_DESCRIPTION, json_schema_extra=FILE_SCHEMA)],
 ) -> Any:
-    continuation = await continuations.create_continuation(
+    continuation = await continuations.continue_upload(
         service, file, params, request.scope.get(ADMISSION_TICKET), request.is_disconnected
     )
     if continuation is None:
@@ -168,9 +167,7 @@ async def model_info(request: Request, service: ServiceDep, settings: SettingsDe
         "request_timeout_s": settings.request_timeout_s,
         "defaults": ContinuationParams().model_dump(),
     }
-    accompanist = getattr(request.app.state, "accompanist", None)  # server/accompaniments.py
-    accompaniment = accompanist.summary() if accompanist is not None else None
-    return {**service.info, "limits": limits, "accompaniment": accompaniment}
+    return {**service.info, "limits": limits, "accompaniment": service.accompaniment_info()}
 
 
 @router.get("/v1/examples", response_model=list[Example], summary="Bundled example motifs for the web page")

@@ -9,15 +9,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from musicrel.generation.controls import MAX_DENSITY, Controls, gm_program_names
+from musicrel.generation.melody import AccompanimentParams as LibraryAccompanimentParams
 from musicrel.generation.primer import PRIMER_SECONDS
-from musicrel.generation.sampling import SamplingParams
+from musicrel.generation.sampling import MAX_SEED, SamplingParams
 from musicrel.midi.codec import CodecConfig
 
 # The defaults are the library's (SamplingParams, PRIMER_SECONDS, Controls); the bounds are the server's own.
 _D = SamplingParams
 _C = Controls
 
-MAX_SEED = 2**32 - 1
 PROGRAMS_BY_NAME = {name.lower(): program for program, name in enumerate(gm_program_names())}
 MAX_TRACKS = 64
 
@@ -29,12 +29,55 @@ _TEMPERATURE = (
 )
 
 
-class ContinuationParams(BaseModel):
-    """The form fields that go with the uploaded `file`."""
+class MusicForm(BaseModel):
+    """What every generation form shares: how its fields read what an HTML form sends (an empty string for a
+    field left blank, an instrument's name for `program`) and its control fields as the library's Controls.
+    Each form declares its own fields, in its own order; these validators apply to those it has."""
 
     # NaN compares false with every bound, so pydantic reported "seconds=nan" as out of bounds ("should be
     # less than or equal to 600"); refused as "should be a finite number", it says what is wrong.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @field_validator(
+        "top_k", "seed", "program", "key", "chords", "density", "low_note", "high_note", "max_polyphony",
+        "motif_end", "track", mode="before", check_fields=False,
+    )  # fmt: skip
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        # HTML forms send an empty string for a field left blank.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("program", mode="before", check_fields=False)
+    @classmethod
+    def _program_name(cls, value: Any) -> Any:
+        # The command line takes names; so does the form. Exact names only (any case, blanks around): the
+        # OpenAPI document spells the rule out as a pattern (server/openapi.py), which a looser match
+        # (pretty_midi ignores every non-alphanumeric) could not be.
+        if isinstance(value, str) and value.strip() and not value.strip().lstrip("+-").isdigit():
+            program = PROGRAMS_BY_NAME.get(value.strip().lower())
+            if program is None:
+                raise ValueError(f"{value.strip()!r} is not a General MIDI instrument name or number 0-127")
+            return program
+        return value
+
+    @field_validator("key_strength", "chord_strength", mode="before", check_fields=False)
+    @classmethod
+    def _empty_is_default(cls, value: Any, info) -> Any:
+        return (
+            cls.model_fields[info.field_name].default
+            if isinstance(value, str) and not value.strip()
+            else value
+        )
+
+    def controls(self) -> Controls | None:
+        """The form's control fields as the library's Controls (ControlError when they cannot be honoured);
+        None when none is set."""
+        controls = Controls(**self.model_dump(include={f.name for f in dataclasses.fields(Controls)}))
+        return None if controls.is_empty else controls
+
+
+class ContinuationParams(MusicForm):
+    """The form fields that go with the uploaded `file`."""
 
     seconds: float = Field(_D.seconds, gt=0, le=600, description="length of the continuation, in seconds")
     temperature: float = Field(_D.temperature, gt=0, le=10, description=_TEMPERATURE)
@@ -98,28 +141,6 @@ class ContinuationParams(BaseModel):
         _C.max_polyphony, ge=1, le=128, description="most notes sounding at once"
     )
 
-    @field_validator(
-        "top_k", "seed", "program", "key", "chords", "density", "low_note", "high_note", "max_polyphony",
-        "motif_end", mode="before",
-    )  # fmt: skip
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        # HTML forms send an empty string for a field left blank.
-        return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("program", mode="before")
-    @classmethod
-    def _program_name(cls, value: Any) -> Any:
-        # The command line takes names; so does the form. Exact names only (any case, blanks around): the
-        # OpenAPI document spells the rule out as a pattern (server/openapi.py), which a looser match
-        # (pretty_midi ignores every non-alphanumeric) could not be.
-        if isinstance(value, str) and value.strip() and not value.strip().lstrip("+-").isdigit():
-            program = PROGRAMS_BY_NAME.get(value.strip().lower())
-            if program is None:
-                raise ValueError(f"{value.strip()!r} is not a General MIDI instrument name or number 0-127")
-            return program
-        return value
-
     @field_validator("tracks")
     @classmethod
     def _tracks(cls, value: str) -> str:
@@ -134,21 +155,6 @@ class ContinuationParams(BaseModel):
             raise ValueError(f"at most {MAX_TRACKS} instrument indices, each below 1024")
         return ",".join(map(str, indices))
 
-    @field_validator("key_strength", "chord_strength", mode="before")
-    @classmethod
-    def _empty_is_default(cls, value: Any, info) -> Any:
-        return (
-            cls.model_fields[info.field_name].default
-            if isinstance(value, str) and not value.strip()
-            else value
-        )
-
-    def controls(self) -> Controls | None:
-        """The form's control fields as the library's Controls (ControlError when they cannot be honoured);
-        None when none is set."""
-        controls = Controls(**self.model_dump(include={f.name for f in dataclasses.fields(Controls)}))
-        return None if controls.is_empty else controls
-
     def sampling_params(self) -> SamplingParams:
         """The form's sampling fields and controls, whole, as the library takes them."""
         fields = {f.name for f in dataclasses.fields(SamplingParams)} - {"controls"}
@@ -158,6 +164,94 @@ class ContinuationParams(BaseModel):
         return "merge" if self.tracks == "merge" else [int(p) for p in self.tracks.split(",")]
 
 
+# ---------------------------------------------------------------- POST /v1/accompaniments
+_CP = ContinuationParams.model_fields  # an accompaniment's sampling and control fields are a continuation's
+
+
+class AccompanimentParams(MusicForm):
+    """The form fields that go with the uploaded melody `file`. Sampling and controls as a continuation's
+    (same bounds, same meaning); the controls steer the accompaniment only, never the melody."""
+
+    track: int | None = Field(
+        None,
+        ge=0,
+        le=1023,
+        description="instrument index of the melody in the file (as pretty_midi counts them: tracks with "
+        "notes, in file order); empty: the file's only track with notes",
+    )
+    temperature: float = _CP["temperature"]
+    top_k: int | None = _CP["top_k"]
+    top_p: float = _CP["top_p"]
+    seed: int | None = _CP["seed"]
+    num_samples: int = Field(
+        _CP["num_samples"].default, ge=1, le=64, description="independent accompaniments of the same melody"
+    )
+    program: int | None = Field(
+        None,
+        ge=0,
+        le=127,
+        description='General MIDI program of the accompaniment, by number or by name ("Violin", any case); '
+        "empty: Acoustic Grand Piano (0)",
+    )
+    key: str | None = Field(
+        None,
+        max_length=40,
+        description='keep the accompaniment in a key: "C:major", "A:minor", "Bb:dorian", "auto" (the '
+        "melody's key)",
+    )
+    key_strength: str = _CP["key_strength"]
+    chords: str | None = Field(
+        None,
+        max_length=1000,
+        description="the accompaniment's chords, repeated from the file's start: \"C:2 G:2 Am:2 F:2\" "
+        '(seconds) or "C:4b G:4b" (beats)',
+    )
+    chord_strength: str = _CP["chord_strength"]
+    density: float | None = _CP["density"]
+    low_note: int | None = _CP["low_note"]
+    high_note: int | None = _CP["high_note"]
+    max_polyphony: int | None = _CP["max_polyphony"]
+
+    def library_params(self) -> LibraryAccompanimentParams:
+        """The form's sampling fields and controls, whole, as the library takes them."""
+        fields = {f.name for f in dataclasses.fields(LibraryAccompanimentParams)} - {"controls"}
+        return LibraryAccompanimentParams(**self.model_dump(include=fields), controls=self.controls())
+
+
+class AccompanimentSample(BaseModel):
+    index: int
+    midi_base64: str = Field(
+        description="a complete Standard MIDI File, base64-encoded: the melody track unchanged, then the "
+        "accompaniment's track (named `accompaniment`)"
+    )
+    notes: int = Field(description="notes of the accompaniment")
+    duration_s: float = Field(description="end of the file's last note, in seconds")
+
+
+class AccompanimentTimings(BaseModel):
+    parse_ms: float
+    queue_ms: float = Field(description="waiting in the engine's queue")
+    generation_ms: float
+    total_ms: float
+
+
+class AccompanimentResponse(BaseModel):
+    seed: int
+    settings: AccompanimentParams = Field(description="the settings used, seed and melody track filled in")
+    melody_track: int = Field(description="the instrument index the melody was read from")
+    melody_notes: int
+    seconds: float = Field(description="length of the accompaniment, in seconds (the melody's and a tail)")
+    real_time_factor: float = Field(description="seconds of music per second of generation")
+    samples: list[AccompanimentSample]
+    instrument: str = Field(description="General MIDI name of the accompaniment's program")
+    controls: dict[str, Any] | None = Field(
+        None, description="what the controls applied (the key `auto` found, ...); null when none was set"
+    )
+    warnings: list[str] = Field(default_factory=list)
+    timings: AccompanimentTimings
+
+
+# ---------------------------------------------------------------- answers
 class Copy(BaseModel):
     """The longest stretch of a sample that also occurs in the training data (musicrel.evaluation.novelty)."""
 

@@ -1,5 +1,6 @@
-"""What the app holds while it runs: the model and codec (loaded once), the generation worker, the parse
-limiter, and the readiness / draining state."""
+"""What the app holds while it runs: what it reads of each checkpoint (server/model.py: codec and primer
+window; the weights and the models' cards are the engine's), the generation worker, the parse limiter, and the
+readiness / draining state."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from server.admission import Admission, Ticket
 from server.engine import EngineProcess
 from server.errors import ApiError
 from server.metrics import Metrics
+from server.model import CheckpointView, LoadedModel, ModelCard, load_accompanist, view_accompanist
 from server.settings import Settings
 from server.worker import GenerationThread, GenerationWorker, warm_up
 
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
     from musicrel.evaluation.novelty import NoveltyIndex
     from musicrel.generation.primer import Primer
     from musicrel.midi.codec import EventCodec
-    from musicrel.model.transformer import MusicTransformer
 
 log = logging.getLogger("musicrel.server")
 
@@ -40,12 +41,16 @@ class Service:
         self.settings = settings
         self.metrics = metrics
         self.decoder = decoder
-        self.model: MusicTransformer | None = None
-        self.codec: EventCodec | None = None
+        self.view: CheckpointView | None = None  # the continuation model, as read from its config
+        self.codec: EventCodec | None = None  # its codec (the view's)
+        self.loaded: LoadedModel | None = None  # the weights, held here only with MUSICREL_ENGINE=thread
+        # The accompaniment model (MUSICREL_ACCOMPANY_CHECKPOINT), or why there is none.
+        self.accompaniment: CheckpointView | None = None
+        self.accompaniment_unavailable = "not loaded yet"
+        self.accompanist: LoadedModel | None = None  # its weights, with MUSICREL_ENGINE=thread only
         self.novelty: NoveltyIndex | None = None
         self.worker: GenerationWorker | None = None
         self.admission = Admission(settings, metrics)
-        self.info: dict[str, Any] = {}
         self.parse_limiter: anyio.CapacityLimiter | None = None
         # Recently parsed motifs by (sha256 of the upload, primer_seconds, tracks); used on the loop only.
         self.parsed_primers: LRU[Primer] = LRU(settings.primer_cache)
@@ -58,41 +63,56 @@ class Service:
     # ---- start-up --------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Load the checkpoint once (blocking: called in a thread during start-up). With the engine in its own
-        process this copy stays on the CPU: it serves the model info and the primer crop; the engine loads
-        its own on the configured device."""
-        import torch
-
+        """Read both checkpoints (blocking: called in a thread during start-up). With the engine in its own
+        process this process loads no weights: the views (codec, primer window) come from the configs, the
+        models' cards from the engine once it is ready. With MUSICREL_ENGINE=thread the models load here, for
+        the worker."""
         from musicrel.evaluation.novelty import INDEX_FILE, load_index
-        from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
 
-        # Loading needs no parallelism, and an OpenMP team in this thread would count against the CPUs: with
-        # more OpenMP threads than CPUs libgomp lets idle workers spin only 100 times before sleeping, which
-        # made the generation thread's steps 2x slower. (Its own count is set in that thread: worker.py.)
-        torch.set_num_threads(1)
         folder = Path(self.settings.checkpoint)
-        device = "cpu" if self.uses_engine_process else self.settings.device
-        self.model = load_model(folder, device=device)
-        self.codec = load_codec(folder)
+        self.view = CheckpointView.read(folder)
+        self.codec = self.view.codec
+        if not self.uses_engine_process:
+            self.loaded = LoadedModel.load(folder, device=self.settings.device)
         # What a sample copied from the training data is reported when the checkpoint ships the index.
         self.novelty = load_index(folder) if (folder / INDEX_FILE).is_file() else None
         self.admission.calibrate(self.codec)
-        config = self.model.cfg
-        card = folder / "MODEL_CARD.md"
-        self.info = {
-            "checkpoint": str(folder),
-            "sha256": weights_sha256(folder),
-            "parameters": sum(p.numel() for p in self.model.parameters()),
-            "vocab_size": self.codec.vocab_size,
-            "model": config.to_dict(),
-            "codec": self.codec.config.to_dict(),
-            "card": card.read_text(errors="replace") if card.is_file() else None,
-            "novelty_index": self.novelty
-            and {"pieces": len(self.novelty.names), "notes": self.novelty.notes},
-        }
-        log.info(
-            "loaded %s: %d parameters, sha256 %s", folder, self.info["parameters"], self.info["sha256"][:12]
-        )
+        self._load_accompaniment()
+
+    def _load_accompaniment(self) -> None:
+        """No folder is no error: the service runs without the route (503 no_accompaniment_model)."""
+        folder = self.settings.accompany_checkpoint
+        self.accompaniment, self.accompaniment_unavailable = view_accompanist(folder)
+        if self.accompaniment is None:
+            why = self.accompaniment_unavailable
+            (log.warning if "melody tokens" in why else log.info)("accompaniment: %s", why)
+        elif not self.uses_engine_process:
+            self.accompanist = load_accompanist(folder)
+
+    def cards(self) -> tuple[ModelCard | None, ModelCard | None]:
+        """The continuation and accompaniment models' cards: from the models loaded here, or from the engine
+        once it is ready (None before)."""
+        if self.loaded is not None:
+            return self.loaded.card, self.accompanist.card if self.accompanist is not None else None
+        ready = self.worker.cards if isinstance(self.worker, EngineProcess) else None
+        return (ready.card, ready.accompaniment) if ready is not None else (None, None)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What /v1/model says of the continuation model; empty until it is loaded."""
+        card, _ = self.cards()
+        if card is None:
+            return {}
+        novelty = self.novelty and {"pieces": len(self.novelty.names), "notes": self.novelty.notes}
+        return {**card.info, "novelty_index": novelty}
+
+    def accompaniment_info(self) -> dict[str, Any] | None:
+        """What /v1/model says of the accompaniment model: null when the route is unavailable."""
+        _, card = self.cards()
+        if self.accompaniment is None or card is None:
+            return None
+        info = {key: value for key, value in card.info.items() if key != "codec"}
+        return {**info, "max_melody_seconds": self.settings.max_melody_seconds}
 
     @property
     def uses_engine_process(self) -> bool:
@@ -109,9 +129,11 @@ class Service:
         if self.uses_engine_process:
             self.worker = EngineProcess(s, self.metrics, on_dequeue=self.admission.departed)
         else:
+            assert self.loaded is not None  # load() loads the model here for a worker in this process
             self.worker = GenerationThread(
-                self.model,
+                self.loaded.model,
                 self.codec,
+                accompanist=self.accompanist,
                 metrics=self.metrics,
                 max_queue=s.max_queue,
                 max_batch_rows=s.max_batch_rows,

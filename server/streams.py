@@ -25,17 +25,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import UploadFile
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from musicrel.generation.decode_batch import ContinuationResult
 from musicrel.generation.primer import Primer
+from musicrel.generation.sampling import draw_seed
 from musicrel.generation.streaming import NoteEvent, NoteStream
 from server.admission import Ticket
 from server.continuations import as_json, finish, parse_upload, primer_info, submit
@@ -44,11 +43,13 @@ from server.jobs import Job, WorkerStoppedError
 from server.schemas import ContinuationParams
 from server.service import Service
 
+if TYPE_CHECKING:
+    from musicrel.generation.sampling import ContinuationResult
+
 log = logging.getLogger("musicrel.server")
 
 MEDIA_TYPE = "application/x-ndjson"
 DEADLINE_MESSAGE = "the continuation did not finish within the request deadline"
-SEED_RANGE = 2**31  # the range DecodeBatch draws from, so a drawn seed looks the same on both endpoints
 
 
 def _line(event: dict[str, Any]) -> bytes:
@@ -181,7 +182,7 @@ async def start_stream(
     parsed = time.monotonic()
     service.metrics.parse_seconds.observe(parsed - start)
     if params.seed is None:
-        params = params.model_copy(update={"seed": secrets.randbelow(SEED_RANGE)})
+        params = params.model_copy(update={"seed": draw_seed()})
     stream = ContinuationStream(service, params, primer, start, parsed)
     stream.job = submit(service, primer, params.sampling_params(), deadline, ticket, stream.progress)
     headers = {

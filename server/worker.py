@@ -8,6 +8,14 @@ worker is idle, the first job waits up to `batch_window_s` for companions, so th
 (one prefill). Results go back to the loop with `call_soon_threadsafe`. A job whose client left or whose
 deadline passed is skipped if still queued, and stopped at its next step if already decoding.
 
+Accompaniments (`Job.accompany`) wait in the same queue but cannot join the batch: the melody's grammar places
+its tokens at their steps. The worker runs them beside it, one token at a time, in turn, and shares its time:
+after a batch step that took d seconds the accompaniments get ACCOMPANIMENT_SHARE x d seconds of steps (a
+credit), taken in turns of at least TURN_S: switching between the two models every token left each step
+running on caches the other model had just filled. The batch keeps the larger share, so that a continuation
+beside accompaniments takes less than twice its time alone; with no continuation running the accompaniments
+run back to back.
+
 A job's events (server/jobs.py: `Started`, `Progress`, `Finished`, `Failed`) leave the worker one way,
 through the job's `report`: `to_loop` settles the request's future on its event loop; in the engine process
 (server/engine.py, the default) they go down the pipe instead. With MUSICREL_ENGINE=thread the worker runs in
@@ -25,26 +33,37 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from musicrel.generation.threads import CpuSampler, ThreadChoice, choose_threads, cpu_budget
-from server.jobs import Job, QueueFullError, WorkerStoppedError, to_loop
+from musicrel.threads import CpuSampler, ThreadChoice, request_reserve, set_torch_threads
+from server.jobs import Accompany, Job, QueueFullError, WorkerStoppedError, to_loop
 from server.metrics import Metrics
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     from musicrel.generation.primer import Primer
     from musicrel.generation.sampling import SamplingParams
     from musicrel.midi.codec import EventCodec
     from musicrel.model.transformer import MusicTransformer
+    from server.model import LoadedModel
 
 log = logging.getLogger("musicrel.server")
 
 THREADS_RECHECK_S = 5.0  # how often "auto" threads look at the machine again while decoding
+# The most accompaniment time the batch's steps can bank: a long batch step does not buy a long run of
+# accompaniment steps that would hold the next batch step back.
+MAX_CREDIT_S = 0.25
+ACCOMPANIMENT_SHARE = 0.75  # accompaniment seconds per second of batch steps, while both have work
+TURN_S = 0.03  # the accompaniments' shortest turn beside the batch (a streamed note waits at most this)
 
 
-def generation_threads(rows: int, sampler: CpuSampler | None = None) -> ThreadChoice:
-    """The worker's torch threads under MUSICREL_TORCH_THREADS=auto: generation.threads' choice for `rows`
-    rows, keeping one CPU for request handling (multipart, MIDI parsing and writing, HTTP) when there are
-    two or more: on a 2-core machine one thread, the count measured fastest there (settings.py)."""
-    return choose_threads(rows, reserve=1.0 if cpu_budget() >= 2 else 0.0, sampler=sampler)
+def generation_threads(
+    threads: int | str | None, rows: int, sampler: CpuSampler | None = None
+) -> ThreadChoice | None:
+    """Set the calling thread's torch threads as MUSICREL_TORCH_THREADS says (None: leave torch alone): a
+    count, or under "auto" musicrel.threads' choice for `rows` rows keeping a CPU for request handling."""
+    if threads is None:
+        return None
+    return set_torch_threads(threads, rows, reserve=request_reserve(), sampler=sampler)
 
 
 def warmup_midi() -> bytes:
@@ -59,6 +78,22 @@ def warmup_midi() -> bytes:
     buffer = io.BytesIO()
     pm.write(buffer)
     return buffer.getvalue()
+
+
+def warm_up_accompaniment(accompanist: LoadedModel) -> None:
+    """A four-note melody accompanied once, so that the first request does not pay for the first run."""
+    import pretty_midi
+
+    from musicrel.generation.accompaniment import accompany_midi
+    from musicrel.generation.melody import AccompanimentParams
+
+    pm = pretty_midi.PrettyMIDI(initial_tempo=120)
+    tune = pretty_midi.Instrument(0)
+    tune.notes = [pretty_midi.Note(90, 60 + 2 * i, 0.25 * i, 0.25 * i + 0.2) for i in range(4)]
+    pm.instruments.append(tune)
+    start = time.perf_counter()
+    accompany_midi(accompanist.model, accompanist.codec, pm, params=AccompanimentParams(seed=0))
+    log.info("accompaniment warm-up took %.0f ms", 1000 * (time.perf_counter() - start))
 
 
 def warm_up(codec: Any, batch: Any) -> None:
@@ -95,6 +130,10 @@ class GenerationWorker(Protocol):
         is called on the loop with each sample's new tokens after every step that made some."""
         ...
 
+    def submit_accompaniment(self, request: Accompany, deadline: float) -> Job:
+        """Queue an accompaniment (from the event loop), in the same queue and with the same refusals."""
+        ...
+
     @property
     def queue_depth(self) -> int:
         """Jobs queued and not started yet."""
@@ -118,16 +157,19 @@ class GenerationThread:
         warmup: Callable[[Any], None] | None = None,
         torch_threads: int | str | None = None,
         on_dequeue: Callable[[int, int], None] | None = None,
+        accompanist: LoadedModel | None = None,
     ) -> None:
         """`decoder(model, codec, max_rows, primer_cache=...)` makes the running batch (DecodeBatch when
         None; tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker
         is ready. `torch_threads` is set in the worker thread itself: OpenMP's thread count is per calling
         thread, so setting it elsewhere would not reach the thread that generates. "auto": see
-        `generation_threads`, chosen again every THREADS_RECHECK_S while decoding."""
+        `generation_threads`, chosen again every THREADS_RECHECK_S while decoding. `accompanist`: the
+        accompaniment model, if the server has one (its jobs run beside the batch)."""
         self.model = model
         self.torch_threads = torch_threads
         self._cpu = CpuSampler()  # the machine's load since the last thread choice
         self._threads_checked = 0.0
+        self._threads = 0  # the count last set in the worker thread (0: none yet)
         self.codec = codec
         self.metrics = metrics
         self.max_queue = max_queue
@@ -139,6 +181,10 @@ class GenerationThread:
         self._on_dequeue = on_dequeue
         self._pending: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # by the batch's job id
+        self.accompanist = accompanist
+        self._side: list[tuple[Job, Generator[None, None, Any]]] = []  # accompaniments running, in turn
+        self._turn = 0  # the next of them to step
+        self._credit = 0.0  # seconds of accompaniment steps the batch's steps have left them
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="musicrel-generation", daemon=True)
@@ -167,6 +213,13 @@ class GenerationThread:
             future=future,
             stream=on_progress is not None,
         )
+        self.enqueue(job)
+        return job
+
+    def submit_accompaniment(self, request: Accompany, deadline: float) -> Job:
+        future, report = to_loop(asyncio.get_running_loop())
+        rows = request.params.num_samples
+        job = Job(None, None, rows, deadline, report=report, future=future, accompany=request)
         self.enqueue(job)
         return job
 
@@ -211,6 +264,8 @@ class GenerationThread:
             batch = self._new_batch()
             if self._warmup is not None:
                 self._warmup(batch)
+                if self.accompanist is not None:
+                    warm_up_accompaniment(self.accompanist)
         except Exception as exc:  # reported by /readyz; the service never becomes ready
             log.exception("warm-up generation failed")
             self.failed = f"warm-up failed: {exc}"
@@ -221,22 +276,33 @@ class GenerationThread:
             if jobs is None:
                 return
             if jobs:
-                self._admit(batch, jobs)
+                self._admit(batch, [job for job in jobs if job.accompany is None])
+                self._start_accompaniments([job for job in jobs if job.accompany is not None])
             if batch.rows:
+                started = time.monotonic()
                 batch = self._step(batch)
+                earned = ACCOMPANIMENT_SHARE * (time.monotonic() - started)
+                self._credit = min(self._credit + earned, MAX_CREDIT_S)
+            if self._side and (not batch.rows or self._credit >= TURN_S):
+                self._accompany(alone=not batch.rows)
 
     def _take(self, batch: Any) -> list[Job] | None:
         """Waiting jobs that fit in the free rows, in arrival order. Blocks while there is nothing to do;
         None once stopping with nothing in flight."""
         with self._cond:
-            if not batch.rows:
+            if not batch.rows and not self._side:
                 while not self._pending and not self._stopping:
                     self._cond.wait()
                 if self._stopping:
                     return None
-                # Idle: companions arriving within the window start with the first job (one prefill).
+                # Idle: companions arriving within the window start with the first continuation (one
+                # prefill); an accompaniment has no prefill to share and starts at once.
                 window_end = time.monotonic() + self.batch_window_s
-                while not self._stopping and sum(j.rows for j in self._pending) < batch.free_rows:
+                while (
+                    not self._stopping
+                    and self._pending[0].accompany is None
+                    and sum(j.rows for j in self._pending) < batch.free_rows
+                ):
                     remaining = window_end - time.monotonic()
                     if remaining <= 0:
                         break
@@ -245,24 +311,39 @@ class GenerationThread:
                 return []  # draining: the running rows finish, nothing new starts
             jobs: list[Job] = []
             free = batch.free_rows
-            # A job with more rows than the batch holds is taken alone, so it fails instead of blocking.
-            while self._pending and (self._pending[0].rows <= free or not (jobs or batch.rows)):
+            side_free = self.max_batch_rows - sum(job.rows for job, _ in self._side)
+            while self._pending:
+                head = self._pending[0]
+                # A job with more rows than its side holds is taken alone, so it fails instead of blocking.
+                if head.accompany is not None:
+                    if head.rows > side_free and (self._side or any(j.accompany for j in jobs)):
+                        break
+                    side_free -= head.rows
+                else:
+                    if head.rows > free and (batch.rows or any(j.accompany is None for j in jobs)):
+                        break
+                    free -= head.rows
                 jobs.append(self._pending.popleft())
-                free -= jobs[-1].rows
             if jobs:
                 self.metrics.queue_depth.set(len(self._pending))
                 if self._on_dequeue is not None:
                     self._on_dequeue(len(jobs), len(self._pending))
         return jobs
 
-    def _admit(self, batch: Any, jobs: list[Job]) -> None:
+    def _live(self, jobs: list[Job]) -> list[Job]:
+        """The jobs still wanted; the others (the client left or timed out while queued) are failed here, so
+        no compute is spent on them."""
         live = []
         for job in jobs:
-            if job.should_stop():  # the client left or timed out while queued: don't spend compute on it
+            if job.should_stop():
                 self.metrics.stopped.labels(job.stop_reason).inc()
                 job._deliver(error=WorkerStoppedError(f"job {job.stop_reason} before it started"))
             else:
                 live.append(job)
+        return live
+
+    def _admit(self, batch: Any, jobs: list[Job]) -> None:
+        live = self._live(jobs)
         if not live:
             return
         start = time.monotonic()
@@ -288,24 +369,69 @@ class GenerationThread:
             self._running[job_id] = job
             self.metrics.queue_seconds.observe(start - job.enqueued_at)
 
-    def _set_threads(self, rows: int) -> None:
-        if self.torch_threads is None:
-            return
-        import torch
+    # ---- accompaniments, beside the batch --------------------------------------------------------
 
-        if self.torch_threads != "auto":
-            torch.set_num_threads(int(self.torch_threads))
-            return
-        choice = generation_threads(rows, self._cpu)
+    def _start_accompaniments(self, jobs: list[Job]) -> None:
+        from musicrel.generation.accompaniment import accompany_steps
+
+        for job in self._live(jobs):
+            if self.accompanist is None:  # the HTTP process refuses them first; a guard, not a path
+                job._deliver(error=WorkerStoppedError("no accompaniment model in the engine"))
+                continue
+            request = job.accompany
+            model, codec = self.accompanist.model, self.accompanist.codec
+            steps = accompany_steps(model, codec, request.midi, request.track, request.params)
+            job._started(time.monotonic())
+            self._side.append((job, steps))
+
+    def _accompany(self, alone: bool) -> None:
+        """Steps of the running accompaniments, one token each, in turn: while the credit the batch's steps
+        left them lasts, or a single step when no continuation is decoding (the loop then looks at the queue
+        again before the next)."""
+        if alone:
+            self._credit = 0.0
+        while self._side and (alone or self._credit > 0):
+            self._turn %= len(self._side)
+            job, steps = self._side[self._turn]
+            started = time.monotonic()
+            if self._advance(job, steps):
+                del self._side[self._turn]
+            else:
+                self._turn += 1
+            self._credit -= time.monotonic() - started
+            if alone:
+                return
+
+    def _advance(self, job: Job, steps: Generator[None, None, Any]) -> bool:
+        """One token of an accompaniment; True once it is over (delivered, failed or stopped)."""
+        if job.should_stop():
+            steps.close()
+            self.metrics.stopped.labels(job.stop_reason).inc()
+            job._deliver(error=WorkerStoppedError(f"job {job.stop_reason}"))
+            return True
+        try:
+            next(steps)
+            return False
+        except StopIteration as done:
+            job.finished_at = time.monotonic()
+            job.generation_s = job.finished_at - (job.started_at or job.finished_at)
+            job._deliver(done.value)
+        except Exception as exc:  # the library's own refusals (a control the melody cannot take) included
+            job._deliver(error=exc)
+        return True
+
+    def _set_threads(self, rows: int) -> None:
+        before = self._threads
+        choice = generation_threads(self.torch_threads, rows, self._cpu)
         self._threads_checked = time.monotonic()
-        if choice.threads != torch.get_num_threads():
+        if choice is not None and choice.threads != before:
+            self._threads = choice.threads
             log.info("generation: %s", choice)
-            torch.set_num_threads(choice.threads)
 
     def _step(self, batch: Any) -> Any:
         """One decoding step; delivers the jobs that finished. Returns the batch to go on with."""
         if self.torch_threads == "auto" and time.monotonic() - self._threads_checked > THREADS_RECHECK_S:
-            self._set_threads(len(batch.rows))
+            self._set_threads(len(batch.rows) + sum(job.rows for job, _ in self._side))
         live, rows = batch.live_jobs, len(batch.rows)
         for job_id in live:
             job = self._running[job_id]

@@ -385,20 +385,15 @@ class MusicCLI(LightningCLI):
 
 
 def _choose_threads() -> None:
-    """torch's threads for training, unless OMP_NUM_THREADS says: the CPUs other processes leave free
-    (generation.threads). On the shared 2-core machine a step of two threads took 3.5x as long as one whenever
+    """torch's threads for training (musicrel.threads): OMP_NUM_THREADS if set, else the CPUs other processes
+    leave free. On the shared 2-core machine a step of two threads took 3.5x as long as one whenever
     anything else ran (3.78 s vs 1.06 s, 8 x 512 tokens, bf16): a team waits at every barrier for the thread
     the scheduler parked."""
-    import os
     import sys
 
-    if os.environ.get("OMP_NUM_THREADS"):
-        return
-    from musicrel.generation.threads import choose_threads
+    from musicrel.threads import TRAINING_ROWS, set_torch_threads
 
-    choice = choose_threads(rows=1_000_000)  # a training batch splits across any number of threads
-    torch.set_num_threads(choice.threads)
-    print(f"musicrel train: {choice}", file=sys.stderr)
+    print(f"musicrel train: {set_torch_threads(rows=TRAINING_ROWS)}", file=sys.stderr)
 
 
 def run_cli(argv: list[str]) -> None:

@@ -58,16 +58,10 @@ def every_control():
 def set_threads(threads: int | None, rows: int = 8) -> str:
     """Torch threads: `threads` (--threads), else what `musicrel generate` would choose for `rows` rows (the
     largest batch measured). Returns how the count was chosen, for the benchmark's header."""
-    import torch
+    from musicrel.threads import set_torch_threads
 
-    from musicrel.generation.threads import choose_threads
-
-    if threads:
-        torch.set_num_threads(threads)
-        return "--threads"
-    choice = choose_threads(rows)
-    torch.set_num_threads(choice.threads)
-    return f"chosen: {choice}"
+    choice = set_torch_threads(threads, rows)
+    return "--threads" if threads else f"chosen: {choice}"
 
 
 def _sync(device) -> None:

@@ -1,35 +1,45 @@
 """The `musicrel` command. Each subcommand lives in the module that owns its feature and exposes
-`register(subparsers)`, which adds its parser and sets `func(args) -> int | None` as the default."""
+`register(subparsers)`, which adds its parser and sets `func(args) -> int | None` as the default.
+
+The command sits above the packages it gathers: it imports `training.cli` and `server.cli` by name, in plain
+sight (the one place the library reaches up; the library's modules below it never do)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 
-# Set before torch starts OpenMP: how long idle workers spin before they sleep. A decode step is dozens of
-# small parallel ops with Python in between; waking sleeping workers for each (OMP_WAIT_POLICY=PASSIVE) made
-# it 2.4x slower on an idle 2-core machine, and 10,000 spins still let them fall asleep between ops, while
-# libgomp's default 300,000 starves other processes longer on a busy machine. 100,000 measured as fast as the
-# default (`musicrel bench generate`). An explicit setting wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "100000")
+from musicrel.threads import set_spin_count
 
-from musicrel.errors import MusicrelError
+set_spin_count()  # before torch starts OpenMP (an explicit GOMP_SPINCOUNT wins)
 
 # Modules are imported for their `register`; they keep heavy imports (torch, lightning) inside handlers
 # so that `musicrel --help` stays fast.
+import server.cli  # noqa: E402
+import training.bench  # noqa: E402
+import training.cli  # noqa: E402
+from musicrel import bench  # noqa: E402
+from musicrel.cli import (  # noqa: E402
+    accompany,
+    codec,
+    evaluate_accompaniments,
+    evaluate_continuations,
+    evaluate_controls,
+    generate,
+    sweep_sampling,
+)
+from musicrel.errors import MusicrelError  # noqa: E402
+
 COMMAND_MODULES = (
-    "musicrel.cli.codec",  # encode, decode
-    "training.cli",  # corpus, prepare, train, finetune, export, pack-gpu, evaluate
-    "musicrel.cli.generate",
-    "musicrel.cli.evaluate_continuations",
-    "musicrel.cli.accompany",
-    "musicrel.cli.evaluate_accompaniments",
-    "musicrel.cli.evaluate_controls",
-    "musicrel.cli.sweep_sampling",
-    "server.cli",  # serve
-    "musicrel.bench",  # bench codec | attention | generate
+    codec,  # encode, decode
+    training.cli,  # corpus, prepare, train, finetune, export, pack-gpu, evaluate
+    generate,
+    evaluate_continuations,
+    accompany,
+    evaluate_accompaniments,
+    evaluate_controls,
+    sweep_sampling,
+    server.cli,  # serve
 )
 
 
@@ -38,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="musicrel", description="Music Transformer: MIDI in, continuation out."
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    for module in COMMAND_MODULES:
+        module.register(subparsers)
+    # bench codec | attention | generate | shapes | neighbour | serve | reliability, and training's `train`
+    bench.register(subparsers, more=(training.bench,))
     return parser
 
 

@@ -26,6 +26,7 @@ SUMMARY_FILE = "summary.json"
 def _accompany(args) -> int:
     from musicrel.errors import MusicrelError
     from musicrel.generation.accompaniment import AccompanimentParams, accompany_midi
+    from musicrel.generation.sampling import SEED_RANGE
     from musicrel.model.checkpoint import load_codec, load_model
 
     params = AccompanimentParams(
@@ -48,7 +49,7 @@ def _accompany(args) -> int:
             records.append(record)
             continue
         try:
-            seed = None if params.seed is None else params.seed + i
+            seed = None if params.seed is None else (params.seed + i) % SEED_RANGE
             result = accompany_midi(
                 model,
                 codec,

@@ -47,21 +47,12 @@ def controls_from_args(args):
 
 
 def torch_setup(args, rows: int = 8) -> str:
-    """Threads for torch: --threads, else as many as the CPUs left free by other processes allow for `rows`
-    decoding rows (generation.threads; torch's default, one per core, took 75-93 s instead of 3.6 s beside a
-    busy process). Says what it chose (on stderr unless --quiet). The OpenMP spin count is set by
-    musicrel.cli before torch loads."""
-    import torch
+    """Threads for torch (musicrel.threads.set_torch_threads): --threads, else the choice for `rows` decoding
+    rows. Says what it chose (on stderr unless --quiet). The OpenMP spin count is set by musicrel.cli
+    before torch loads."""
+    from musicrel.threads import set_torch_threads
 
-    from musicrel.generation.threads import choose_threads
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-        said = f"{args.threads} torch thread{'s' if args.threads != 1 else ''} (--threads)"
-    else:
-        choice = choose_threads(rows)
-        torch.set_num_threads(choice.threads)
-        said = str(choice)
+    said = str(set_torch_threads(args.threads, rows))
     if not getattr(args, "quiet", False):
         print(f"musicrel {args.command}: {said}", file=sys.stderr)
     return said

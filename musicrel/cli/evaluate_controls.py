@@ -8,14 +8,13 @@ from pathlib import Path
 
 
 def _evaluate_controls(args) -> int:
-    import torch
-
     from musicrel.evaluation.continuations import held_out_files, load_pieces
     from musicrel.evaluation.control_evidence import evaluate_controls, format_checks
     from musicrel.model.checkpoint import load_codec, load_model
+    from musicrel.threads import set_torch_threads
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_torch_threads(args.threads)
     model, codec = load_model(args.checkpoint, device=args.device), load_codec(args.checkpoint)
     files = held_out_files(Path(args.input), args.split)
     pieces, skipped = load_pieces(model, codec, files, args.motif_seconds, args.seconds, args.limit)

@@ -52,7 +52,7 @@ from musicrel.generation.decode_batch import generate_batch
 from musicrel.generation.join import Join
 from musicrel.generation.keys import find_key, key_label
 from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut, render, render_result
-from musicrel.generation.sampling import SamplingParams, row_seed
+from musicrel.generation.sampling import SamplingParams, derived_seed, row_seed
 from musicrel.midi.codec import open_pitches
 from musicrel.midi.files import find_midi_files
 from musicrel.model.checkpoint import load_codec, load_model
@@ -461,7 +461,7 @@ def _run(codec, pieces: list[Piece], systems: _Systems, options: EvaluationOptio
     example continuations drawn as piano rolls, by piece). Real music and the repeated motif need one run."""
     names, seconds, scored = systems.names, options.seconds, systems.scored
     template = options.sampling()
-    piece_seeds = [row_seed(options.seed, i) for i in range(len(pieces))]
+    piece_seeds = [derived_seed(options.seed, i) for i in range(len(pieces))]
     runs: dict[str, list[list[dict]]] = {s: [[] for _ in pieces] for s in names}
     # heard[system][piece]: the notes of each seed, for the real-vs-generated classifier and the audio
     heard: dict[str, list[list]] = {s: [[] for _ in pieces] for s in names}

@@ -17,26 +17,26 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Generator
 
 import numpy as np
 import pretty_midi
 import torch
 from torch import Tensor
 
-from musicrel.errors import GenerationError, InvalidMidiError
-from musicrel.generation.controls import Controls, gm_program_name
+from musicrel.errors import GenerationError
+from musicrel.generation.controls import gm_program_name
 from musicrel.generation.grammar import MAX_HOLD_SECONDS, Grammar
-from musicrel.generation.sampling import MAX_SEED, TOKENS_PER_SECOND_CAP, SamplingParams, row_seed
+from musicrel.generation.melody import (
+    ACCOMPANIMENT_NAME,
+    AccompanimentParams,
+    AccompanimentResult,
+    melody_notes,
+    melody_track,
+)
+from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed, row_seed
 from musicrel.midi.codec import EventCodec, shift_steps
 
-MAX_MELODY_SECONDS = 600.0
-# A melody's notes start one at a time: notes struck within CHORD_SECONDS of another count as a chord, and a
-# track with more than MAX_CHORD_SHARE of its notes in chords is not a melody. POP909's MELODY tracks, in 30 s
-# stretches: 99 % have at most 4.5 % of their notes in such pairs (a doubled note, a grace note); a chord
-# accompaniment has most of its notes in chords. Of the few doubled notes kept, the highest is the tune.
-CHORD_SECONDS = 0.03
-MAX_CHORD_SHARE = 0.25
 # The model hears the melody up to now; the grammar lets it hear LOOKAHEAD_SECONDS ahead: note-ons of the
 # pitch classes the melody sounds in that window gain TUNE_BIAS nats, their semitone neighbours lose
 # CLASH_BIAS. Chosen on 20 validation songs (docs/ACCOMPANIMENT.md): against none, harmony 0.33 -> 0.58 and
@@ -45,110 +45,6 @@ LOOKAHEAD_SECONDS = 2.0
 TUNE_BIAS = 2.0
 CLASH_BIAS = 3.0
 TAIL_SECONDS = 1.0  # the accompaniment goes on this long after the melody's last note ends
-ACCOMPANIMENT_NAME = "accompaniment"
-
-
-@dataclass
-class AccompanimentParams:
-    """How to accompany one melody. Validated on construction like SamplingParams (GenerationError)."""
-
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float = 0.95
-    seed: int | None = None  # None: drawn and reported
-    num_samples: int = 1
-    controls: Controls | None = None  # key, chords, density, range, polyphony, program (of the accompaniment)
-
-    def __post_init__(self) -> None:
-        # One set of checks for every sampling field: SamplingParams' own.
-        checked = SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=self.seed,
-            num_samples=self.num_samples,
-            controls=self.controls,
-        )
-        self.top_k, self.seed, self.num_samples, self.controls = (
-            checked.top_k,
-            checked.seed,
-            checked.num_samples,
-            checked.controls,
-        )
-        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
-
-
-@dataclass
-class AccompanimentResult:
-    midis: list  # pretty_midi.PrettyMIDI per sample: the melody track unchanged + the accompaniment's
-    notes: list  # the accompaniment's pretty_midi.Notes per sample
-    seed: int
-    melody_track: int
-    seconds: float  # length of the accompaniment
-    decode_seconds: float
-    controls: dict | None = None
-    warnings: list = field(default_factory=list)
-
-
-# ---------------------------------------------------------------- the melody
-def melody_track(pm: pretty_midi.PrettyMIDI, track: int | None) -> int:
-    """Which instrument holds the melody: `track`, or the only one with notes."""
-    with_notes = [i for i, inst in enumerate(pm.instruments) if inst.notes and not inst.is_drum]
-    if not with_notes:
-        raise InvalidMidiError("the file has no notes outside drum tracks", code="no_notes")
-    if track is None:
-        if len(with_notes) != 1:
-            names = ", ".join(f"{i}: {pm.instruments[i].name or 'unnamed'}" for i in with_notes)
-            raise InvalidMidiError(
-                f"the file has {len(with_notes)} tracks with notes ({names}): say which is the melody",
-                code="which_track",
-            )
-        return with_notes[0]
-    if (
-        isinstance(track, bool)
-        or not isinstance(track, int | np.integer)
-        or not 0 <= track < len(pm.instruments)
-    ):
-        raise InvalidMidiError(
-            f"melody track {track!r} out of range: the file has {len(pm.instruments)} instruments",
-            code="no_such_track",
-        )
-    if pm.instruments[track].is_drum:
-        raise InvalidMidiError(f"track {track} is a drum track, not a melody", code="no_notes")
-    return int(track)
-
-
-def melody_notes(pm: pretty_midi.PrettyMIDI, track: int, max_seconds: float = MAX_MELODY_SECONDS) -> list:
-    """The melody's notes, one at a time: a note overlapping the next (legato) ends where the next starts.
-    InvalidMidiError: no notes, chords (not a melody), longer than `max_seconds`."""
-    notes = sorted(pm.instruments[track].notes, key=lambda n: (n.start, -n.pitch))
-    notes = [n for n in notes if n.end > n.start and 0 <= n.pitch <= 127]
-    if not notes:
-        raise InvalidMidiError(f"track {track} has no notes", code="no_notes")
-    end = max(n.end for n in notes)
-    if end > max_seconds:
-        raise InvalidMidiError(
-            f"the melody lasts {end:.0f} s; at most {max_seconds:.0f} s can be accompanied", code="too_long"
-        )
-    starts = np.array([n.start for n in notes])
-    gap = np.diff(starts)
-    in_chord = np.zeros(len(notes), dtype=bool)
-    in_chord[1:] |= gap < CHORD_SECONDS
-    in_chord[:-1] |= gap < CHORD_SECONDS
-    share = float(in_chord.mean())
-    if share > MAX_CHORD_SHARE:
-        raise InvalidMidiError(
-            f"track {track} is not a melody: {share:.0%} of its notes are struck together with another "
-            f"(at most {MAX_CHORD_SHARE:.0%}); give the track with the tune alone",
-            code="melody_has_chords",
-        )
-    out = []
-    for i, n in enumerate(notes):
-        if in_chord[i] and i and abs(notes[i - 1].start - n.start) < CHORD_SECONDS:
-            continue  # the few stray doubled notes: the first (highest) stays
-        nxt = notes[i + 1].start if i + 1 < len(notes) else math.inf
-        out.append(pretty_midi.Note(n.velocity, n.pitch, n.start, max(n.start + 1e-3, min(n.end, nxt))))
-    return out
 
 
 # ---------------------------------------------------------------- the grammar that places it
@@ -286,14 +182,24 @@ def melody_schedule(codec: EventCodec, notes) -> tuple[np.ndarray, np.ndarray]:
     return steps.astype(np.int64), toks.astype(np.int64)
 
 
-@torch.inference_mode()
 def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0):
     """The accompaniment of a melody (notes, file time) per sample, as token arrays (file time 0 = step 0),
     with the seed used and the resolved controls. One batch of num_samples rows."""
-    from musicrel.generation.decode import collect_rows, generate
+    from musicrel.generation.decode import run_to_end
+
+    return run_to_end(accompany_notes_steps(model, codec, notes, params, tempo))
+
+
+@torch.inference_mode()
+def accompany_notes_steps(
+    model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0
+) -> Generator[None, None, tuple[list[np.ndarray], int, dict | None, list[str]]]:
+    """`accompany_notes` one token at a time (it yields after each): what the server's engine runs beside
+    its continuation batch, a step at a time."""
+    from musicrel.generation.decode import collecting_rows, generate
     from musicrel.generation.primer import Primer
 
-    seed = params.seed if params.seed is not None else int(np.random.default_rng().integers(0, MAX_SEED))
+    seed = params.seed if params.seed is not None else draw_seed()
     B = params.num_samples
     step_ms = codec.config.step_ms
     end = max(n.end for n in notes)
@@ -326,7 +232,11 @@ def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams
         generators=generators,
         grammar=grammar,
     )
-    out = collect_rows(gen, B, lambda: ~(grammar.melody_done() & (grammar.elapsed >= grammar.limit)))
+
+    def going() -> Tensor:
+        return ~(grammar.melody_done() & (grammar.elapsed >= grammar.limit))
+
+    out = yield from collecting_rows(gen, B, going)
     return [np.asarray(o, dtype=np.int64) for o in out], seed, applied, warnings
 
 
@@ -345,13 +255,26 @@ def accompany_midi(
 ) -> AccompanimentResult:
     """Accompany the melody in `midi` (path, bytes or PrettyMIDI; `track`: its instrument index, or None for
     a file with one track of notes). One answer file per sample."""
-    params = params or AccompanimentParams()
+    from musicrel.generation.decode import run_to_end
+
     pm = codec.read(midi)
-    track = melody_track(pm, track)
+    return run_to_end(accompany_steps(model, codec, pm, melody_track(pm, track), params))
+
+
+def accompany_steps(
+    model,
+    codec: EventCodec,
+    pm: pretty_midi.PrettyMIDI,
+    track: int,
+    params: AccompanimentParams | None = None,
+) -> Generator[None, None, AccompanimentResult]:
+    """`accompany_midi` of a parsed file whose melody track is known, one token at a time (it yields after
+    each and returns the result): the server's engine interleaves it with its continuation batch."""
+    params = params or AccompanimentParams()
     notes = melody_notes(pm, track)
     tempo = float(pm.get_tempo_changes()[1][0]) if len(pm.get_tempo_changes()[1]) else 120.0
     start = time.perf_counter()
-    tokens, seed, applied, warnings = accompany_notes(model, codec, notes, params, tempo)
+    tokens, seed, applied, warnings = yield from accompany_notes_steps(model, codec, notes, params, tempo)
     decode_seconds = time.perf_counter() - start
     program = params.controls.program if params.controls and params.controls.program is not None else 0
     parts = [codec.decode_notes(t) for t in tokens]

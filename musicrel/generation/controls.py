@@ -368,8 +368,12 @@ class Controls:
                 warnings += chords_outside_key(chords, key)
         start_bias = 0.0
         if self.density is not None:
-            rate = _motif_rate(primer)
-            start_bias = float(np.clip(math.log(self.density / rate), -DENSITY_MAX_BIAS, DENSITY_MAX_BIAS))
+            ratio = self.density / _motif_rate(primer)  # 0.0 when a denormal density underflows: log's limit
+            start_bias = (
+                float(np.clip(math.log(ratio), -DENSITY_MAX_BIAS, DENSITY_MAX_BIAS))
+                if ratio > 0
+                else -DENSITY_MAX_BIAS
+            )
             applied["density"] = self.density
         if self.max_polyphony is not None:
             applied["max_polyphony"] = self.max_polyphony

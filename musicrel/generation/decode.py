@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from musicrel.errors import GenerationError
 from musicrel.generation.grammar import Grammar
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -162,6 +165,23 @@ def generate(
 def collect_rows(gen: Generator[Tensor, Tensor | None, None], rows: int, going: Callable[[], Tensor]):
     """Run `generate` to its end: each of its `rows` rows' tokens, a row dropped as soon as `going()` (a (B,)
     bool over the rows still decoding, after each token) says it is done."""
+    return run_to_end(collecting_rows(gen, rows, going))
+
+
+def run_to_end(steps: Generator[None, None, T]) -> T:
+    """What a stepwise decode (a generator that yields after each token and returns its result) returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def collecting_rows(
+    gen: Generator[Tensor, Tensor | None, None], rows: int, going: Callable[[], Tensor]
+) -> Generator[None, None, list[list[int]]]:
+    """`collect_rows` one token at a time: yields after each token, so that a scheduler (the server's engine)
+    can run other work between tokens; returns the rows' tokens."""
     out: list[list[int]] = [[] for _ in range(rows)]
     alive = list(range(rows))  # the row of `out` each decoding row fills
     token = next(gen, None)
@@ -172,6 +192,7 @@ def collect_rows(gen: Generator[Tensor, Tensor | None, None], rows: int, going: 
         if not bool(keep.any()):
             break
         alive = [r for r, k in zip(alive, keep.tolist(), strict=True) if k]
+        yield
         try:
             token = gen.send(keep)
         except StopIteration:

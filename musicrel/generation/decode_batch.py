@@ -11,10 +11,9 @@ first, one shared length, per-row left padding), and they are read together or n
 from __future__ import annotations
 
 import itertools
-import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pretty_midi
@@ -33,29 +32,11 @@ from musicrel.generation.primer import (
     prepare_primer,
     render_result,
 )
-from musicrel.generation.sampling import SamplingParams, row_seed
+from musicrel.generation.sampling import ContinuationResult, SamplingParams, draw_seed, row_seed
 from musicrel.midi.codec import EventCodec, shift_steps
 
 # continue_midi's own defaults: a reproducible pair of samples (SamplingParams draws one random seed).
 CONTINUE_MIDI_DEFAULTS = {"seed": 0, "num_samples": 2}
-
-
-@dataclass
-class ContinuationResult:
-    """A finished job: each sample's tokens and how they were made. MIDI: `primer.render_result`."""
-
-    # np.ndarray of generated tokens per sample, as the model read them: their first primer.tail_steps of time
-    # shifts lie before the cut (generation.join); render_result and NoteStream start the clock at the cut
-    tokens: list
-    seed: int
-    primer_tokens: int
-    new_tokens: int  # all samples together
-    seconds: float  # music generated after the cut (the longest sample)
-    # seconds: prefill (of the admission that took the job in), decode (admitted to done)
-    timings: dict
-    stopped: bool = False  # should_stop ended this job early
-    controls: dict | None = None  # what params.controls applied (the key detected, ...), for the metadata
-    warnings: list = field(default_factory=list)  # controls that pull apart (a chord outside the key, ...)
 
 
 @dataclass(eq=False)
@@ -268,7 +249,7 @@ class DecodeBatch:
         self.left_pad[n : n + n_new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
         ids, rows, generators = [], [], []
         for j, (primer, params) in enumerate(jobs):
-            seed = secrets.randbelow(2**31) if params.seed is None else params.seed
+            seed = draw_seed() if params.seed is None else params.seed
             job = _Job(
                 id=next(self._ids),
                 primer=primer,

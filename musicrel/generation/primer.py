@@ -196,7 +196,12 @@ def motif_program(pm, tracks, start: float, end: float) -> tuple[int, str]:
 
 def default_max_primer_tokens(model) -> int:
     """Primers fill at most 3/4 of the context window, leaving room to generate before the window slides."""
-    window = model.cfg.max_seq_len
+    return max_primer_tokens(model.cfg.max_seq_len)
+
+
+def max_primer_tokens(window: int) -> int:
+    """`default_max_primer_tokens` of a model whose context window is `window` tokens (read from its config,
+    without loading it)."""
     return max(1, window - max(1, window // 4))
 
 

@@ -1,20 +1,26 @@
 """How to continue one motif: `SamplingParams`, the one source of every sampling default (the library, the
-`musicrel generate` command and the server's form read them from here), and the per-sample seeds.
+`musicrel generate` command and the server's form read them from here), the one seed range and the per-sample
+seeds; and what a continuation gives back, `ContinuationResult`.
 
-No torch here: the command line and the server's schemas read these defaults at start-up.
+No torch here: the command line and the server's schemas read these defaults at start-up, and the server's
+HTTP process receives results from its engine without loading torch.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from musicrel.errors import GenerationError, is_int, is_number
 from musicrel.generation.controls import Controls
 
-MAX_SEED = 2**63 - 1
+# The one seed range of library, command line and API: every seed reported (drawn or given) can be sent back
+# and repeats the music. 32 bits so that any client (a JavaScript page: 53-bit integers) holds it exactly.
+SEED_RANGE = 2**32
+MAX_SEED = SEED_RANGE - 1
 # Without max_new_tokens a row may emit at most this many tokens per second of music (dense piano passages
 # reach ~100 events/s); the cap only matters for a model that stalls time.
 TOKENS_PER_SECOND_CAP = 200
@@ -28,7 +34,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 0.95
-    seed: int | None = None  # None: a random seed is drawn by generate_batch and reported
+    seed: int | None = None  # None: a random seed is drawn (draw_seed) and reported
     num_samples: int = 1
     max_new_tokens: int | None = None
     include_primer: bool = False  # render the motif followed by the continuation
@@ -90,3 +96,31 @@ def row_seed(seed: int, sample_index: int) -> int:
     """The generator seed of sample `sample_index` of a job: a function of (seed, index) only, so sample i is
     reproducible whatever num_samples or batch it ran in."""
     return int(np.random.SeedSequence([seed, sample_index]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def draw_seed() -> int:
+    """A random seed for a request that gave none, in the range every seed field accepts back."""
+    return secrets.randbelow(SEED_RANGE)
+
+
+def derived_seed(seed: int, index: int) -> int:
+    """A job seed in range, a function of (seed, index): for runs that give each of many jobs its own seed."""
+    return row_seed(seed, index) % SEED_RANGE
+
+
+@dataclass
+class ContinuationResult:
+    """A finished job: each sample's tokens and how they were made. MIDI: `primer.render_result`."""
+
+    # np.ndarray of generated tokens per sample, as the model read them: their first primer.tail_steps of time
+    # shifts lie before the cut (generation.join); render_result and NoteStream start the clock at the cut
+    tokens: list
+    seed: int
+    primer_tokens: int
+    new_tokens: int  # all samples together
+    seconds: float  # music generated after the cut (the longest sample)
+    # seconds: prefill (of the admission that took the job in), decode (admitted to done)
+    timings: dict
+    stopped: bool = False  # should_stop ended this job early
+    controls: dict | None = None  # what params.controls applied (the key detected, ...), for the metadata
+    warnings: list = field(default_factory=list)  # controls that pull apart (a chord outside the key, ...)

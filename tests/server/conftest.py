@@ -270,15 +270,21 @@ class Broken(DecodeBatch):
         return super().admit(jobs)
 
 
-def post_then_leave(client: TestClient, fields: dict, leave: Callable[[], bool]) -> list:
-    """POST a continuation straight to the ASGI app, the client going away once `leave()` is true after its
-    body was sent (TestClient itself cannot disconnect). Returns the ASGI messages the app sent."""
-    request = httpx.Request("POST", "http://test/v1/continuations", files={"file": ("m.mid", MOTIF)},
-                            data=fields)  # fmt: skip
+def post_then_leave(
+    client: TestClient,
+    fields: dict,
+    leave: Callable[[], bool],
+    path: str = "/v1/continuations",
+    data: bytes = MOTIF,
+) -> list:
+    """POST a continuation (or `data` to `path`) straight to the ASGI app, the client going away once
+    `leave()` is true after its body was sent (TestClient itself cannot disconnect). Returns the ASGI
+    messages the app sent."""
+    request = httpx.Request("POST", f"http://test{path}", files={"file": ("m.mid", data)}, data=fields)
     body = request.read()
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": "/v1/continuations", "raw_path": b"/v1/continuations",
+        "scheme": "http", "path": path, "raw_path": path.encode(),
         "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("test", 80),
         "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
     }  # fmt: skip

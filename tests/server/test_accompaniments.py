@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -14,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from musicrel.generation.accompaniment import ACCOMPANIMENT_NAME
-from tests.server.test_api import error_of, metric, serve
+from tests.server.test_api import error_of, metric, serve, wait_for
 
 FIELDS = {"seed": "7"}
 
@@ -266,3 +267,117 @@ def test_openapi_documents_the_form(client):
     assert {"file", "track", "seed", "program", "key", "chords", "max_polyphony"} <= set(body["properties"])
     assert "seconds" not in body["properties"] and "primer_seconds" not in body["properties"]
     assert body["properties"]["num_samples"]["maximum"] == 4
+
+
+# ---------------------------------------------------------------- through the engine
+def test_the_engine_process_accompanies_and_the_server_process_holds_no_weights(
+    client, tiny_checkpoint, tiny_accompany_checkpoint
+):
+    thread_client, _ = client
+    expected = post(thread_client, json=True, num_samples="2", seed="5").json()
+    with serve(
+        tiny_checkpoint, accompany_checkpoint=tiny_accompany_checkpoint, engine="process", batch_window_ms=0
+    ) as (c, service):
+        r = post(c, json=True, num_samples="2", seed="5")
+        assert r.status_code == 200, r.text
+        assert service.loaded is None and service.accompanist is None  # cards and codecs only
+        assert c.get("/v1/model").json()["accompaniment"]["parameters"] > 0
+        assert [s["midi_base64"] for s in r.json()["samples"]] == [
+            s["midi_base64"] for s in expected["samples"]
+        ]
+
+
+def test_a_full_queue_refuses_an_accompaniment_with_429(tiny_checkpoint, tiny_accompany_checkpoint):
+    from tests.server.conftest import FAST, Gate
+    from tests.server.conftest import post as post_continuation
+
+    gate = Gate()
+    with serve(
+        tiny_checkpoint,
+        decoder=gate,
+        accompany_checkpoint=tiny_accompany_checkpoint,
+        max_queue=1,
+        max_batch_rows=1,
+        batch_window_ms=0,
+    ) as (c, service):
+        gate.hold()
+        answers: dict = {}
+        holding = threading.Thread(target=lambda: answers.update(first=post_continuation(c, **FAST)))
+        holding.start()
+        assert gate.entered.wait(10)  # a continuation holds the engine's loop ...
+        queued = threading.Thread(target=lambda: answers.update(second=post(c)))
+        queued.start()
+        wait_for(lambda: service.worker.queue_depth == 1)  # ... an accompaniment waits in its queue ...
+        refused = post(c)  # ... and the next one is turned away at once
+        assert refused.status_code == 429 and error_of(refused)["code"] == "queue_full"
+        assert int(refused.headers["retry-after"]) >= 1
+        gate.opened.set()
+        holding.join(30)
+        queued.join(30)
+        assert answers["first"].status_code == 200 and answers["second"].status_code == 200
+        assert float(answers["second"].headers["x-musicrel-timing-queue-ms"]) > 0
+
+
+def test_a_continuation_does_not_wait_for_long_accompaniments(tiny_checkpoint, tiny_accompany_checkpoint):
+    """Two long accompaniments in flight: a short continuation is answered while both still run (they step
+    beside the batch, in turn, not one after another before it)."""
+    from tests.server.conftest import post as post_continuation
+
+    with serve(
+        tiny_checkpoint,
+        accompany_checkpoint=tiny_accompany_checkpoint,
+        batch_window_ms=0,
+        max_melody_seconds=600,
+    ) as (c, service):
+        long_tune = melody(n=300, step=0.4)  # 120 s of melody
+        answers: list = []
+        threads = [threading.Thread(target=lambda: answers.append(post(c, long_tune))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(service.worker._side) == 2, 30)
+        continued = post_continuation(c, json=True, seconds="0.5", seed="3")
+        assert continued.status_code == 200, continued.text
+        assert len(service.worker._side) == 2 and not answers  # both accompaniments still running
+        for t in threads:
+            t.join(120)
+        assert [a.status_code for a in answers] == [200, 200]
+
+
+def test_an_accompaniment_past_its_deadline_is_stopped_in_the_engine(
+    tiny_checkpoint, tiny_accompany_checkpoint
+):
+    with serve(
+        tiny_checkpoint,
+        accompany_checkpoint=tiny_accompany_checkpoint,
+        engine="process",
+        request_timeout_s=1.0,
+        max_melody_seconds=600,
+    ) as (c, service):
+        r = post(c, melody(n=600, step=0.4))  # 240 s of melody: seconds of decoding on the tiny model
+        assert r.status_code == 504 and error_of(r)["code"] == "timeout", r.text
+        wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="deadline") == 1, 30)
+        assert service.worker.queue_depth == 0 and service.admission.admitted == 0
+        assert post(c).status_code == 200  # the engine carries on
+
+
+def test_a_client_that_leaves_stops_its_accompaniment_in_the_engine(
+    tiny_checkpoint, tiny_accompany_checkpoint
+):
+    from tests.server.conftest import post_then_leave
+
+    with serve(
+        tiny_checkpoint,
+        accompany_checkpoint=tiny_accompany_checkpoint,
+        engine="process",
+        disconnect_poll_s=0.02,
+        max_melody_seconds=600,
+    ) as (c, service):
+
+        def started() -> bool:
+            return any(job.started_at for job in list(service.worker._jobs.values()))
+
+        long_tune = melody(n=600, step=0.4)  # 240 s of melody: no deadline is near when the client leaves
+        messages = post_then_leave(c, {}, started, path="/v1/accompaniments", data=long_tune)
+        assert messages[0]["status"] == 499
+        wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1, 30)
+        assert post(c).status_code == 200  # the engine carries on

@@ -474,11 +474,11 @@ def test_torch_threads_apply_in_the_generation_thread(tiny_checkpoint, threads):
 
 
 def test_auto_torch_threads_are_chosen_in_the_generation_thread(tiny_checkpoint, monkeypatch):
-    """The default: the worker asks generation.threads, for its batch's rows, keeping a CPU for requests."""
+    """The default: the worker asks musicrel.threads, for its batch's rows, keeping a CPU for requests."""
     import torch
 
-    import server.worker as worker
-    from musicrel.generation.threads import ThreadChoice
+    import musicrel.threads as policy
+    from musicrel.threads import ThreadChoice
 
     asked: list = []
 
@@ -486,8 +486,9 @@ def test_auto_torch_threads_are_chosen_in_the_generation_thread(tiny_checkpoint,
         asked.append((threading.current_thread().name, rows, reserve))
         return ThreadChoice(3, 4.0, 0.5, rows, reserve)
 
-    monkeypatch.setattr(worker, "choose_threads", choose)
-    monkeypatch.setattr(worker, "cpu_budget", lambda: 4.0)
+    monkeypatch.setattr(policy, "choose_threads", choose)
+    monkeypatch.setattr(policy, "cpu_budget", lambda: 4.0)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # an explicit count would win over the choice
     seen: list = []
 
     def decoder(model, codec, max_rows, **options):
@@ -535,7 +536,7 @@ def test_a_sample_of_fewer_than_two_notes_has_no_copy_and_fails_nothing(tiny_che
     whole request, the good samples with it, and an error line at the end of the stream."""
     import json
 
-    from server.genfuzz import with_novelty_index
+    from musicrel.bench.genfuzz import with_novelty_index
 
     folder = with_novelty_index(tiny_checkpoint, tmp_path / "ckpt")
     one_note = motif(1)

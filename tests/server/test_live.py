@@ -7,6 +7,7 @@ import io
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pretty_midi
@@ -155,3 +156,71 @@ def test_sigterm_under_load_loses_no_accepted_request(tiny_checkpoint, tmp_path)
             thread.join(60)
         assert [a.status_code for a in answers] == [200] * n, [a.text for a in answers]
         assert server.proc.wait(30) == 0, server.log()[-3000:]
+
+
+def test_the_server_process_loads_neither_torch_nor_weights(
+    tiny_checkpoint, tiny_accompany_checkpoint, tmp_path
+):
+    """The engine process holds the models (server/model.py); the process that answers HTTP reads only the
+    checkpoints' configs and receives tokens, so libtorch is never mapped into it, even after a continuation,
+    a stream and an accompaniment."""
+    from tests.server.test_accompaniments import MELODY
+
+    accompany = {"MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint)}
+    with start_server(tiny_checkpoint, tmp_path, **accompany) as server:
+        files = {"file": ("m.mid", MOTIF, "audio/midi")}
+        assert (
+            httpx.post(f"{server.url}/v1/continuations", files=files, data={"seconds": "0.3"}).status_code
+            == 200
+        )
+        streamed = httpx.post(f"{server.url}/v1/continuations/stream", files=files, data={"seconds": "0.3"})
+        assert streamed.status_code == 200
+        melody = {"file": ("t.mid", MELODY, "audio/midi")}
+        assert httpx.post(f"{server.url}/v1/accompaniments", files=melody, timeout=60).status_code == 200
+        info = httpx.get(f"{server.url}/v1/model").json()
+        assert info["parameters"] > 0 and info["accompaniment"]["parameters"] > 0  # the engine's cards
+        maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
+        assert "libtorch" not in maps, "the HTTP process loaded torch"
+        children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+        assert any("libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in children)  # the engine's
+
+
+def test_sigterm_drains_an_accompaniment_in_the_engine(tiny_checkpoint, tiny_accompany_checkpoint, tmp_path):
+    """An accompaniment is an engine job like a continuation: one in flight when SIGTERM comes is answered
+    200, a new one is refused 503 `draining`, and the process exits 0."""
+    from tests.server.test_accompaniments import MELODY, melody
+
+    env = {
+        "MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint),
+        "MUSICREL_MAX_MELODY_SECONDS": "600",
+    }
+    with start_server(tiny_checkpoint, tmp_path, cli=True, **env) as server:
+        answer: dict = {}
+        long_tune = melody(n=300, step=0.4)  # 120 s of melody: seconds of decoding on the tiny model
+
+        def accompaniment() -> None:
+            files = {"file": ("t.mid", long_tune, "audio/midi")}
+            answer["r"] = httpx.post(f"{server.url}/v1/accompaniments", files=files, timeout=120)
+
+        thread = threading.Thread(target=accompaniment)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while "musicrel_in_flight 1.0" not in httpx.get(f"{server.url}/metrics").text:
+            assert time.monotonic() < deadline, "the request never arrived"
+            time.sleep(0.02)
+
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while httpx.get(f"{server.url}/readyz").status_code == 200:
+            assert time.monotonic() < deadline, "readiness did not turn 503 after SIGTERM"
+            time.sleep(0.02)
+        refused = httpx.post(
+            f"{server.url}/v1/accompaniments", files={"file": ("t.mid", MELODY, "audio/midi")}
+        )
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+
+        thread.join(120)
+        response = answer["r"]
+        assert response.status_code == 200, response.text
+        assert len(pretty_midi.PrettyMIDI(io.BytesIO(response.content)).instruments) == 2
+        assert server.proc.wait(60) == 0, server.log()[-3000:]

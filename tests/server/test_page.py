@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server.accompaniments import AccompanimentParams
-from server.schemas import ContinuationParams
+from server.schemas import AccompanimentParams, ContinuationParams
 from server.settings import STATIC_DIR, Settings
 
 PAGE = STATIC_DIR / "index.html"

@@ -90,8 +90,9 @@ def test_generate_with_lightning_predict_matches_single_process(setup):
     assert json.loads((tmp_path / "pl" / "summary.json").read_text())["counts"]["ok"] == 1
 
 
-def test_bench_generate_smoke(setup, capsys):
+def test_bench_generate_smoke(setup, capsys, monkeypatch):
     """The benchmark runs end to end and prints its table (speed itself is never asserted in tests)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # an explicit count would win over the choice
     tmp_path, _ = setup
     argv = ["bench", "generate", "--checkpoint", str(tmp_path / "ckpt"), "--tokens", "8", "--repeats", "1"]
     assert main(argv) == 0
@@ -114,7 +115,8 @@ def test_bench_neighbour_smoke(setup, capsys):
     assert "beside a neighbour / alone: " in out and "(goal <= 2x)" in out
 
 
-def test_generate_says_how_many_threads_it_chose(setup, capsys):
+def test_generate_says_how_many_threads_it_chose(setup, capsys, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # an explicit count would win over the choice
     tmp_path, motifs = setup
     assert main(["generate", "--checkpoint", str(tmp_path / "ckpt"), "--input", str(motifs), "--out",
                  str(tmp_path / "o"), "--seconds", "0.5", "--seed", "1"]) == 0  # fmt: skip

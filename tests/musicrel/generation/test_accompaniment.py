@@ -230,6 +230,22 @@ def test_the_answer_keeps_the_melody_track_and_adds_the_accompaniment(model):
     assert key(again.notes[0]) == key(result.notes[0])  # a seed gives the same accompaniment
 
 
+def test_a_drawn_seed_is_in_range_and_repeats_the_accompaniment(model):
+    from musicrel.generation.sampling import MAX_SEED
+
+    pm = song(tune(6))
+    first = accompany_midi(model, CODEC, pm, track=0, params=AccompanimentParams(num_samples=2))
+    assert 0 <= first.seed <= MAX_SEED
+    again = accompany_midi(
+        model, CODEC, pm, track=0, params=AccompanimentParams(seed=first.seed, num_samples=2)
+    )
+
+    def keys(result):
+        return [[(n.pitch, n.velocity, n.start, n.end) for n in notes] for notes in result.notes]
+
+    assert again.seed == first.seed and keys(again) == keys(first)
+
+
 def test_accompany_command_writes_answers_and_records_bad_files(tmp_path, model, capsys):
     from musicrel.model.checkpoint import save_model
 
@@ -250,3 +266,17 @@ def test_accompany_command_writes_answers_and_records_bad_files(tmp_path, model,
     written = pretty_midi.PrettyMIDI(str(out / "tune.sample0.mid"))
     assert [i.name for i in written.instruments] == ["MELODY", ACCOMPANIMENT_NAME]
     assert "accompanied 1 of 2" in capsys.readouterr().out
+
+
+def test_accompaniment_params_take_sampling_params_defaults_and_checks():
+    import dataclasses
+
+    from musicrel.errors import GenerationError
+    from musicrel.generation.sampling import MAX_SEED, SamplingParams
+
+    mine, theirs = AccompanimentParams(), SamplingParams()
+    for f in dataclasses.fields(AccompanimentParams):
+        assert getattr(mine, f.name) == getattr(theirs, f.name), f.name
+    with pytest.raises(GenerationError, match="seed") as info:
+        AccompanimentParams(seed=MAX_SEED + 1)
+    assert info.value.code == "invalid_params"

@@ -16,6 +16,7 @@ from musicrel.evaluation.control_evidence import evaluate_controls, progression
 from musicrel.evaluation.metrics import polyphony
 from musicrel.generation.controls import (
     DENSITY_CHORD,
+    DENSITY_MAX_BIAS,
     PREFER_BIAS,
     ControlError,
     Controls,
@@ -163,6 +164,15 @@ def test_a_prefer_key_outside_the_range_is_fine_but_only_is_empty():
     with pytest.raises(ControlError) as e:
         auto.resolve(motif(), CODEC.config.step_ms)
     assert e.value.code == "empty_range"
+
+
+def test_a_density_too_small_to_divide_starts_at_the_bias_floor_not_a_math_error():
+    """The API fuzz sent density=5e-324: its ratio to the motif's rate underflowed to 0, and log(0) was a
+    500."""
+    primer = motif()
+    tiny = Controls(density=5e-324).resolve(primer, CODEC.config.step_ms)
+    assert tiny.density_start == -DENSITY_MAX_BIAS
+    assert Controls(density=1e-6).resolve(primer, CODEC.config.step_ms).density_start == -DENSITY_MAX_BIAS
 
 
 def test_normalised_and_json_round_trip():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from musicrel.errors import GenerationError
-from musicrel.generation.sampling import SamplingParams
+from musicrel.generation.sampling import MAX_SEED, SEED_RANGE, SamplingParams, derived_seed, draw_seed
 
 
 @pytest.mark.parametrize(
@@ -21,6 +21,7 @@ from musicrel.generation.sampling import SamplingParams
         ("top_p", 1.5),
         ("num_samples", 0),
         ("seed", -1),
+        ("seed", MAX_SEED + 1),
         ("max_new_tokens", 0),
         ("include_primer", "yes"),
     ],
@@ -29,3 +30,15 @@ def test_sampling_params_are_validated(field, value):
     with pytest.raises(GenerationError, match=field) as info:
         SamplingParams(**{field: value})
     assert info.value.code == "invalid_params"
+
+
+def test_one_seed_range_drawn_derived_and_accepted():
+    assert MAX_SEED == SEED_RANGE - 1 == 2**32 - 1
+    assert SamplingParams(seed=MAX_SEED).seed == MAX_SEED
+    drawn = {draw_seed() for _ in range(200)}
+    assert all(0 <= s <= MAX_SEED for s in drawn) and len(drawn) > 190
+    derived = [derived_seed(MAX_SEED, i) for i in range(50)]
+    assert all(0 <= s <= MAX_SEED for s in derived) and derived == [
+        derived_seed(MAX_SEED, i) for i in range(50)
+    ]
+    assert len(set(derived)) == 50

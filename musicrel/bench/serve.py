@@ -163,18 +163,19 @@ def _in_process(
 def run(args: argparse.Namespace) -> int:
     import httpx
 
-    from server.settings import Settings
-
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     args.requests = args.requests or 6 * args.concurrency
-    # The in-process rows run with the server's thread count, so that they compare with its numbers.
-    threads = args.torch_threads or Settings().torch_threads
-    if threads == "auto":  # as the server's worker would choose for this concurrency
-        from server.worker import generation_threads
+    # The in-process rows run with the server's thread count, so that they compare with its numbers: the
+    # count asked for, else what the server's "auto" chooses for this concurrency. (This tool talks to the
+    # server over HTTP only: it does not import it.)
+    threads = args.torch_threads or os.environ.get("MUSICREL_TORCH_THREADS", "auto")
+    if threads == "auto":
+        from musicrel.threads import choose_threads, request_reserve
 
-        threads = generation_threads(args.concurrency).threads
-    engine = os.environ.get("MUSICREL_ENGINE", Settings().engine)
+        threads = choose_threads(args.concurrency, reserve=request_reserve()).threads
+    threads = int(threads) if str(threads).isdigit() else None
+    engine = os.environ.get("MUSICREL_ENGINE", "the server's default")
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or random_checkpoint(Path(tmp) / "ckpt")
         with socket.socket() as s:
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
             env["MUSICREL_TORCH_THREADS"] = str(args.torch_threads)
         command = [sys.executable, "-m", "uvicorn", "server.app:app", "--port", str(port)]
         command += ["--log-level", "warning"]
-        server = subprocess.Popen(command, env=env, cwd=Path(__file__).resolve().parents[1])
+        server = subprocess.Popen(command, env=env, cwd=Path(__file__).resolve().parents[2])
         try:
             deadline = time.monotonic() + 120
             while True:

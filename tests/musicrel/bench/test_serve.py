@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.bench import _in_process, _motif, _side_by_side
+from musicrel.bench.serve import _in_process, _motif, _side_by_side
 
 
 def test_side_by_side_alternates_order_and_pairs_results():

@@ -1,5 +1,7 @@
-"""How many threads torch should use here and now: `choose_threads`, for `musicrel generate`, the server's
-generation worker (MUSICREL_TORCH_THREADS=auto) and `musicrel bench generate`.
+"""The torch thread policy, in one place for the commands, the server's engine, training and the benches:
+`set_torch_threads` (a count asked for, else `choose_threads`: how many threads torch should use here and
+now), `loading_threads` (one while a checkpoint loads), `request_reserve` (the CPU a server keeps for its
+requests) and `set_spin_count` (how long idle OpenMP workers spin, before torch loads).
 
 torch starts one OpenMP thread per core whatever else runs. A decode step is dozens of small parallel ops
 with a barrier after each, so a team larger than the cores it can really get waits at every barrier for a
@@ -10,7 +12,8 @@ CPU-bound process and 3.6 s with one thread, the same bytes. So the count is mea
 - minus what other processes keep busy: /proc/stat over a short interval, less this process's own time;
 - and no more than the batch can use: a decode step of a row or two is too small to split with profit.
 
-No torch here: callers apply the count (`torch.set_num_threads`) in the thread that decodes.
+OpenMP's thread count is per calling thread: `set_torch_threads` is called in the thread that decodes or
+trains, not elsewhere. torch is imported only inside the functions that set it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,13 @@ from pathlib import Path
 
 SAMPLE_S = 0.1  # how long a one-off choice watches the machine
 ROWS_PER_THREAD = 2  # a thread per this many decoding rows at most (one row: one thread)
+TRAINING_ROWS = 1_000_000  # a training batch splits across any number of threads
+# How long idle OpenMP workers spin before they sleep. A decode step is dozens of small parallel ops with
+# Python in between; waking sleeping workers for each (OMP_WAIT_POLICY=PASSIVE) made it 2.4x slower on an
+# idle 2-core machine, and 10,000 spins still let them fall asleep between ops, while libgomp's default
+# 300,000 starves other processes longer on a busy machine. 100,000 measured as fast as the default
+# (`musicrel bench generate`).
+SPIN_COUNT = "100000"
 
 
 def cpu_budget() -> float:
@@ -89,8 +99,11 @@ class ThreadChoice:
     busy: float | None  # CPUs busy with other processes; None: not measured
     rows: int
     reserved: float
+    asked: bool = False  # the count was given (--threads, MUSICREL_TORCH_THREADS, OMP_NUM_THREADS)
 
     def __str__(self) -> str:
+        if self.asked:
+            return f"{self.threads} torch thread{'s' if self.threads != 1 else ''} (asked)"
         busy = "not measured" if self.busy is None else f"{self.busy:.1f} busy with other processes"
         reserve = f", {self.reserved:g} kept for request handling" if self.reserved else ""
         return (
@@ -115,3 +128,49 @@ def choose_threads(
     by_rows = max(1, math.ceil(max(1, rows) / ROWS_PER_THREAD))
     threads = int(max(1, min(math.floor(free + 0.5), by_rows, cpus)))
     return ThreadChoice(threads, cpus, busy, max(1, rows), reserve)
+
+
+def set_spin_count() -> None:
+    """SPIN_COUNT for libgomp, unless the environment says otherwise; only effective before torch loads."""
+    os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+
+
+def request_reserve() -> float:
+    """CPUs a server keeps for request handling (multipart, MIDI parsing and writing, HTTP) when choosing its
+    decoding threads: one when there are two or more. On a 2-core machine that leaves one thread, the count
+    measured fastest there."""
+    return 1.0 if cpu_budget() >= 2 else 0.0
+
+
+def set_torch_threads(
+    threads: int | str | None = None,
+    rows: int = 1,
+    reserve: float = 0.0,
+    sampler: CpuSampler | None = None,
+) -> ThreadChoice:
+    """Set torch's threads in the calling thread and say how: `threads` when it is a count; else (None,
+    0 or "auto") OMP_NUM_THREADS when the environment sets it (an explicit setting wins), else
+    `choose_threads(rows, reserve, sampler)`. torch's default, one per core, took 75-93 s instead of 3.6 s
+    beside a busy process. The count is set only when it changes."""
+    import torch
+
+    if threads in (None, 0, "auto"):
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        threads = int(env) if env.isdigit() and int(env) > 0 else None
+    if threads is None:
+        choice = choose_threads(rows, reserve=reserve, sampler=sampler)
+    else:
+        choice = ThreadChoice(int(threads), cpu_budget(), None, max(1, rows), reserve, asked=True)
+    if choice.threads != torch.get_num_threads():
+        torch.set_num_threads(choice.threads)
+    return choice
+
+
+def loading_threads() -> None:
+    """One torch thread in the calling thread, for loading a checkpoint: loading needs no parallelism, and an
+    OpenMP team in a thread that does not decode counts against the CPUs: with more OpenMP threads than CPUs
+    libgomp lets idle workers spin only 100 times before sleeping, which made the decoding thread's steps
+    2x slower."""
+    import torch
+
+    torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""generation.threads: the torch thread count from the CPUs this process may use, what other processes keep
+"""musicrel.threads: the torch thread count from the CPUs this process may use, what other processes keep
 busy, and the rows decoded."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-import musicrel.generation.threads as threads
-from musicrel.generation.threads import CpuSampler, choose_threads, cpu_budget
+import musicrel.threads as threads
+from musicrel.threads import CpuSampler, choose_threads, cpu_budget
 
 
 class Busy:
@@ -80,3 +80,32 @@ def test_the_sampler_leaves_out_this_processs_own_time(monkeypatch):
     monkeypatch.setattr(CpuSampler, "_snapshot", staticmethod(lambda: next(readings)))
     sampler = CpuSampler()
     assert sampler.busy_others() == pytest.approx(0.75)
+
+
+def test_set_torch_threads_sets_an_asked_count_or_the_choice(monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        asked = threads.set_torch_threads(2, rows=8)
+        assert asked.asked and asked.threads == torch.get_num_threads() == 2 and "asked" in str(asked)
+        monkeypatch.setattr(threads, "cpu_budget", lambda: 4.0)
+        chosen = threads.set_torch_threads("auto", rows=1, sampler=Busy(0.0))
+        assert not chosen.asked and chosen.threads == torch.get_num_threads() == 1  # one row: one thread
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # an explicit environment wins over the choice
+        assert threads.set_torch_threads(None, rows=64, sampler=Busy(0.0)).threads == 3
+        assert torch.get_num_threads() == 3
+        threads.loading_threads()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_spin_count_is_a_default_an_explicit_one_wins(monkeypatch):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    threads.set_spin_count()
+    assert os.environ["GOMP_SPINCOUNT"] == threads.SPIN_COUNT
+    monkeypatch.setenv("GOMP_SPINCOUNT", "7")
+    threads.set_spin_count()
+    assert os.environ["GOMP_SPINCOUNT"] == "7"

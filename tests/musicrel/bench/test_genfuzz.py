@@ -1,5 +1,5 @@
-"""The generation fuzz (server/genfuzz.py), a short seeded run in-process: valid requests steered into
-degenerate outputs (empty samples, one-note motifs, extreme sampling, every control) are never a 5xx, and
+"""The generation fuzz (musicrel/bench/genfuzz.py), a short seeded run in-process: valid requests steered
+into degenerate outputs (empty samples, one-note motifs, extreme sampling, every control) are never a 5xx, and
 each answer holds what it says. `musicrel bench reliability --fuzz-generation N` is the long run."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from server import genfuzz
+from musicrel.bench import genfuzz
 from tests.server.conftest import serve
 
 CASES = int(os.environ.get("MUSICREL_GENFUZZ_CASES", "60"))

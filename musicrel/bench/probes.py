@@ -5,9 +5,9 @@
 - burst: N clients at once posting the same real MIDI file; how long the 429s take to come back, the
   Retry-After they carry against the parse/queue/generation times the accepted requests really had, and what
   a refused client gets when it retries after Retry-After seconds;
-- load (--load 1,2,10), soak (--soak SECONDS) and the long API fuzz (--fuzz-api N): server/loadgen.py;
-- the long generation fuzz (--fuzz-generation N): server/genfuzz.py, N requests steered into degenerate
-  outputs, on a tiny random model with a novelty index unless --checkpoint or --url says otherwise.
+- load (--load 1,2,10), soak (--soak SECONDS) and the long API fuzz (--fuzz-api N): musicrel/bench/loadgen.py;
+- the long generation fuzz (--fuzz-generation N): musicrel/bench/genfuzz.py, N requests steered into
+  degenerate outputs, on a tiny random model with a novelty index unless --checkpoint or --url says otherwise.
 Each of those runs alone (no trickle or burst unless asked for).
 """
 
@@ -59,7 +59,10 @@ def register(bench_sub) -> None:
     p.add_argument("--max-in-flight", type=int, default=256, help="the load generator's bound")
     p.add_argument("--fuzz-api", type=int, default=0, help="schemathesis examples per operation and mode")
     p.add_argument(
-        "--fuzz-generation", type=int, default=0, help="requests of the generation fuzz (server/genfuzz.py)"
+        "--fuzz-generation",
+        type=int,
+        default=0,
+        help="requests of the generation fuzz (musicrel/bench/genfuzz.py)",
     )
     p.add_argument("--fuzz-seed", type=int, default=0, help="the generation fuzz's seed")
     p.add_argument("--seconds", type=float, default=2.0, help="music per burst request")
@@ -189,7 +192,7 @@ def _default_midi() -> Path | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.fuzz_api:
-        from server.loadgen import fuzz_api
+        from musicrel.bench.loadgen import fuzz_api
 
         return fuzz_api(args.fuzz_api)
     if args.fuzz_generation:
@@ -201,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         args.burst = 0 if long_runs else 120
     path = args.midi or _default_midi()
     if path is None:
-        from server.bench import _motif
+        from musicrel.bench.serve import _motif
 
         midi, name = _motif(), "a generated motif"
     else:
@@ -265,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _long_runs(args: argparse.Namespace, url: str, pid: int | None) -> None:
-    from server import loadgen
+    from musicrel.bench import loadgen
 
     if args.load_midi is not None:
         path = args.load_midi
@@ -275,7 +278,7 @@ def _long_runs(args: argparse.Namespace, url: str, pid: int | None) -> None:
         files = sorted(_default_dir().glob("*.mid"), key=lambda p: p.stat().st_size)
         path = files[0] if files else None
     if path is None:
-        from server.bench import _motif
+        from musicrel.bench.serve import _motif
 
         midi, name = _motif(), "a generated motif"
     else:
@@ -327,8 +330,8 @@ def _fuzz_generation(args: argparse.Namespace) -> int:
     when any answer was a 5xx or wrong."""
     import httpx
 
+    from musicrel.bench import genfuzz
     from musicrel.bench.codec import _default_dir
-    from server import genfuzz
 
     files = genfuzz.motifs()
     # The real files as well, when shared: their dense windows and many tracks reach other paths.
@@ -336,7 +339,7 @@ def _fuzz_generation(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.url is None and args.checkpoint is None:
             from musicrel.bench.models import random_checkpoint
-            from server.bench import TINY_MODEL
+            from musicrel.bench.serve import TINY_MODEL
 
             tiny = random_checkpoint(Path(tmp) / "tiny", **TINY_MODEL)
             args.checkpoint = genfuzz.with_novelty_index(tiny, Path(tmp) / "ckpt")

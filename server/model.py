@@ -1,0 +1,102 @@
+"""The engine's one door to a checkpoint. `LoadedModel.load` loads it once, under the thread policy's loading
+rule, and describes it (`ModelCard`: what /v1/model says of it); the engine holds the LoadedModels and sends
+their cards to the HTTP process when it is ready. The HTTP process never loads weights: `CheckpointView.read`
+gives it what it needs to parse uploads and check forms (the codec, the longest primer the model reads,
+whether it accompanies melodies) from the checkpoint's config alone, without torch. Nothing else in `server/`
+touches torch or a model's internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.transformer import MusicTransformer
+
+log = logging.getLogger("musicrel.server")
+
+CARD_FILE = "MODEL_CARD.md"
+
+
+def has_checkpoint(folder: str | Path) -> bool:
+    return (Path(folder) / "config.json").is_file()
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """A checkpoint as the HTTP process sees it: read from its config, no weights, no torch."""
+
+    folder: Path
+    codec: EventCodec
+    max_primer_tokens: int  # the longest primer the model reads (its window less room to continue)
+    accompanies: bool  # its codec has melody tokens: an accompaniment model
+
+    @classmethod
+    def read(cls, folder: str | Path) -> CheckpointView:
+        """CheckpointError when `folder` holds no readable checkpoint config."""
+        from musicrel.generation.primer import max_primer_tokens
+        from musicrel.model.checkpoint import load_codec, read_config
+        from musicrel.model.config import ModelConfig
+
+        folder = Path(folder)
+        codec = load_codec(folder)
+        window = ModelConfig.from_dict(read_config(folder)["model"]).max_seq_len
+        return cls(folder, codec, max_primer_tokens(window), codec.melody_on_offset is not None)
+
+
+def view_accompanist(folder: str | Path) -> tuple[CheckpointView | None, str]:
+    """The accompaniment checkpoint in `folder`, or None and why the server has none."""
+    if not has_checkpoint(folder):
+        return None, f"no accompaniment model on this server ({folder} holds no checkpoint)"
+    view = CheckpointView.read(folder)
+    if not view.accompanies:
+        return None, f"{folder} is not an accompaniment model (its codec has no melody tokens)"
+    return view, ""
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What /v1/model says of a loaded model (picklable: the engine sends it to the HTTP process)."""
+
+    info: dict[str, Any]  # checkpoint, sha256, parameters, vocab_size, model, codec, card
+
+
+@dataclass
+class LoadedModel:
+    model: MusicTransformer
+    codec: EventCodec
+    card: ModelCard
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str = "cpu") -> LoadedModel:
+        """Load the checkpoint in `folder` (CheckpointError when it holds none) in eval mode on `device`."""
+        from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
+        from musicrel.threads import loading_threads
+
+        loading_threads()  # only a decoding thread runs a team of threads
+        folder = Path(folder)
+        model = load_model(folder, device=device).eval()
+        codec = load_codec(folder)
+        card = folder / CARD_FILE
+        info = {
+            "checkpoint": str(folder),
+            "sha256": weights_sha256(folder),
+            "parameters": model.num_parameters(),
+            "vocab_size": codec.vocab_size,
+            "model": model.cfg.to_dict(),
+            "codec": codec.config.to_dict(),
+            "card": card.read_text(errors="replace") if card.is_file() else None,
+        }
+        log.info("loaded %s: %d parameters, sha256 %s", folder, info["parameters"], info["sha256"][:12])
+        return cls(model, codec, ModelCard(info))
+
+
+def load_accompanist(folder: str | Path, device: str = "cpu") -> LoadedModel | None:
+    """The accompaniment model in `folder`, or None when there is none there or it has no melody tokens
+    (`view_accompanist` says why)."""
+    view, _ = view_accompanist(folder)
+    return None if view is None else LoadedModel.load(folder, device=device)

@@ -87,13 +87,9 @@ class UploadLimitMiddleware:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        length = headers.get("content-length")
-        if length is not None and not length.isdigit():
-            await error_response(400, "bad_request", "invalid Content-Length header")(scope, receive, send)
-            return
-        if length is not None and int(length) > self.max_bytes:
-            error = too_large(self.max_bytes)
-            await error_response(413, error.code, error.detail)(scope, receive, send)
+        refusal = self._refusal(headers)
+        if refusal is not None:
+            await refusal(scope, receive, send)
             return
         if not _has_body(headers):
             await self.app(scope, receive, send)
@@ -104,69 +100,8 @@ class UploadLimitMiddleware:
             await error_response(429, "too_many_uploads", message, headers=retry)(scope, receive, send)
             return
 
-        self.uploading += 1
-        start = time.monotonic()
-        received = 0
-        uploading = True
-        delimiter = _closing_delimiter(headers)
-        closed = False  # the closing delimiter was seen
-        tail = b""  # the end of what came so far, in case the delimiter straddles two chunks
+        upload = _Upload(self, receive, _closing_delimiter(headers))
         started = False
-
-        def finished() -> None:
-            nonlocal uploading
-            if uploading:
-                uploading = False
-                self.uploading -= 1
-
-        def deadline() -> float:
-            """When more bytes must have arrived: the rate check starts after the grace period and the body
-            deadline caps everything."""
-            by_rate = received / self.min_rate if self.min_rate else math.inf
-            return start + min(self.timeout_s, max(self.grace_s, by_rate))
-
-        def too_slow() -> BodyError:
-            elapsed = time.monotonic() - start
-            if elapsed >= self.timeout_s:
-                why = f"the request body did not arrive within {self.timeout_s:g} s ({received} bytes came)"
-            else:
-                why = (
-                    f"the request body is arriving too slowly: {received} bytes in {elapsed:.1f} s, below "
-                    f"the minimum of {self.min_rate:g} bytes/s"
-                )
-            return BodyError(408, "upload_timeout", why, close=True)
-
-        async def limited_receive() -> Message:
-            nonlocal received, closed, tail
-            if not uploading:
-                return await receive()
-            with anyio.move_on_after(deadline() - time.monotonic()) as waited:
-                message = await receive()
-            if waited.cancelled_caught:
-                finished()
-                raise too_slow()
-            if message["type"] != "http.request":
-                finished()  # disconnected
-                return message
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > self.max_bytes:
-                finished()
-                raise too_large(self.max_bytes)
-            if delimiter is not None and not closed:
-                window = tail + chunk
-                closed = delimiter in window
-                tail = window[-(len(delimiter) - 1) :]
-            if not message.get("more_body", False):
-                finished()
-                if delimiter is not None and not closed:
-                    raise BodyError(
-                        400,
-                        "bad_request",
-                        f"malformed multipart body: it ends after {received} bytes without its closing "
-                        f"boundary {delimiter.decode('latin-1')} (was the upload cut short?)",
-                    )
-            return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
@@ -175,7 +110,7 @@ class UploadLimitMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, upload.receive, tracking_send)
         except BodyError as exc:  # read outside a route (no exception handler saw it)
             if started:
                 raise
@@ -183,7 +118,92 @@ class UploadLimitMiddleware:
                 scope, receive, send
             )
         finally:
-            finished()
+            upload.finished()
+
+    def _refusal(self, headers: Headers) -> ASGIApp | None:
+        """The answer to a request whose Content-Length alone breaks the bounds, before anything is read."""
+        length = headers.get("content-length")
+        if length is not None and not length.isdigit():
+            return error_response(400, "bad_request", "invalid Content-Length header")
+        if length is not None and int(length) > self.max_bytes:
+            error = too_large(self.max_bytes)
+            return error_response(413, error.code, error.detail)
+        return None
+
+
+class _Upload:
+    """One request body being received under its middleware's bounds; it holds one of the middleware's
+    `max_uploads` places until `finished`."""
+
+    def __init__(self, limits: UploadLimitMiddleware, receive: Receive, delimiter: bytes | None):
+        self.limits = limits
+        self._receive = receive
+        self.delimiter = delimiter  # the multipart closing boundary, if the body is a form
+        self.start = time.monotonic()
+        self.received = 0
+        self.uploading = True
+        self.closed = False  # the closing delimiter was seen
+        self.tail = b""  # the end of what came so far, in case the delimiter straddles two chunks
+        limits.uploading += 1
+
+    def finished(self) -> None:
+        if self.uploading:
+            self.uploading = False
+            self.limits.uploading -= 1
+
+    def deadline(self) -> float:
+        """When more bytes must have arrived: the rate check starts after the grace period and the body
+        deadline caps everything."""
+        limits = self.limits
+        by_rate = self.received / limits.min_rate if limits.min_rate else math.inf
+        return self.start + min(limits.timeout_s, max(limits.grace_s, by_rate))
+
+    def too_slow(self) -> BodyError:
+        elapsed = time.monotonic() - self.start
+        timeout_s, received = self.limits.timeout_s, self.received
+        if elapsed >= timeout_s:
+            why = f"the request body did not arrive within {timeout_s:g} s ({received} bytes came)"
+        else:
+            why = (
+                f"the request body is arriving too slowly: {received} bytes in {elapsed:.1f} s, below "
+                f"the minimum of {self.limits.min_rate:g} bytes/s"
+            )
+        return BodyError(408, "upload_timeout", why, close=True)
+
+    async def receive(self) -> Message:
+        """The app's `receive`: the next chunk, or a BodyError as soon as the body breaks a bound."""
+        if not self.uploading:
+            return await self._receive()
+        with anyio.move_on_after(self.deadline() - time.monotonic()) as waited:
+            message = await self._receive()
+        if waited.cancelled_caught:
+            self.finished()
+            raise self.too_slow()
+        if message["type"] != "http.request":
+            self.finished()  # disconnected
+            return message
+        chunk = message.get("body", b"")
+        self.received += len(chunk)
+        if self.received > self.limits.max_bytes:
+            self.finished()
+            raise too_large(self.limits.max_bytes)
+        self._watch_for_delimiter(chunk)
+        if not message.get("more_body", False):
+            self.finished()
+            if self.delimiter is not None and not self.closed:
+                raise BodyError(
+                    400,
+                    "bad_request",
+                    f"malformed multipart body: it ends after {self.received} bytes without its closing "
+                    f"boundary {self.delimiter.decode('latin-1')} (was the upload cut short?)",
+                )
+        return message
+
+    def _watch_for_delimiter(self, chunk: bytes) -> None:
+        if self.delimiter is not None and not self.closed:
+            window = self.tail + chunk
+            self.closed = self.delimiter in window
+            self.tail = window[-(len(self.delimiter) - 1) :]
 
 
 class AdmissionMiddleware:

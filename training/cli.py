@@ -11,6 +11,21 @@ import shlex
 import sys
 
 
+def register(subparsers) -> None:
+    """The training commands, in the order `musicrel --help` lists them; each is added beside its handler."""
+    for add in (
+        _add_corpus,
+        _add_prepare,
+        _add_train,
+        _add_finetune,
+        _add_export,
+        _add_pack_gpu,
+        _add_curves,
+        _add_evaluate,
+    ):
+        add(subparsers)
+
+
 def _corpus(args) -> int:
     from training.corpus import REPORT_NAME, export_music21
 
@@ -23,7 +38,7 @@ def _corpus(args) -> int:
     return 0
 
 
-def register(subparsers) -> None:
+def _add_corpus(subparsers) -> None:
     p = subparsers.add_parser("corpus", help="export a built-in corpus (music21's) to MIDI files")
     p.add_argument("source", choices=["music21"], help="which corpus")
     p.add_argument("--out", required=True, help="output folder (resumes: existing files are skipped)")
@@ -31,8 +46,6 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="export only the first N works")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_corpus)
-
-    _register_rest(subparsers)
 
 
 def _prepare(args) -> int:
@@ -88,11 +101,58 @@ def _prepare(args) -> int:
     return 0
 
 
+def _add_prepare(subparsers) -> None:
+    p = subparsers.add_parser("prepare", help="encode MIDI files into a training data folder")
+    p.add_argument(
+        "sources",
+        nargs="+",
+        metavar="[NAME=]SRC",
+        help="MIDI files, folders (searched recursively) or globs; NAME defaults to the folder's name",
+    )
+    p.add_argument(
+        "--weight",
+        action="append",
+        default=[],
+        metavar="NAME=W",
+        help="mixing weight of a source (default 1: every token alike; 0.5 halves how often it is seen)",
+    )
+    p.add_argument("--out", required=True, help="data folder (re-runs reuse its cache)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--pedal", choices=["extend", "events"], default=None, help="codec pedal handling")
+    p.add_argument("--step-ms", type=int, default=None, help="codec time-shift resolution in ms")
+    p.add_argument("--velocity-bins", type=int, default=None, help="codec velocity bins")
+    p.add_argument("--tracks", default=None, help="instrument indices to read, e.g. 0,2 (default: merge all)")
+    p.add_argument(
+        "--melody",
+        action="store_true",
+        help="accompaniment data: the first of --tracks is the given melody, the others its part",
+    )
+    p.add_argument(
+        "--melody-lead-ms", type=int, default=None, help="with --melody: its tokens this far ahead (0)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_prepare)
+
+
 def _train(args) -> int:
     from training.module import run_cli
 
     run_cli(args.args)
     return 0
+
+
+def _add_train(subparsers) -> None:
+    # Everything after `train` goes to LightningCLI (`musicrel train --help` prints its help).
+    p = subparsers.add_parser(
+        "train",
+        add_help=False,
+        help="train a model: --config configs/X.yaml [--section.key value ...]",
+        description="Forwards its arguments to LightningCLI's fit; see `musicrel train --help`.",
+        # no options of its own: `--config`, `--help`... all land in `args` for LightningCLI
+        prefix_chars="\0",
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_train)
 
 
 def _command_line(name: str, args) -> str:
@@ -147,113 +207,7 @@ def _finetune(args) -> int:
     return 0
 
 
-def _export(args) -> int:
-    from musicrel.errors import ConfigError
-    from training.export import export_checkpoint
-
-    if not args.max_shard_mib > 0:
-        raise ConfigError(f"--max-shard-mib must be > 0, got {args.max_shard_mib}")
-    folder = export_checkpoint(
-        args.checkpoint,
-        args.out,
-        card=args.card,
-        max_shard_bytes=int(args.max_shard_mib * 2**20),
-        dtype=args.dtype,
-    )
-    print(f"exported {args.checkpoint} -> {folder}")
-    return 0
-
-
-def _pack_gpu(args) -> int:
-    from musicrel.errors import ConfigError
-    from training.pack import pack_gpu
-
-    if not args.max_mib > 0:
-        raise ConfigError(f"--max-mib must be > 0, got {args.max_mib}")
-    info = pack_gpu(args.data, args.out, wheels=not args.no_wheels, limit_bytes=int(args.max_mib * 2**20))
-    data = sum(n for f, n in info["files"].items() if f.startswith("data/"))
-    wheels = sum(n for f, n in info["files"].items() if f.startswith("wheels/"))
-    print(
-        f"{args.out}: {info['total_bytes'] / 2**20:.1f} MiB of {args.max_mib:g} "
-        f"(data {data / 2**20:.1f} MiB, {len(info['wheels'])} wheels {wheels / 2**20:.1f} MiB)"
-    )
-    print(
-        f"on the GPU machine, from the repo root: bash {args.out}/run.sh start 8m; see {args.out}/README.md"
-    )
-    return 0
-
-
-def _evaluate(args) -> int:
-    from training.evaluate import evaluate, format_nll_table
-
-    result = evaluate(
-        args.checkpoint,
-        args.data,
-        split=args.split,
-        batch_size=args.batch_size,
-        max_windows=args.max_windows,
-        seq_len=args.seq_len,
-    )
-    print(format_nll_table(result))
-    return 0
-
-
-def _curves(args) -> int:
-    from training.curves import curves
-
-    print(curves(args.runs, out=args.out))
-    if args.out:
-        print(f"wrote {args.out}")
-    return 0
-
-
-def _register_rest(subparsers) -> None:
-    from musicrel.model.checkpoint import MAX_SHARD_BYTES, WEIGHT_DTYPES  # no torch: cheap at start-up
-    from training.pack import PACK_LIMIT_BYTES
-
-    p = subparsers.add_parser("prepare", help="encode MIDI files into a training data folder")
-    p.add_argument(
-        "sources",
-        nargs="+",
-        metavar="[NAME=]SRC",
-        help="MIDI files, folders (searched recursively) or globs; NAME defaults to the folder's name",
-    )
-    p.add_argument(
-        "--weight",
-        action="append",
-        default=[],
-        metavar="NAME=W",
-        help="mixing weight of a source (default 1: every token alike; 0.5 halves how often it is seen)",
-    )
-    p.add_argument("--out", required=True, help="data folder (re-runs reuse its cache)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
-    p.add_argument("--pedal", choices=["extend", "events"], default=None, help="codec pedal handling")
-    p.add_argument("--step-ms", type=int, default=None, help="codec time-shift resolution in ms")
-    p.add_argument("--velocity-bins", type=int, default=None, help="codec velocity bins")
-    p.add_argument("--tracks", default=None, help="instrument indices to read, e.g. 0,2 (default: merge all)")
-    p.add_argument(
-        "--melody",
-        action="store_true",
-        help="accompaniment data: the first of --tracks is the given melody, the others its part",
-    )
-    p.add_argument(
-        "--melody-lead-ms", type=int, default=None, help="with --melody: its tokens this far ahead (0)"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_prepare)
-
-    # Everything after `train` goes to LightningCLI (`musicrel train --help` prints its help).
-    p = subparsers.add_parser(
-        "train",
-        add_help=False,
-        help="train a model: --config configs/X.yaml [--section.key value ...]",
-        description="Forwards its arguments to LightningCLI's fit; see `musicrel train --help`.",
-        # no options of its own: `--config`, `--help`... all land in `args` for LightningCLI
-        prefix_chars="\0",
-    )
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_train)
-
+def _add_finetune(subparsers) -> None:
     p = subparsers.add_parser(
         "finetune",
         help="go on training a model folder on your own MIDI files (held-out part, early stopping)",
@@ -280,6 +234,27 @@ def _register_rest(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_finetune)
 
+
+def _export(args) -> int:
+    from musicrel.errors import ConfigError
+    from training.export import export_checkpoint
+
+    if not args.max_shard_mib > 0:
+        raise ConfigError(f"--max-shard-mib must be > 0, got {args.max_shard_mib}")
+    folder = export_checkpoint(
+        args.checkpoint,
+        args.out,
+        card=args.card,
+        max_shard_bytes=int(args.max_shard_mib * 2**20),
+        dtype=args.dtype,
+    )
+    print(f"exported {args.checkpoint} -> {folder}")
+    return 0
+
+
+def _add_export(subparsers) -> None:
+    from musicrel.model.checkpoint import MAX_SHARD_BYTES, WEIGHT_DTYPES  # no torch: cheap at start-up
+
     p = subparsers.add_parser("export", help="Lightning checkpoint -> self-contained model folder")
     p.add_argument("checkpoint", help="a .ckpt written by `musicrel train`")
     p.add_argument("--out", required=True, help="model folder to write (e.g. checkpoints/NAME)")
@@ -298,6 +273,29 @@ def _register_rest(subparsers) -> None:
     )
     p.set_defaults(func=_export)
 
+
+def _pack_gpu(args) -> int:
+    from musicrel.errors import ConfigError
+    from training.pack import pack_gpu
+
+    if not args.max_mib > 0:
+        raise ConfigError(f"--max-mib must be > 0, got {args.max_mib}")
+    info = pack_gpu(args.data, args.out, wheels=not args.no_wheels, limit_bytes=int(args.max_mib * 2**20))
+    data = sum(n for f, n in info["files"].items() if f.startswith("data/"))
+    wheels = sum(n for f, n in info["files"].items() if f.startswith("wheels/"))
+    print(
+        f"{args.out}: {info['total_bytes'] / 2**20:.1f} MiB of {args.max_mib:g} "
+        f"(data {data / 2**20:.1f} MiB, {len(info['wheels'])} wheels {wheels / 2**20:.1f} MiB)"
+    )
+    print(
+        f"on the GPU machine, from the repo root: bash {args.out}/run.sh start 8m; see {args.out}/README.md"
+    )
+    return 0
+
+
+def _add_pack_gpu(subparsers) -> None:
+    from training.pack import PACK_LIMIT_BYTES
+
     p = subparsers.add_parser(
         "pack-gpu",
         help="pack a prepared data folder + the wheels a bare GPU machine lacks, with run.sh",
@@ -312,6 +310,17 @@ def _register_rest(subparsers) -> None:
     p.add_argument("--max-mib", type=float, default=PACK_LIMIT_BYTES / 2**20, help="size limit (%(default)g)")
     p.set_defaults(func=_pack_gpu)
 
+
+def _curves(args) -> int:
+    from training.curves import curves
+
+    print(curves(args.runs, out=args.out))
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _add_curves(subparsers) -> None:
     p = subparsers.add_parser(
         "curves",
         help="validation NLL against training time of several runs, per source (table + plot)",
@@ -323,6 +332,23 @@ def _register_rest(subparsers) -> None:
     p.add_argument("--out", default=None, help="write the plot here (PNG)")
     p.set_defaults(func=_curves)
 
+
+def _evaluate(args) -> int:
+    from training.evaluate import evaluate, format_nll_table
+
+    result = evaluate(
+        args.checkpoint,
+        args.data,
+        split=args.split,
+        batch_size=args.batch_size,
+        max_windows=args.max_windows,
+        seq_len=args.seq_len,
+    )
+    print(format_nll_table(result))
+    return 0
+
+
+def _add_evaluate(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="NLL / perplexity / accuracy of a model on a prepared split")
     p.add_argument("--checkpoint", required=True, help="model folder (config.json + model.safetensors)")
     p.add_argument("--data", required=True, help="data folder written by `musicrel prepare`")

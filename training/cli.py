@@ -170,7 +170,7 @@ def _command_line(name: str, args) -> str:
 
 
 def _finetune(args) -> int:
-    from training.finetune import FinetuneConfig, finetune
+    from training.finetune import FinetuneConfig, FinetuneRun, finetune
 
     overrides = {
         k: v
@@ -185,12 +185,11 @@ def _finetune(args) -> int:
     }
     if args.no_augment:
         overrides["augment"] = False
-    s = finetune(
+    run = FinetuneRun(
         args.checkpoint,
         args.data,
         args.out,
         work=args.work,
-        config=FinetuneConfig(**overrides),
         accelerator=args.accelerator,
         devices=args.devices,
         precision=args.precision,
@@ -199,6 +198,7 @@ def _finetune(args) -> int:
         progress=not args.quiet,
         command=_command_line("finetune", args),
     )
+    s = finetune(run, FinetuneConfig(**overrides))
     for split in ("val", "test"):
         b, a = s["nll_before"][split], s["nll_after"][split]
         files = s["data"]["files"][split]

@@ -8,7 +8,8 @@ step is exported. The folder's MODEL_CARD.md records the base (its weights' sha2
 a hash of the files' contents), the command, and the held-out NLL before and after.
 
 Lightning runs it (`accelerator`, `devices`, `precision` as in `musicrel train`), checkpoints every validation
-into WORK and resumes from WORK's last checkpoint with `resume=True`.
+into WORK and resumes from WORK's last checkpoint with `resume=True`. `FinetuneRun` holds what a run reads,
+writes and runs on; `FinetuneConfig` how the model trains.
 """
 
 from __future__ import annotations
@@ -151,31 +152,49 @@ class _Estimate(Callback):
         self.said = True
 
 
-def finetune(
-    base,
-    sources,
-    out,
-    work=None,
-    config: FinetuneConfig | None = None,
-    accelerator: str = "auto",
-    devices="auto",
-    precision: str | None = None,
-    max_time: str | None = None,
-    resume: bool = False,
-    progress: bool = True,
-    command: str | None = None,
-) -> dict:
-    """Fine-tune the model folder `base` on `sources`; export the best validation step to `out`. Returns
-    the summary written into the card (and `out`/finetune.json)."""
+@dataclass(frozen=True)
+class FinetuneRun:
+    """What one fine-tuning run reads and writes, and how Lightning runs it (as in `musicrel train`)."""
+
+    base: Path  # the model folder to start from
+    sources: tuple  # MIDI files or folders, or one folder of `musicrel prepare`
+    out: Path  # the model folder to write
+    work: Path | None = None  # prepared data, logs, checkpoints (None: OUT.work)
+    accelerator: str = "auto"
+    devices: str | int = "auto"
+    precision: str | None = None  # None: default_precision()
+    max_time: str | None = None  # DD:HH:MM:SS
+    resume: bool = False  # from WORK's last checkpoint
+    progress: bool = True
+    command: str | None = None  # for the card (None: this process' own command line)
+
+    def __post_init__(self):
+        if isinstance(self.sources, (str, Path)) or not self.sources:
+            raise ConfigError(
+                f"sources must be a non-empty list of paths, got {self.sources!r}", code="bad_sources"
+            )
+        set_ = object.__setattr__  # frozen: normalise once, here
+        set_(self, "base", Path(self.base))
+        set_(self, "out", Path(self.out))
+        set_(self, "sources", tuple(self.sources))
+        set_(
+            self,
+            "work",
+            Path(self.work) if self.work is not None else self.out.with_name(self.out.name + ".work"),
+        )
+
+
+def finetune(run: FinetuneRun, config: FinetuneConfig | None = None) -> dict:
+    """Fine-tune the model folder `run.base` on `run.sources`; export the best validation step to `run.out`.
+    Returns the summary written into the card (and `out`/finetune.json)."""
     fc = config or FinetuneConfig()
-    base, out = Path(base), Path(out)
-    work = Path(work) if work is not None else out.with_name(out.name + ".work")
+    base, out, work, sources = run.base, run.out, run.work, run.sources
     codec = load_codec(base)  # also checks that base is a model folder
     last = work / "checkpoints" / "last.ckpt"
-    if resume and not last.is_file():
+    if run.resume and not last.is_file():
         raise ConfigError(f"nothing to resume: no {last}", code="nothing_to_resume")
     base_sha = weights_sha256(base)
-    prepared = prepare_with_base_codec(sources, work, codec, progress=progress)
+    prepared = prepare_with_base_codec(sources, work, codec, progress=run.progress)
     data = prepared["dir"]
 
     lm = build_module(base, codec, fc)
@@ -202,10 +221,10 @@ def finetune(
     trainer = L.Trainer(
         max_steps=fc.max_steps,
         max_epochs=-1,
-        max_time=max_time,
-        accelerator=accelerator,
-        devices=devices,
-        precision=precision or default_precision(),
+        max_time=run.max_time,
+        accelerator=run.accelerator,
+        devices=run.devices,
+        precision=run.precision or default_precision(),
         gradient_clip_val=1.0,
         num_sanity_val_steps=0,
         callbacks=[
@@ -215,14 +234,14 @@ def finetune(
         ],
         logger=CSVLogger(work, name="logs"),
         default_root_dir=work,
-        enable_progress_bar=progress,
+        enable_progress_bar=run.progress,
         enable_model_summary=False,
         log_every_n_steps=1,
     )
     before = {s: evaluate(base, data, split=s, max_windows=fc.val_windows)["nll"] for s in ("val", "test")}
     start = time.perf_counter()
     L.seed_everything(fc.seed, verbose=False)
-    trainer.fit(lm, datamodule=dm, ckpt_path=str(last) if resume else None)
+    trainer.fit(lm, datamodule=dm, ckpt_path=str(last) if run.resume else None)
     seconds = time.perf_counter() - start
     chosen = best.best_model_path or str(last)
 
@@ -239,7 +258,7 @@ def finetune(
         "device": str(trainer.strategy.root_device),
         "nll_before": before,
         "nll_after": after,
-        "command": command or "musicrel finetune " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+        "command": run.command or "musicrel finetune " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
     }
     (out / "finetune.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "MODEL_CARD.md").write_text(model_card(summary, lm))

@@ -4,6 +4,7 @@ files falls, the card records the base and the data, and bad requests are refuse
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from musicrel.midi.codec import CodecConfig, EventCodec
 from musicrel.model.checkpoint import load_model, save_model, weights_sha256
 from musicrel.model.config import ModelConfig
 from musicrel.model.transformer import MusicTransformer
-from training.finetune import FinetuneConfig, build_module, finetune
+from training.finetune import FinetuneConfig, FinetuneRun, build_module, finetune
 from training.prepare import prepare
 
 from .conftest import write_pattern_midi
@@ -44,7 +45,9 @@ def test_the_module_starts_from_the_base_weights(base):
 def test_finetune_lowers_the_held_out_nll_and_records_its_base(base, pattern_midi_dir, tmp_path):
     out = tmp_path / "mine"
     cfg = FinetuneConfig(lr=3e-3, warmup_steps=2, max_steps=16, val_every=4, batch_size=4, patience=10)
-    s = finetune(base, [pattern_midi_dir], out, config=cfg, accelerator="cpu", progress=False, command="x")
+    s = finetune(
+        FinetuneRun(base, [pattern_midi_dir], out, accelerator="cpu", progress=False, command="x"), cfg
+    )
 
     assert s["steps"] == 16
     for split in ("val", "test"):  # files the fine-tuning never trained on
@@ -68,7 +71,7 @@ def test_too_few_files_are_refused(base, tmp_path):
         write_pattern_midi(tmp_path / "src" / f"p{i}.mid", 60 + i)
     (tmp_path / "src" / "broken.mid").write_bytes(b"MThd not really")
     with pytest.raises(ConfigError) as exc:
-        finetune(base, [tmp_path / "src"], tmp_path / "out", accelerator="cpu", progress=False)
+        finetune(FinetuneRun(base, [tmp_path / "src"], tmp_path / "out", accelerator="cpu", progress=False))
     assert exc.value.code == "too_few_files"
     assert "2 usable" in str(exc.value)
 
@@ -84,11 +87,17 @@ def test_a_folder_prepared_with_another_codec_is_refused(base, pattern_midi_dir,
 
 def test_resume_needs_a_checkpoint(base, pattern_midi_dir, tmp_path):
     with pytest.raises(ConfigError) as exc:
-        finetune(base, [pattern_midi_dir], tmp_path / "o", resume=True, accelerator="cpu", progress=False)
+        finetune(
+            FinetuneRun(
+                base, [pattern_midi_dir], tmp_path / "o", resume=True, accelerator="cpu", progress=False
+            )
+        )
     assert exc.value.code == "nothing_to_resume"
 
 
 def test_config_is_validated():
+    with pytest.raises(ConfigError, match="sources"):
+        FinetuneRun("base", "one/folder", "out")  # a string, not a list of paths
     with pytest.raises(ConfigError, match="max_steps"):
         FinetuneConfig(max_steps=0)
     with pytest.raises(ConfigError, match="lr"):
@@ -108,17 +117,16 @@ def test_validation_and_the_before_after_figures_are_capped(base, pattern_midi_d
     monkeypatch.setattr(ft, "evaluate", spy(ft.evaluate, "max_windows"))
     monkeypatch.setattr(ft, "MusicDataModule", spy(ft.MusicDataModule, "val_windows"))
     cfg = FinetuneConfig(max_steps=2, val_every=2, batch_size=2, val_windows=1)
-    finetune(base, [pattern_midi_dir], tmp_path / "m", config=cfg, accelerator="cpu", progress=False)
+    finetune(FinetuneRun(base, [pattern_midi_dir], tmp_path / "m", accelerator="cpu", progress=False), cfg)
     assert seen == [1, 1, 1, 1, 1]  # the data module, then NLL before and after on val and test
 
 
 def test_an_interrupted_run_resumes_from_its_last_checkpoint(base, pattern_midi_dir, tmp_path):
     out = tmp_path / "mine"
     cfg = dict(lr=3e-3, warmup_steps=2, val_every=4, batch_size=4, patience=10)
-    first = finetune(base, [pattern_midi_dir], out, config=FinetuneConfig(max_steps=8, **cfg),
-                     accelerator="cpu", progress=False)  # fmt: skip
+    run = FinetuneRun(base, [pattern_midi_dir], out, accelerator="cpu", progress=False)
+    first = finetune(run, FinetuneConfig(max_steps=8, **cfg))
     assert first["steps"] == 8 and (out.with_name("mine.work") / "checkpoints" / "last.ckpt").is_file()
-    again = finetune(base, [pattern_midi_dir], out, config=FinetuneConfig(max_steps=12, **cfg),
-                     accelerator="cpu", progress=False, resume=True)  # fmt: skip
+    again = finetune(replace(run, resume=True), FinetuneConfig(max_steps=12, **cfg))
     assert again["steps"] == 12  # went on from step 8, not from 0
     assert again["nll_before"] == first["nll_before"]  # the same base and held-out files

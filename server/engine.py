@@ -60,7 +60,7 @@ from server.messages import (
 from server.metrics import Metrics
 from server.model import LoadedModel, load_accompanist
 from server.settings import Settings
-from server.worker import GenerationThread, warm_up
+from server.worker import BatchPolicy, GenerationThread, warm_up
 
 if TYPE_CHECKING:
     from musicrel.generation.primer import Primer
@@ -377,14 +377,10 @@ def engine_main(conn: Any, settings: Settings) -> None:
     worker = GenerationThread(
         loaded.model,
         codec,
+        BatchPolicy.from_settings(settings, max_queue=1 << 30),  # the queue is bounded by the server
         accompanist=accompanist,
         metrics=_RemoteMetrics(send),
-        max_queue=1 << 30,  # bounded by the server
-        max_batch_rows=settings.max_batch_rows,
-        batch_window_s=settings.batch_window_ms / 1000,
-        primer_cache=settings.primer_cache,
         warmup=(lambda batch: warm_up(codec, batch)) if settings.warmup else None,
-        torch_threads=settings.torch_threads,
     )
     worker.start()
     while not worker.ready.wait(0.05):

@@ -24,7 +24,7 @@ from server.errors import ApiError
 from server.metrics import Metrics
 from server.model import CheckpointView, LoadedModel, ModelCard, load_accompanist, view_accompanist
 from server.settings import Settings
-from server.worker import GenerationThread, GenerationWorker, warm_up
+from server.worker import BatchPolicy, GenerationThread, GenerationWorker, warm_up
 
 if TYPE_CHECKING:
     from musicrel.evaluation.novelty import NoveltyIndex
@@ -133,15 +133,11 @@ class Service:
             self.worker = GenerationThread(
                 self.loaded.model,
                 self.codec,
+                BatchPolicy.from_settings(s),
                 accompanist=self.accompanist,
                 metrics=self.metrics,
-                max_queue=s.max_queue,
-                max_batch_rows=s.max_batch_rows,
-                batch_window_s=s.batch_window_ms / 1000,
-                primer_cache=s.primer_cache,
                 decoder=self.decoder,
                 warmup=partial(warm_up, self.codec) if s.warmup else None,
-                torch_threads=s.torch_threads,
                 on_dequeue=self.admission.departed,
             )
         self.worker.start()

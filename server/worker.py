@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from musicrel.threads import CpuSampler, ThreadChoice, request_reserve, set_torch_threads
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from musicrel.midi.codec import EventCodec
     from musicrel.model.transformer import MusicTransformer
     from server.model import LoadedModel
+    from server.settings import Settings
 
 log = logging.getLogger("musicrel.server")
 
@@ -142,40 +144,60 @@ class GenerationWorker(Protocol):
     def stop(self, timeout: float | None = None) -> None: ...
 
 
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How the worker queues and batches, from the server's settings."""
+
+    max_queue: int  # jobs waiting at most (QueueFullError past it)
+    max_batch_rows: int  # samples decoding at once, accompaniments' rows included
+    batch_window_s: float  # how long an idle worker's first job waits for companions
+    primer_cache: int = 0  # prefilled primers the running batch keeps
+    # set in the worker thread itself: OpenMP's thread count is per calling thread, so setting it elsewhere
+    # would not reach the thread that generates. "auto": see `generation_threads`, chosen again every
+    # THREADS_RECHECK_S while decoding.
+    torch_threads: int | str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, max_queue: int | None = None) -> BatchPolicy:
+        """The policy `settings` describe; `max_queue` overrides theirs (the engine process queues without
+        a bound: the server bounds its queue)."""
+        return cls(
+            max_queue=settings.max_queue if max_queue is None else max_queue,
+            max_batch_rows=settings.max_batch_rows,
+            batch_window_s=settings.batch_window_ms / 1000,
+            primer_cache=settings.primer_cache,
+            torch_threads=settings.torch_threads,
+        )
+
+
 class GenerationThread:
     def __init__(
         self,
         model: MusicTransformer,
         codec: EventCodec,
+        policy: BatchPolicy,
         *,
         metrics: Metrics,
-        max_queue: int,
-        max_batch_rows: int,
-        batch_window_s: float,
-        primer_cache: int = 0,
         decoder: Callable[..., Any] | None = None,
         warmup: Callable[[Any], None] | None = None,
-        torch_threads: int | str | None = None,
         on_dequeue: Callable[[int, int], None] | None = None,
         accompanist: LoadedModel | None = None,
     ) -> None:
         """`decoder(model, codec, max_rows, primer_cache=...)` makes the running batch (DecodeBatch when
         None; tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker
-        is ready. `torch_threads` is set in the worker thread itself: OpenMP's thread count is per calling
-        thread, so setting it elsewhere would not reach the thread that generates. "auto": see
-        `generation_threads`, chosen again every THREADS_RECHECK_S while decoding. `accompanist`: the
-        accompaniment model, if the server has one (its jobs run beside the batch)."""
+        is ready. `accompanist`: the accompaniment model, if the server has one (its jobs run beside the
+        batch)."""
         self.model = model
-        self.torch_threads = torch_threads
+        self.torch_threads = policy.torch_threads
         self._cpu = CpuSampler()  # the machine's load since the last thread choice
         self._threads_checked = 0.0
         self._threads = 0  # the count last set in the worker thread (0: none yet)
         self.codec = codec
         self.metrics = metrics
-        self.max_queue = max_queue
-        self.max_batch_rows = max_batch_rows
-        self.batch_window_s = batch_window_s
-        self.primer_cache = primer_cache
+        self.max_queue = policy.max_queue
+        self.max_batch_rows = policy.max_batch_rows
+        self.batch_window_s = policy.batch_window_s
+        self.primer_cache = policy.primer_cache
         self._decoder = decoder
         self._warmup = warmup
         self._on_dequeue = on_dequeue

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from musicrel.bench.timing import medians, side_by_side
 
@@ -71,115 +72,197 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+@dataclass
+class _Bench:
+    """What every measurement of one run shares."""
+
+    model: Any
+    codec: Any
+    device: Any
+    tokens: int  # decoded per measurement
+    repeats: int
+    stream: Any  # (8, max_seq_len) event tokens (no specials): speed does not depend on content
+
+    @property
+    def prompts(self) -> Any:
+        """The first 256 tokens of each row (fewer where the window is short), as numpy."""
+        return self.stream[:, : min(256, self.model.cfg.max_seq_len - self.tokens)].cpu().numpy()
+
+    def sync(self) -> None:
+        _sync(self.device)
+
+    def generate(self, primer, params) -> None:
+        from musicrel.generation.decode_batch import generate_batch
+
+        generate_batch(self.model, self.codec, [(primer, params)])
+        self.sync()
+
+
 def run(args) -> int:
     omp_policy = os.environ.get("OMP_WAIT_POLICY", "default")
     spin = os.environ.get("GOMP_SPINCOUNT", "default")
     import numpy as np
     import torch
 
-    from musicrel.generation.decode import decode_one_token, generate, prefill
-    from musicrel.generation.decode_batch import generate_batch
-    from musicrel.generation.grammar import Grammar
-    from musicrel.generation.primer import Primer
-    from musicrel.generation.sampling import SamplingParams
+    chosen = set_threads(args.threads)
+    device = torch.device(args.device)
+    model, codec, source = _load(args.checkpoint, device)
+    rng = np.random.default_rng(0)
+    stream = torch.as_tensor(rng.integers(0, codec.pad_id, size=(8, model.cfg.max_seq_len)), device=device)
+    bench = _Bench(model, codec, device, args.tokens, args.repeats, stream)
+    long_model, long_stream = _long_window(bench, rng)
+    long_note = " *" if long_model is not model else ""
+
+    rows = _cache_rows(bench, long_model, long_stream, long_note)
+    rows.append(_batch_row(bench))
+    primer, params = _end_to_end_job(bench)
+    rows += _real_time_rows(bench, primer, params)
+    rows += _control_rows(bench, primer, params[8])
+
+    cfg = model.cfg
+    print(
+        f"musicrel bench generate: {source}; {cfg.n_layers} layers, d_model {cfg.d_model}, "
+        f"{cfg.n_heads} heads, "
+        f"attention {cfg.attention}, max_seq_len {cfg.max_seq_len}, {model.num_parameters() / 1e6:.1f} M "
+        f"params; device {device}, torch threads {torch.get_num_threads()} ({chosen}), {bench.tokens} tokens "
+        "per measurement, "
+        f"median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
+        f"OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}"
+    )
+    _print_table(rows)
+    if long_note:
+        print(
+            f"* same architecture with max_seq_len 1024 (random weights); the checkpoint's is "
+            f"{cfg.max_seq_len}"
+        )
+    return 0
+
+
+def _load(checkpoint: Path | None, device) -> tuple[Any, Any, str]:
+    """The model, its codec and where they came from: `checkpoint`, else checkpoints/default if present,
+    else a default-size model with random weights."""
+    import torch
+
     from musicrel.midi.codec import EventCodec
     from musicrel.model.checkpoint import load_codec, load_model
     from musicrel.model.config import ModelConfig
     from musicrel.model.transformer import MusicTransformer
 
-    chosen = set_threads(args.threads)
-    device = torch.device(args.device)
-    checkpoint = args.checkpoint or (
+    checkpoint = checkpoint or (
         DEFAULT_CHECKPOINT if (DEFAULT_CHECKPOINT / "config.json").is_file() else None
     )
     if checkpoint is not None:
-        model, codec, source = load_model(checkpoint, device=device), load_codec(checkpoint), str(checkpoint)
-    else:
-        codec = EventCodec()
-        torch.manual_seed(0)
-        model = MusicTransformer(ModelConfig(vocab_size=codec.vocab_size)).to(device).eval()
-        source = "random init (no checkpoint)"
-    cfg = model.cfg
-    n = args.tokens
-    rng = np.random.default_rng(0)
-    # Event tokens only (no specials): speed does not depend on content.
-    stream = torch.as_tensor(rng.integers(0, codec.pad_id, size=(8, cfg.max_seq_len)), device=device)
+        return load_model(checkpoint, device=device), load_codec(checkpoint), str(checkpoint)
+    codec = EventCodec()
+    torch.manual_seed(0)
+    model = MusicTransformer(ModelConfig(vocab_size=codec.vocab_size)).to(device).eval()
+    return model, codec, "random init (no checkpoint)"
 
-    # Speed does not depend on the weights: a checkpoint whose window is shorter than 1024 is measured at the
-    # long prefixes through the same architecture with a 1024 window (random weights).
-    long_model, long_note = model, ""
-    if cfg.max_seq_len < 1024:
-        torch.manual_seed(0)
-        long_cfg = ModelConfig.from_dict({**cfg.to_dict(), "max_seq_len": 1024})
-        long_model, long_note = MusicTransformer(long_cfg).to(device).eval(), " *"
-        long_stream = torch.as_tensor(rng.integers(0, codec.pad_id, size=(1, 1024)), device=device)
-    else:
-        long_stream = stream
+
+def _long_window(bench: _Bench, rng) -> tuple[Any, Any]:
+    """The model and one row of tokens to measure the long prefixes with. Speed does not depend on the
+    weights: a checkpoint whose window is shorter than 1024 is measured there through the same architecture
+    with a 1024 window (random weights)."""
+    import torch
+
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+
+    cfg = bench.model.cfg
+    if cfg.max_seq_len >= 1024:
+        return bench.model, bench.stream
+    torch.manual_seed(0)
+    long_cfg = ModelConfig.from_dict({**cfg.to_dict(), "max_seq_len": 1024})
+    long_model = MusicTransformer(long_cfg).to(bench.device).eval()
+    long_stream = torch.as_tensor(rng.integers(0, bench.codec.pad_id, size=(1, 1024)), device=bench.device)
+    return long_model, long_stream
+
+
+def _cache_rows(bench: _Bench, model, stream, note: str) -> list[tuple]:
+    """Decoding one token with the cache against recomputing the whole prefix, at prefixes 512 and 1024."""
+    import torch
+
+    from musicrel.generation.decode import decode_one_token, prefill
 
     rows = []
     with torch.inference_mode():
         for prefix in (512, 1024):
-            model_p = long_model
-            x = long_stream[:1, :prefix]
-            steps = min(n, prefix - 1)
+            x = stream[:1, :prefix]
+            steps = min(bench.tokens, prefix - 1)
 
-            def full(x=x, model=model_p):
+            def full(x=x):
                 model(x)[:, -1]  # one new token costs a whole forward over the prefix
-                _sync(device)
+                bench.sync()
 
-            def cached(x=x, steps=steps, prefix=prefix, model=model_p):
+            def cached(x=x, steps=steps, prefix=prefix):
                 cache = model.new_cache(1, prefix)
                 prefill(model, x[:, : prefix - steps], cache)
-                _sync(device)
+                bench.sync()
                 t0 = time.perf_counter()
                 for i in range(prefix - steps, prefix):
                     decode_one_token(model, x[:, i], cache)
-                _sync(device)
+                bench.sync()
                 return time.perf_counter() - t0
 
-            t = medians(side_by_side({"full": full, "cached": cached}, args.repeats))
+            t = medians(side_by_side({"full": full, "cached": cached}, bench.repeats))
             t_full, t_cached = t["full"], t["cached"] / steps
             rows.append(
                 (
-                    f"decode @ prefix {prefix} (tok/s){long_note}",
+                    f"decode @ prefix {prefix} (tok/s){note}",
                     f"recompute {1 / t_full:,.1f}",
                     f"cached {1 / t_cached:,.1f}",
                     f"{t_full / t_cached:,.1f}x",
                     ">= 50x",
                 )
             )
+    return rows
 
-    # Throughput of the generation loop itself (sampling + grammar), 8 rows vs 1, after a 256-token primer.
-    prompt_len = min(256, cfg.max_seq_len - n)
-    prompts = stream[:, :prompt_len].cpu().numpy()
+
+def _batch_row(bench: _Bench) -> tuple:
+    """Throughput of the generation loop itself (sampling + grammar), 8 rows vs 1, after a 256-token
+    primer."""
+    import torch
+
+    from musicrel.generation.decode import generate
+    from musicrel.generation.grammar import Grammar
+
+    n, prompts = bench.tokens, bench.prompts
+    prompt_len = prompts.shape[1]
 
     def loop(batch):
-        grammar = Grammar(codec, list(prompts[:batch]), [10**9] * batch, device=device)
+        grammar = Grammar(bench.codec, list(prompts[:batch]), [10**9] * batch, device=bench.device)
         gens = [torch.Generator().manual_seed(i) for i in range(batch)]
-        it = generate(model, stream[:batch, :prompt_len], n, generators=gens, grammar=grammar, top_p=0.95)
+        it = generate(
+            bench.model, bench.stream[:batch, :prompt_len], n, generators=gens, grammar=grammar, top_p=0.95
+        )
         next(it)  # the prefill and the first token
-        _sync(device)
+        bench.sync()
         t0 = time.perf_counter()
         for _ in it:
             pass
-        _sync(device)
+        bench.sync()
         return time.perf_counter() - t0
 
-    t = medians(side_by_side({1: lambda: loop(1), 8: lambda: loop(8)}, args.repeats))
+    t = medians(side_by_side({1: lambda: loop(1), 8: lambda: loop(8)}, bench.repeats))
     decode_rate = {batch: batch * (n - 1) / t[batch] for batch in (1, 8)}
-    rows.append(
-        (
-            "batch 8 vs 1 (tok/s)",
-            f"b=1 {decode_rate[1]:,.1f}",
-            f"b=8 {decode_rate[8]:,.1f}",
-            f"{decode_rate[8] / decode_rate[1]:.1f}x",
-            ">= 4x",
-        )
+    return (
+        "batch 8 vs 1 (tok/s)",
+        f"b=1 {decode_rate[1]:,.1f}",
+        f"b=8 {decode_rate[8]:,.1f}",
+        f"{decode_rate[8] / decode_rate[1]:.1f}x",
+        ">= 4x",
     )
 
-    # End to end: generate_batch (prefill, sampling, grammar, rendering), 8n tokens after a 256-token primer.
+
+def _end_to_end_job(bench: _Bench) -> tuple[Any, dict[int, Any]]:
+    """A 256-token primer (fewer where the window is short) and the parameters for 8n tokens after it, for
+    batches of 1 and 8."""
+    from musicrel.generation.primer import Primer
+    from musicrel.generation.sampling import SamplingParams
+
+    n = bench.tokens
     primer = Primer(
-        tokens=prompts[0][: min(256, cfg.max_seq_len // 2)],
+        tokens=bench.prompts[0][: min(256, bench.model.cfg.max_seq_len // 2)],
         start_time=0.0,
         end_time=0.0,
         tempo=120.0,
@@ -189,15 +272,18 @@ def run(args) -> int:
     params = {
         b: SamplingParams(seconds=10_000.0, max_new_tokens=n * 8, seed=0, num_samples=b) for b in (1, 8)
     }
+    return primer, params
 
-    def end_to_end(batch):
-        end_to_end_params(params[batch])
 
-    def end_to_end_params(p):
-        generate_batch(model, codec, [(primer, p)])
-        _sync(device)
-
-    t = medians(side_by_side({1: lambda: end_to_end(1), 8: lambda: end_to_end(8)}, args.repeats))
+def _real_time_rows(bench: _Bench, primer, params: dict[int, Any]) -> list[tuple]:
+    """End to end: generate_batch (prefill, sampling, grammar, rendering) as events per second of music."""
+    t = medians(
+        side_by_side(
+            {1: lambda: bench.generate(primer, params[1]), 8: lambda: bench.generate(primer, params[8])},
+            bench.repeats,
+        )
+    )
+    rows = []
     for batch in (1, 8):
         rate = batch * params[batch].max_new_tokens / t[batch]
         rows.append(
@@ -209,62 +295,63 @@ def run(args) -> int:
                 ">= 10x" if batch == 1 else "",
             )
         )
+    return rows
 
-    # The same 8-row job with every control against none: what the controls' rules cost per token.
+
+def _control_rows(bench: _Bench, primer, params) -> list[tuple]:
+    """The same 8-row job with every control against none (what the controls' rules cost per token), and the
+    rules alone (constrain + advance, 8 rows, fixed logits): end to end, their cost is within noise."""
+    import torch
+
+    from musicrel.generation.grammar import Grammar
+
     steer = every_control()
-    controlled = replace(params[8], controls=steer)
+    controlled = replace(params, controls=steer)
     t = medians(
         side_by_side(
             {
-                "none": lambda: end_to_end_params(params[8]),
-                "controls": lambda: end_to_end_params(controlled),
+                "none": lambda: bench.generate(primer, params),
+                "controls": lambda: bench.generate(primer, controlled),
             },
-            args.repeats,
+            bench.repeats,
         )
     )
-    rate = {name: 8 * params[8].max_new_tokens / t[name] for name in t}
+    rate = {name: 8 * params.max_new_tokens / t[name] for name in t}
 
-    # The rules alone (constrain + advance, 8 rows, fixed logits): end to end, their cost is within noise.
-    resolved = steer.resolve(primer, codec.config.step_ms)
-    fixed = torch.randn(8, cfg.vocab_size, device=device)
+    resolved = steer.resolve(primer, bench.codec.config.step_ms)
+    fixed = torch.randn(8, bench.model.cfg.vocab_size, device=bench.device)
+    prompts = bench.prompts
 
     def rules(controls, steps=200):
-        g = Grammar(codec, list(prompts[:8]), [10**9] * 8, [300] * 8, device=device, controls=controls)
+        g = Grammar(
+            bench.codec, list(prompts[:8]), [10**9] * 8, [300] * 8, device=bench.device, controls=controls
+        )
         t0 = time.perf_counter()
         for _ in range(steps):
             g.advance(g.constrain(fixed).argmax(dim=1))
-        _sync(device)
+        bench.sync()
         return (time.perf_counter() - t0) / steps
 
     g_t = medians(side_by_side({"none": lambda: rules(None), "all": lambda: rules([resolved] * 8)}, 5))
-    rows.append(
+    return [
         (
             "controls vs none, b=8 (tok/s)",
             f"none {rate['none']:,.0f}",
             f"controls {rate['controls']:,.0f}",
             f"{rate['controls'] / rate['none']:.2f}x",
             ">= 0.95x",
-        )
-    )
-    rows.append(
+        ),
         (
             "rules per step, b=8 (ms)",
             f"none {1e3 * g_t['none']:.2f}",
             f"controls {1e3 * g_t['all']:.2f}",
             f"+{1e3 * (g_t['all'] - g_t['none']):.2f} ms",
             "",
-        )
-    )
+        ),
+    ]
 
-    print(
-        f"musicrel bench generate: {source}; {cfg.n_layers} layers, d_model {cfg.d_model}, "
-        f"{cfg.n_heads} heads, "
-        f"attention {cfg.attention}, max_seq_len {cfg.max_seq_len}, {model.num_parameters() / 1e6:.1f} M "
-        f"params; device {device}, torch threads {torch.get_num_threads()} ({chosen}), {n} tokens per "
-        "measurement, "
-        f"median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
-        f"OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}"
-    )
+
+def _print_table(rows: list[tuple]) -> None:
     header = ("measure", "baseline", "ours", "ratio", "goal")
     widths = [max(len(str(r[i])) for r in [*rows, header]) for i in range(len(header))]
     line = " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
@@ -272,9 +359,3 @@ def run(args) -> int:
     print("-" * len(line))
     for r in rows:
         print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
-    if long_note:
-        print(
-            f"* same architecture with max_seq_len 1024 (random weights); the checkpoint's is "
-            f"{cfg.max_seq_len}"
-        )
-    return 0

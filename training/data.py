@@ -6,6 +6,10 @@ of a few hundred events, and padding them to max_seq_len would waste most of eve
 in the stream, so every token is equally likely to be seen (long pieces are sampled in proportion to their
 length).
 
+With `infill_rate` > 0 a crop becomes, with that probability, an infill example (`infill_example`: a gap cut
+out of it by time, the music after it, then before it, then the gap; musicrel.generation.fim has the layout),
+so that one model continues and fills gaps.
+
 Example `i` of epoch `e` is a pure function of (seed, e, i): `CropDataset[e * len + i]`. The sampler yields
 those global indices from a start position, and `ResumableLoader` reports how many batches it has handed out,
 which Lightning stores in its checkpoints (`state_dict`/`load_state_dict` of a dataloader) -- so a resumed run
@@ -19,12 +23,23 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from musicrel.errors import ConfigError
+from musicrel.generation import fim
+from musicrel.midi.codec import shift_steps
 
 STRETCH_FACTORS = (0.95, 0.975, 1.0, 1.025, 1.05)
 # Augmentation changes the number of events (stretching may split or merge time shifts, transposing drops
 # notes out of range), so a little more than needed is cropped before augmenting and the result is cut to
 # length.
 _CROP_MARGIN = 1.25
+# An infill example's gap: INFILL_GAP_SECONDS long (uniform) where the crop holds it with at least
+# INFILL_CONTEXT_SECONDS of music on each side and it takes at most INFILL_GAP_SHARE of the crop's tokens;
+# otherwise a random span of the crop's events (INFILL_SPAN_SHARE of them, uniform).
+INFILL_GAP_SECONDS = (4.0, 8.0)
+INFILL_CONTEXT_SECONDS = 1.0
+INFILL_GAP_SHARE = 0.5
+INFILL_SPAN_SHARE = (0.1, 0.4)
+INFILL_MIN_EVENTS = 8  # a crop whose longest piece holds fewer events stays a continuation example
+INFILL_LOSSES = ("all", "gap")
 
 
 def augment(codec, tokens: np.ndarray, semitones: int, factor: float) -> np.ndarray:
@@ -71,9 +86,21 @@ class CropDataset(Dataset):
         stretch: tuple[float, ...] = STRETCH_FACTORS,
         augment: bool = True,
         sources: list[tuple[int, int, float]] | None = None,
+        infill_rate: float = 0.0,
+        infill_loss: str = "all",
     ):
         """`sources`: (start, end, weight) of each source's part of the stream; a crop's source is drawn with
-        probability proportional to weight x tokens (None: the whole stream, every token alike)."""
+        probability proportional to weight x tokens (None: the whole stream, every token alike).
+        `infill_rate`: the share of crops made infill examples (the codec needs infill tokens);
+        `infill_loss`: which of their tokens are trained, "all" (future, past and gap; never the markers and
+        the gap-length shifts, which are placed) or "gap"."""
+        if not (isinstance(infill_rate, (int, float)) and 0.0 <= infill_rate <= 1.0):
+            raise ConfigError(f"infill_rate must be in [0, 1], got {infill_rate!r}")
+        if infill_loss not in INFILL_LOSSES:
+            raise ConfigError(f"infill_loss must be one of {INFILL_LOSSES}, got {infill_loss!r}")
+        if infill_rate > 0:
+            fim.require_infill(codec)
+        self.infill_rate, self.infill_loss = float(infill_rate), infill_loss
         if stream.size < 2:
             raise ConfigError("the training split has fewer than 2 tokens; prepare more data", code="no_data")
         self.stream, self.seq_len, self.codec = stream, seq_len, codec
@@ -108,6 +135,15 @@ class CropDataset(Dataset):
             factor = float(self.stretch[int(rng.integers(len(self.stretch)))])
             crop = augment(self.codec, crop, semitones, factor).astype(np.int64)
         crop = crop[:want]
+        if self.infill_rate > 0:
+            # a generator of its own, so that infill_rate 0 draws exactly the crops it drew before
+            irng = np.random.default_rng([self.seed, epoch, i, 1])
+            if irng.random() < self.infill_rate:
+                example = infill_example(self.codec, crop, irng, want)
+                if example is not None:
+                    tokens, roles = example
+                    trained = roles != fim.PLACED if self.infill_loss == "all" else roles == fim.GAP
+                    return _as_example(tokens, want, self.codec.pad_id, trained)
         return _as_example(crop, want, self.codec.pad_id)
 
 
@@ -128,8 +164,11 @@ class WindowDataset(Dataset):
         return _as_example(crop, self.seq_len + 1, self.pad_id)
 
 
-def _as_example(crop: np.ndarray, want: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """inputs/targets of length want-1; a short tail is padded, and padded targets are -100 (ignored)."""
+def _as_example(
+    crop: np.ndarray, want: int, pad_id: int, trained: np.ndarray | None = None
+) -> dict[str, torch.Tensor]:
+    """inputs/targets of length want-1; a short tail is padded, and padded targets are -100 (ignored), as are
+    the targets of tokens whose `trained` (bool per token of `crop`) is False."""
     n = crop.size
     if n < want:
         crop = np.concatenate([crop, np.full(want - n, pad_id, dtype=np.int64)])
@@ -137,7 +176,67 @@ def _as_example(crop: np.ndarray, want: int, pad_id: int) -> dict[str, torch.Ten
     y = torch.from_numpy(crop[1:].copy())
     if n < want:
         y[n - 1 :] = -100
+    if trained is not None:
+        skip = np.flatnonzero(~np.asarray(trained, dtype=bool)[1:])
+        y[torch.from_numpy(skip)] = -100
     return {"inputs": x, "targets": y}
+
+
+def infill_example(codec, crop: np.ndarray, rng: np.random.Generator, want: int):
+    """A crop as an infill example of at most `want` tokens, (tokens, roles), or None when its longest piece
+    has too few events (the caller keeps it a continuation example).
+
+    The gap is cut from the crop's longest run between separators (a gap never spans two pieces): by time
+    (INFILL_GAP_SECONDS) where that fits, else a random span of events; its edges lie on the time grid, and a
+    shift that crosses one is split in two (`fim.split_at`). The future is bounded (fim.FUTURE_SHARE of
+    `want`), the past cut at its start to fit; bos/eos mark a past/future that reaches its piece's
+    start/end."""
+    crop = np.asarray(crop, dtype=np.int64)
+    special = crop >= codec.pad_id
+    bounds = np.concatenate([[-1], np.flatnonzero(special), [len(crop)]])
+    lengths = np.diff(bounds) - 1
+    k = int(np.argmax(lengths))
+    a, b = int(bounds[k]) + 1, int(bounds[k + 1])
+    run = crop[a:b]
+    steps = shift_steps(codec)[run]
+    clock = np.cumsum(steps) - steps  # the time of each token
+    events = np.flatnonzero(steps == 0)
+    if len(events) < INFILL_MIN_EVENTS:
+        return None
+    step_s = codec.config.step_ms / 1000.0
+    first, last = int(clock[events[0]]), int(clock[events[-1]])
+    gap = int(round(rng.uniform(*INFILL_GAP_SECONDS) / step_s))
+    margin = int(round(INFILL_CONTEXT_SECONDS / step_s))
+    lo, hi = first + margin, last - margin - gap + 1  # the gap starts in [lo, hi): music on both sides
+    span = None
+    if hi > lo:
+        start = int(rng.integers(lo, hi))
+        inside = int(((clock[events] >= start) & (clock[events] < start + gap)).sum())
+        if inside <= INFILL_GAP_SHARE * len(events):
+            span = (start, start + gap)
+    if span is None:  # a random span of events, with an event before and after it
+        times = np.unique(clock[events])
+        if len(times) < 3:
+            return None
+        n = max(1, int(round(rng.uniform(*INFILL_SPAN_SHARE) * len(times))))
+        n = min(n, len(times) - 2)
+        i = int(rng.integers(1, len(times) - n))
+        span = (int(times[i]), int(times[i + n]))
+    past, middle, future = fim.split_at(codec, run, span)
+    try:
+        seq = fim.fim_sequence(
+            codec,
+            past,
+            future,
+            span[1] - span[0],
+            middle,
+            max_tokens=want,
+            past_whole=a > 0 and crop[a - 1] == codec.bos_id,
+            future_whole=b < len(crop) and crop[b] == codec.eos_id,
+        )
+    except ConfigError:  # the gap alone fills the example: keep the crop a continuation
+        return None
+    return seq.tokens, seq.roles
 
 
 class ResumableSampler(DistributedSampler):

@@ -59,7 +59,8 @@ def evaluate(
 
     model, codec = load_model(checkpoint), load_codec(checkpoint)
     manifest = load_manifest(data)
-    if CodecConfig.from_dict(manifest["codec"]) != codec.config:  # fields added since: their defaults
+    # fields added since: their defaults; infill markers add tokens, never change the prepared ones
+    if CodecConfig.from_dict({**manifest["codec"], "infill": codec.config.infill}) != codec.config:
         raise ConfigError(
             f"{data} was prepared with other codec settings than the model's; "
             "re-run `musicrel prepare` with the model's codec",

@@ -188,7 +188,8 @@ def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
     """The state dict of a model folder, refused (saying which settings differ) unless its shape and codec
     are `cfg`'s and `codec`'s. Dropout and query chunking do not change the weights and may differ, and so
     may the codec's reading policies (tracks, caps). A model without melody tokens can start one with them:
-    its rows are kept and a MELODY_ON/OFF row starts as the NOTE_ON/OFF row of its pitch."""
+    its rows are kept and a MELODY_ON/OFF row starts as the NOTE_ON/OFF row of its pitch; likewise a model
+    without infill markers can start one with them (each FUTURE/PAST/FILL row starts as the bos row)."""
     from musicrel.errors import ConfigError
     from musicrel.midi.codec import CodecConfig, EventCodec
     from musicrel.model.checkpoint import load_model, read_config
@@ -210,6 +211,7 @@ def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
     else:
         same = all(getattr(old.config, k) == getattr(new.config, k) for k in meaning)
         same &= old.config.melody == new.config.melody or not old.config.melody
+        same &= old.config.infill == new.config.infill or not old.config.infill
     if not same:
         raise ConfigError(
             f"init_from {folder}: the model was trained with other codec settings than the data's "
@@ -218,9 +220,18 @@ def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
         )
     if old is not None and new.vocab_size != old.vocab_size:
         source = np.arange(new.vocab_size)  # the old row each new row starts from
-        source[new.pad_id :] = np.arange(old.pad_id, old.vocab_size)
-        source[new.melody_on_offset : new.melody_on_offset + 128] = old.note_on_offset + np.arange(128)
-        source[new.melody_off_offset : new.melody_off_offset + 128] = old.note_off_offset + np.arange(128)
+        source[new.pad_id : new.pad_id + 3] = [old.pad_id, old.bos_id, old.eos_id]
+        if old.melody_on_offset is not None:
+            source[new.melody_on_offset : new.melody_off_offset + 128] = np.arange(
+                old.melody_on_offset, old.melody_off_offset + 128
+            )
+        elif new.melody_on_offset is not None:
+            source[new.melody_on_offset : new.melody_on_offset + 128] = old.note_on_offset + np.arange(128)
+            source[new.melody_off_offset : new.melody_off_offset + 128] = old.note_off_offset + np.arange(128)
+        if old.fill_id is not None:
+            source[new.future_id : new.fill_id + 1] = [old.future_id, old.past_id, old.fill_id]
+        elif new.fill_id is not None:  # each marker starts a segment, as bos starts a piece
+            source[new.future_id : new.fill_id + 1] = old.bos_id
         index = torch.as_tensor(source)
         state = {
             k: v.index_select(0, index) if k in ("tok_emb.weight", "head.weight") else v
@@ -261,6 +272,8 @@ class MusicDataModule(L.LightningDataModule):
         augment: bool = True,
         transpose: int = 3,
         stretch: list[float] = list(STRETCH_FACTORS),  # noqa: B006 (jsonargparse reads the default)
+        infill_rate: float = 0.0,
+        infill_loss: str = "all",
     ):
         """
         Args:
@@ -271,6 +284,9 @@ class MusicDataModule(L.LightningDataModule):
             seed: Crop positions and augmentations are a function of (seed, epoch, index).
             transpose: Transpose by a uniform integer in [-transpose, transpose] semitones.
             stretch: Time-stretch factors drawn uniformly.
+            infill_rate: The share of training crops made infill examples (training/data.py, docs/INFILL.md);
+                > 0 adds the infill markers to the codec (and the model's vocabulary) without a re-prepare.
+            infill_loss: "all" (an infill example's future, past and gap tokens) or "gap" (its gap only).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -278,6 +294,12 @@ class MusicDataModule(L.LightningDataModule):
         self.codec_config: dict = manifest["codec"]
         self.vocab_size: int = int(manifest["vocab_size"])
         self.pad_id: int = int(manifest["pad_id"])
+        if infill_rate > 0 and not self.codec_config.get("infill"):
+            # the markers come after eos: the prepared tokens keep their ids, only the vocabulary grows
+            from musicrel.midi.codec import CodecConfig, EventCodec
+
+            self.codec_config = {**self.codec_config, "infill": True}
+            self.vocab_size = EventCodec(CodecConfig.from_dict(self.codec_config)).vocab_size
         self.manifest = manifest
         self._codec = None
 
@@ -309,6 +331,8 @@ class MusicDataModule(L.LightningDataModule):
             stretch=tuple(hp.stretch),
             augment=hp.augment,
             sources=self.source_parts("train"),
+            infill_rate=hp.infill_rate,
+            infill_loss=hp.infill_loss,
         )
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)

@@ -55,8 +55,9 @@ class Grammar:
       shift that would cross that moment is shortened to land on it, and the next token is its note-off, fed
       to the model like any other), so a note sounds as long as the model says, up to a length learned from
       the data (see `max_hold_seconds`), and never until the end of the file.
-    - specials (pad/bos/eos) never; time only moves forward (time shifts are the only clock) and the shift
-      that crosses a row's time limit is shortened to land on it, so the requested length is met to one step.
+    - specials (pad/bos/eos, the infill markers) never; time only moves forward (time shifts are the only
+      clock) and the shift that crosses a row's time limit is shortened to land on it, so the requested
+      length is met to one step.
     - the join (`tails`, musicrel.generation.join): a row's clock starts `tail` steps before its cut (the
       silence between the primer's last event and the cut); until it reaches the cut only time shifts that
       keep the first gap at least that long are drawn, and no note is closed for its length before the cut.
@@ -89,8 +90,8 @@ class Grammar:
         )  # (max_shift,)
         V = len(self.steps_per_token)
         self.allowed = torch.ones(V, dtype=torch.bool, device=device)
-        for special in (codec.pad_id, codec.bos_id, codec.eos_id):
-            self.allowed[special] = False
+        # specials (pad/bos/eos) and the infill markers after them (FUTURE/PAST/FILL) are placed, never drawn
+        self.allowed[codec.pad_id :] = False
         B = len(prompts)
         # Every row's clock counts steps from its cut, which lies `tail` steps after its primer's last token
         # (Primer.tail_steps; the join: musicrel.generation.join): it starts at -tail.

@@ -3,7 +3,8 @@
 Event vocabulary (defaults): NOTE_ON 0..127, NOTE_OFF 128..255, TIME_SHIFT 256..355 (k+1 steps of 10 ms),
 SET_VELOCITY 356..387 (32 bins), then PEDAL_ON, PEDAL_OFF when pedal="events", then MELODY_ON 0..127,
 MELODY_OFF 0..127 when melody=True (a given melody the model accompanies: `encode_with_melody`; decoding
-ignores them), then pad, bos, eos.
+ignores them), then pad, bos, eos, then FUTURE, PAST, FILL when infill=True (the markers of an infill
+sequence, musicrel.generation.fim: after eos, so every other id is the same with or without them).
 
 Choices a caller can rely on:
 - Absolute times are quantised by rounding to the step grid, then shifts are emitted between quantised times,
@@ -65,6 +66,9 @@ class CodecConfig:
     melody: bool = False
     # the melody's tokens sit this far ahead of when they sound (anticipation: the part hears it coming)
     melody_lead_ms: int = 0
+    # FUTURE/PAST/FILL markers after eos: the model fills a gap between the music before and after it
+    # (musicrel.generation.fim); encoding is unchanged, so a folder prepared without them trains with them
+    infill: bool = False
     # caps on hostile uploads, enforced by the pre-scan before any parser runs
     max_bytes: int = 4 * 1024 * 1024
     max_tracks: int = 256
@@ -110,6 +114,8 @@ class CodecConfig:
             raise ConfigError(f"CodecConfig.tracks must be 'merge' or a list of indices, got {self.tracks!r}")
         if not isinstance(self.melody, bool):
             raise ConfigError(f"CodecConfig.melody must be true or false, got {self.melody!r}")
+        if not isinstance(self.infill, bool):
+            raise ConfigError(f"CodecConfig.infill must be true or false, got {self.infill!r}")
         if self.melody and not (isinstance(self.tracks, list) and len(self.tracks) >= 2):
             raise ConfigError(
                 "CodecConfig.melody reads the melody from the first of `tracks` and its part from the "
@@ -180,6 +186,11 @@ class EventCodec:
         self.num_events = n
         self.pad_id, self.bos_id, self.eos_id = n, n + 1, n + 2
         self.vocab_size = n + 3
+        # after eos: the ids of every other token are those of the same codec without infill
+        self.future_id = self.past_id = self.fill_id = None
+        if cfg.infill:
+            self.future_id, self.past_id, self.fill_id = n + 3, n + 4, n + 5
+            self.vocab_size = n + 6
         self.time_advance = np.zeros(self.vocab_size, dtype=np.float64)
         steps = np.arange(1, cfg.max_shift_steps + 1)
         self.time_advance[self.time_shift_offset : self.velocity_offset] = steps * self.step

@@ -153,9 +153,6 @@ def run(args) -> int:
     spin = os.environ.get("GOMP_SPINCOUNT", "default")
     import torch
 
-    from musicrel.model.config import ModelConfig
-    from musicrel.model.transformer import CausalSelfAttention, MusicTransformer
-
     quick = args.quick
     repeats = args.repeats or (3 if quick else 7)
     torch.set_num_threads(args.threads)
@@ -164,7 +161,16 @@ def run(args) -> int:
           f"{os.cpu_count()} CPU(s), OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}, batch {B}, H={H}, "
           f"D={D} (head size {D // H}), fp32, CPU")  # fmt: skip
 
-    # (a) memory --------------------------------------------------------------------------------------
+    _memory_table(quick, B, H, D)
+    _layer_timing(args.threads, quick, B, H, D, repeats)
+    _model_timing(quick, repeats)
+    _blocked_growth(quick, B, H, D)
+    return 0
+
+
+def _memory_table(quick: bool, B: int, H: int, D: int) -> None:
+    """(a) memory of the relative term, skew against a Shaw gather, and of the model's attention in one block
+    and in query blocks, each case in a fresh process."""
     lengths = (256, 512, 1024) if quick else (512, 1024, 2048)
     print("\n(a) memory above the inputs, MB (x = multiples of one B·H·L·L fp32 logits tensor)")
     header = (
@@ -217,7 +223,14 @@ def run(args) -> int:
         "\n  blocks hold no L x L tensor."
     )
 
-    # (b) one attention layer ----------------------------------------------------------------------------
+
+def _layer_timing(threads: int, quick: bool, B: int, H: int, D: int, repeats: int) -> None:
+    """(b) one attention layer forward: each variant ÷ causal SDPA, at `threads` threads and at one."""
+    import torch
+
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import CausalSelfAttention
+
     L = 512 if quick else 1024
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D // H, generator=g) for _ in range(3))
@@ -237,13 +250,13 @@ def run(args) -> int:
     fns["naive skew (pad/reshape, float mask)"] = lambda: _naive_skew_layer(q, k, v, E_r)
     # Also at one thread: a block issues a few small parallel ops where SDPA issues one, so on a busy shared
     # CPU the thread count skews the ratio; one thread shows the algorithmic cost.
-    thread_counts = [args.threads] if args.threads == 1 else [args.threads, 1]
+    thread_counts = [threads] if threads == 1 else [threads, 1]
     results = {}
     with torch.inference_mode():
         for n in thread_counts:
             torch.set_num_threads(n)
             results[n] = _time_interleaved(fns, repeats)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     print(f"\n(b) one attention layer forward, L={L}, B={B}: time / causal SDPA (goal: skew <= 2x)")
     print(f"  {'':<40} " + " ".join(f"{f'{n} thread(s)':>22}" for n in thread_counts))
     for name in fns:
@@ -253,7 +266,14 @@ def run(args) -> int:
             cells.append(f"{t * 1000:11.1f} ms {t / base:6.2f}x")
         print(f"  {name:<40} " + " ".join(cells))
 
-    # (c) whole default model -------------------------------------------------------------------------
+
+def _model_timing(quick: bool, repeats: int) -> None:
+    """(c) the whole default model forward under each attention scheme ÷ absolute."""
+    import torch
+
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+
     L, Bm = (512, 1) if quick else (1024, 1)
     n_layers = 2 if quick else ModelConfig(vocab_size=8).n_layers
     models = {}
@@ -280,7 +300,9 @@ def run(args) -> int:
     for name, t in times.items():
         print(f"  {name:<40} {t * 1000:9.1f} ms  {t / base:6.2f}x")
 
-    # (d) growth of the query-blocked path -----------------------------------------------------------------
+
+def _blocked_growth(quick: bool, B: int, H: int, D: int) -> None:
+    """(d) growth of an attention layer's peak memory from L to 4L, with and without query blocks."""
     L0 = 512 if quick else 1024
     print(
         f"\n(d) attention layer peak memory incl. q, k, v, output, L={L0} -> {4 * L0} (goal blocks: <= 4.5x)"
@@ -289,7 +311,6 @@ def run(args) -> int:
         a, b = _measure(case, L0, B, H, D)["peak_bytes"], _measure(case, 4 * L0, B, H, D)["peak_bytes"]
         growth = "n/a" if not a or b is None else f"{b / a:.2f}x"
         print(f"  {label:<28} {_fmt_mb(a):>9} MB -> {_fmt_mb(b):>9} MB   growth {growth}")
-    return 0
 
 
 if __name__ == "__main__":  # one memory case per fresh process (see _measure)

@@ -15,6 +15,7 @@ _EXPORTS = {
     "ConfigError": "musicrel.errors",
     "CheckpointError": "musicrel.errors",
     "GenerationError": "musicrel.errors",
+    "InfillError": "musicrel.errors",
     "EventCodec": "musicrel.midi.codec",
     "CodecConfig": "musicrel.midi.codec",
     "ModelConfig": "musicrel.model.config",
@@ -25,6 +26,8 @@ _EXPORTS = {
     "continue_midi": "musicrel.generation.decode_batch",
     "accompany_midi": "musicrel.generation.accompaniment",
     "AccompanimentParams": "musicrel.generation.melody",
+    "infill_midi": "musicrel.generation.infill",
+    "InfillParams": "musicrel.generation.infill",
     "Controls": "musicrel.generation.controls",
     "ControlError": "musicrel.generation.controls",
 }

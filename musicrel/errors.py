@@ -50,6 +50,13 @@ class GenerationError(MusicrelError, ValueError):
     code = "invalid_generation"
 
 
+class InfillError(GenerationError):
+    """An infill request that cannot be honoured: its span (invalid_span, span_too_long,
+    span_outside_music, nothing_before, nothing_after) or its model (model_cannot_infill)."""
+
+    code = "invalid_span"
+
+
 # The one strict-number check behind the invalid_params / invalid_controls / ConfigError messages: Python
 # counts True as 1, and a setting given as true must be refused, not read as one row or one second.
 def is_int(value) -> bool:

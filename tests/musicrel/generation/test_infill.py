@@ -1,0 +1,221 @@
+"""`infill_midi`: what lies outside the span comes back unchanged, new notes start inside it, the prompt holds
+the music after and before it, and every bad request has its code. A tiny random-weight model with infill
+tokens: what it writes is noise, but the rules hold for any tokens the grammar lets through."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pretty_midi
+import pytest
+import torch
+
+from musicrel.errors import InfillError, InvalidMidiError, MusicrelError
+from musicrel.generation import fim
+from musicrel.generation.infill import (
+    INFILL_TRACK,
+    MAX_SPAN_SECONDS,
+    InfillParams,
+    infill,
+    infill_midi,
+    infill_prompt,
+    infill_segments,
+)
+from musicrel.midi.codec import CodecConfig, EventCodec, shift_steps
+from musicrel.model.config import ModelConfig
+from musicrel.model.transformer import MusicTransformer
+from tests.musicrel.conftest import midi_bytes
+
+CODEC = EventCodec(CodecConfig(infill=True))
+
+
+def infill_model(max_seq_len: int = 256, seed: int = 0) -> MusicTransformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        vocab_size=CODEC.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=max_seq_len
+    )
+    return MusicTransformer(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return infill_model()
+
+
+def band(seconds: float = 30.0) -> pretty_midi.PrettyMIDI:
+    """Drums, a bass and a piano whose notes cross the span's edges, on a tempo that is not 120."""
+    pm = pretty_midi.PrettyMIDI(initial_tempo=97.0)
+    drums = pretty_midi.Instrument(program=0, is_drum=True, name="kit")
+    bass = pretty_midi.Instrument(program=33, name="bass")
+    piano = pretty_midi.Instrument(program=0, name="piano")
+    t = 0.0
+    k = 0
+    while t < seconds:
+        drums.notes.append(pretty_midi.Note(100, 36 + k % 3, t, t + 0.1))
+        bass.notes.append(pretty_midi.Note(70 + k % 20, 36 + (k * 5) % 12, t + 0.013, t + 0.7))
+        piano.notes.append(pretty_midi.Note(50 + k % 40, 60 + (k * 7) % 17, t + 0.21, t + 0.21 + 0.3 + k % 5))
+        t += 0.5
+        k += 1
+    for inst in (drums, bass, piano):
+        inst.control_changes.append(pretty_midi.ControlChange(7, 100, 0.0))
+        pm.instruments.append(inst)
+    return pm
+
+
+def _key(n):
+    return (n.pitch, n.velocity, n.start, n.end)
+
+
+def check_preserved(source: pretty_midi.PrettyMIDI, out: pretty_midi.PrettyMIDI, start: float, end: float):
+    """Every note of `source` that starts before `start` or at/after `end` is in `out`, identical, in its own
+    track (name, program, drum); drum notes are all kept; nothing else of the source's notes is."""
+    assert len(out.instruments) >= len(source.instruments)
+    for a, b in zip(source.instruments, out.instruments, strict=False):
+        assert (a.program, a.is_drum, a.name) == (b.program, b.is_drum, b.name)
+        kept = [_key(n) for n in a.notes if a.is_drum or n.start < start or n.start >= end]
+        got = [_key(n) for n in b.notes]
+        for k in kept:
+            assert k in got, (a.name, k)
+        new = [g for g in got if g not in set(kept)]
+        for pitch, _vel, s, e in new:  # anything else in an original track is new: inside the span
+            assert start <= s < end and e <= end + 1e-9, (a.name, pitch, s, e)
+        assert a.control_changes == b.control_changes or [
+            (c.number, c.value, c.time) for c in a.control_changes
+        ] == [(c.number, c.value, c.time) for c in b.control_changes]
+    assert out.get_tempo_changes()[1].tolist() == source.get_tempo_changes()[1].tolist()
+
+
+def test_outside_notes_come_back_unchanged_and_new_notes_start_inside_the_span(model):
+    source = band()
+    before = copy.deepcopy(source)
+    result = infill(model, source, 12.0, 18.0, codec=CODEC, params=InfillParams(seed=0, num_samples=3))
+    assert len(result.midis) == 3 and result.seed == 0
+    assert [_key(n) for i in source.instruments for n in i.notes] == [
+        _key(n) for i in before.instruments for n in i.notes
+    ]  # the input object is not touched
+    for out, notes in zip(result.midis, result.notes, strict=True):
+        check_preserved(source, out, 12.0, 18.0)
+        # several tracks with notes: the new ones go to a track of their own
+        assert out.instruments[-1].name == INFILL_TRACK and len(out.instruments) == 4
+        assert [_key(n) for n in out.instruments[-1].notes] == [_key(n) for n in notes]
+        assert notes, "a random model writes some notes in 6 s"
+        for n in notes:
+            assert 12.0 <= n.start < 18.0 and n.start < n.end <= 18.0
+    # the notes that started in the gap are gone
+    assert result.removed == sum(12.0 <= n.start < 18.0 for i in source.instruments[1:] for n in i.notes)
+    # the same seed gives the same music; the samples differ
+    again = infill_midi(model, source, 12.0, 18.0, codec=CODEC, params=InfillParams(seed=0, num_samples=3))
+    assert [[_key(n) for n in m.instruments[-1].notes] for m in again] == [
+        [_key(n) for n in m] for m in result.notes
+    ]
+    assert len({tuple(_key(n) for n in m) for m in result.notes}) > 1
+
+
+def test_a_note_sounding_into_the_gap_is_kept_whole_and_not_restruck_while_it_sounds(model):
+    pm = pretty_midi.PrettyMIDI()
+    piano = pretty_midi.Instrument(program=0)
+    piano.notes = [pretty_midi.Note(80, 60 + i % 12, i * 0.25, i * 0.25 + 0.2) for i in range(40)]
+    long = pretty_midi.Note(90, 48, 9.0, 14.0)  # across the gap's start
+    across = pretty_midi.Note(90, 50, 9.5, 20.0)  # across the whole gap
+    late = pretty_midi.Note(70, 72, 11.0, 11.5)  # starts in the gap: regenerated
+    tail = [pretty_midi.Note(80, 64 + i % 5, 13.0 + i * 0.3, 13.2 + i * 0.3) for i in range(10)]
+    piano.notes += [long, across, late, *tail]
+    pm.instruments.append(piano)
+    seg = infill_segments(CODEC, pm, 10.0, 12.5)
+    # the prompt knows 48 and 50 sound at the gap's start: their note-ons are in the past, their offs are not
+    from musicrel.midi.codec import open_pitches
+
+    assert open_pitches(CODEC, seg.past)[[48, 50]].all()
+    for seed in range(4):
+        (out,) = infill_midi(model, pm, 10.0, 12.5, codec=CODEC, params=InfillParams(seed=seed))
+        (inst,) = out.instruments  # one instrument with notes: the new notes join it
+        keys = [_key(n) for n in inst.notes]
+        assert _key(long) in keys and _key(across) in keys and _key(late) not in keys
+        for n in inst.notes:
+            if n.pitch in (48, 50) and _key(n) not in (_key(long), _key(across)):
+                held = long if n.pitch == 48 else across
+                assert not (held.start <= n.start < held.end) and not (n.start < held.start < n.end)
+
+
+def test_the_prompt_is_future_then_past_then_fill_and_the_gap_ends_at_end():
+    pm = band(20.0)
+    seg = infill_segments(CODEC, pm, 6.0, 11.0)
+    steps = shift_steps(CODEC)
+    assert int(steps[seg.past].sum()) == 600 and int(steps[seg.gap].sum()) == 500
+    prompt = infill_prompt(CODEC, seg, 256)
+    t = prompt.tokens
+    assert t[0] == CODEC.future_id and t[-1] == CODEC.fill_id
+    assert list(t).count(CODEC.past_id) == 1
+    head = fim.shifts(CODEC, seg.gap_steps)
+    assert np.array_equal(t[1 : 1 + len(head)], head)
+    assert np.flatnonzero(t == CODEC.past_id)[0] <= int(256 * fim.FUTURE_SHARE)
+    assert len(t) <= 256 - 256 // 4
+    # the past kept is the end of the true past, and the future the start of the true future
+    past = t[prompt.roles == fim.PAST]
+    assert np.array_equal(past, seg.past[len(seg.past) - len(past) :])
+    future = t[prompt.roles == fim.FUTURE]
+    assert np.array_equal(future, seg.future[: len(future)])
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "code"),
+    [
+        (18.0, 12.0, "invalid_span"),
+        (12.0, 12.0, "invalid_span"),
+        (-1.0, 2.0, "invalid_span"),
+        ("12", 18.0, "invalid_span"),
+        (12.0, float("nan"), "invalid_span"),
+        (True, 18.0, "invalid_span"),
+        (12.0, 12.001, "invalid_span"),
+        (1.0, 2.0 + MAX_SPAN_SECONDS, "span_too_long"),
+        (40.0, 45.0, "span_outside_music"),
+        (0.0, 5.0, "nothing_before"),
+        (25.0, 29.75, "nothing_after"),
+    ],
+)
+def test_bad_spans_have_their_codes(model, start, end, code):
+    with pytest.raises(InfillError) as err:
+        infill_midi(model, band(30.0), start, end, codec=CODEC)
+    assert err.value.code == code
+    assert isinstance(err.value, MusicrelError)
+
+
+def test_a_model_without_infill_tokens_cannot_infill():
+    plain = EventCodec()
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=plain.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=64)
+    with pytest.raises(InfillError) as err:
+        infill_midi(MusicTransformer(cfg).eval(), band(), 12.0, 18.0, codec=plain)
+    assert err.value.code == "model_cannot_infill"
+
+
+def test_bad_midi_and_bad_params_are_typed(model):
+    with pytest.raises(InvalidMidiError):
+        infill_midi(model, b"not a midi file at all", 1.0, 2.0, codec=CODEC)
+    with pytest.raises(MusicrelError) as err:
+        InfillParams(temperature=0)
+    assert err.value.code == "invalid_params"
+
+
+def test_bytes_in_and_a_written_file_reads_back_with_the_outside_notes(model, tmp_path):
+    source = band(24.0)
+    (out,) = infill_midi(model, midi_bytes(source), 8.0, 14.0, codec=CODEC, params=InfillParams(seed=1))
+    out.write(str(tmp_path / "out.mid"))
+    back = pretty_midi.PrettyMIDI(str(tmp_path / "out.mid"))
+    reread = pretty_midi.PrettyMIDI(__import__("io").BytesIO(midi_bytes(source)))
+    for a, b in zip(reread.instruments, back.instruments, strict=False):
+        got = {(n.pitch, n.velocity, round(n.start, 2), round(n.end, 2)) for n in b.notes}
+        for n in a.notes:
+            if a.is_drum or n.start < 8.0 or n.start >= 14.0:
+                assert (n.pitch, n.velocity, round(n.start, 2), round(n.end, 2)) in got
+
+
+def test_real_files_keep_every_outside_note(model, real_midi_files):
+    for path in real_midi_files[:4]:
+        source = CODEC.read(path)
+        notes = CODEC.to_notes(source)
+        length = max(n.end for n in notes)
+        start, end = min(12.0, length / 3), min(18.0, length / 3 + 6.0)
+        (out,) = infill_midi(model, path, start, end, codec=CODEC, params=InfillParams(seed=0))
+        check_preserved(source, out, start, end)

@@ -26,6 +26,7 @@ from musicrel.cli import (  # noqa: E402
     evaluate_continuations,
     evaluate_controls,
     generate,
+    infill,
     sweep_sampling,
 )
 from musicrel.errors import MusicrelError  # noqa: E402
@@ -36,6 +37,7 @@ COMMAND_MODULES = (
     generate,
     evaluate_continuations,
     accompany,
+    infill,
     evaluate_accompaniments,
     evaluate_controls,
     sweep_sampling,

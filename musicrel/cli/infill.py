@@ -1,0 +1,94 @@
+"""`musicrel infill`: regenerate seconds START to END of a MIDI file or of each in a folder, keep the rest.
+
+Torch is imported inside the handler so that `musicrel --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from musicrel.cli.args import given, output_paths, positive_int, torch_setup, write_midi
+from musicrel.midi.files import find_midi_files
+
+SUMMARY_FILE = "summary.json"
+
+
+def _infill(args) -> int:
+    from musicrel.errors import MusicrelError
+    from musicrel.generation.infill import InfillParams, check_model, check_span, infill
+    from musicrel.generation.sampling import SEED_RANGE
+    from musicrel.model.checkpoint import load_codec, load_model
+
+    start, end = check_span(args.start, args.end)  # a bad span is every file's: one error, exit 2
+    params = InfillParams(**given(args, "temperature", "top_k", "top_p", "seed", "num_samples"))
+    root, out = Path(args.input), Path(args.out)
+    files = find_midi_files(root)
+    if not files:
+        print(f"musicrel infill: no .mid/.midi file in {root}", file=sys.stderr)
+        return 2
+    torch_setup(args, rows=params.num_samples)
+    model, codec = load_model(args.checkpoint), load_codec(args.checkpoint)
+    check_model(model, codec)
+    records, failed = [], 0
+    for i, path in enumerate(files):
+        paths = output_paths(path, root, out, params.num_samples)
+        record = {"input": str(path), "start": start, "end": end, "outputs": [str(p) for p in paths]}
+        if all(p.is_file() for p in paths):
+            record["skipped"] = "outputs exist"
+            records.append(record)
+            continue
+        seed = None if params.seed is None else (params.seed + i) % SEED_RANGE
+        try:
+            result = infill(
+                model, path, start, end, codec=codec, params=InfillParams(**{**vars(params), "seed": seed})
+            )
+        except MusicrelError as exc:
+            record["error"] = {"code": exc.code, "message": str(exc)}
+            failed += 1
+            print(f"musicrel infill: {path}: error [{exc.code}]: {exc}", file=sys.stderr)
+            records.append(record)
+            continue
+        for pm, p in zip(result.midis, paths, strict=True):
+            write_midi(pm, p)
+        record.update(
+            seed=result.seed,
+            removed=result.removed,
+            notes=[len(n) for n in result.notes],
+            prompt_tokens=result.prompt_tokens,
+            decode_seconds=round(result.decode_seconds, 3),
+            warnings=result.warnings,
+        )
+        records.append(record)
+        if not args.quiet:
+            print(f"{path} -> {', '.join(map(str, paths))}", file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SUMMARY_FILE).write_text(json.dumps({"files": records}, indent=1))
+    done = len(files) - failed
+    print(f"filled {start:g}-{end:g} s in {done} of {len(files)} files; summary: {out / SUMMARY_FILE}")
+    return 1 if failed == len(files) else 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "infill",
+        help="regenerate seconds START to END of a MIDI file (or of each in a folder), keeping the rest",
+        description="For each .mid/.midi of INPUT (recursive): the notes that start in [START, END) are "
+        "written anew by an infill model (one trained with data.infill_rate: docs/INFILL.md), which hears "
+        "the music before and after the span; every other note comes back unchanged. Writes "
+        "<name>.sample<i>.mid under --out, with summary.json. Outputs that exist are skipped.",
+    )
+    p.add_argument("input", help="a MIDI file or a folder of them")
+    p.add_argument("--checkpoint", required=True, help="an infill model folder")
+    p.add_argument("--start", type=float, required=True, help="start of the span, seconds")
+    p.add_argument("--end", type=float, required=True, help="end of the span, seconds (at most 30 s later)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--num-samples", type=positive_int, default=None, help="versions per file (1)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (file i uses seed + i)")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_infill)

@@ -1,0 +1,94 @@
+"""`musicrel infill` on a file and a folder: outputs, summary, one line per error, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pretty_midi
+import pytest
+import torch
+
+from musicrel.cli import main
+from musicrel.midi.codec import CodecConfig, EventCodec
+from musicrel.model.checkpoint import save_model
+from musicrel.model.config import ModelConfig
+from musicrel.model.transformer import MusicTransformer
+
+
+def _model(folder, codec):
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128
+    )
+    save_model(MusicTransformer(cfg), folder, codec=codec)
+    return folder
+
+
+@pytest.fixture
+def setup(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model, shared machine
+    _model(tmp_path / "ckpt", EventCodec(CodecConfig(infill=True)))
+    _model(tmp_path / "plain", EventCodec())
+    songs = tmp_path / "songs"
+    (songs / "sub").mkdir(parents=True)
+    pm = pretty_midi.PrettyMIDI(initial_tempo=110)
+    inst = pretty_midi.Instrument(program=11)
+    inst.notes = [pretty_midi.Note(90, 60 + k % 8, 0.3 * k, 0.3 * k + 0.4) for k in range(40)]
+    pm.instruments.append(inst)
+    pm.write(str(songs / "sub" / "good.mid"))
+    short = pretty_midi.PrettyMIDI()
+    short.instruments.append(pretty_midi.Instrument(program=0))
+    short.instruments[0].notes = [pretty_midi.Note(90, 60, 0.0, 1.0), pretty_midi.Note(90, 62, 4.0, 5.0)]
+    short.write(str(songs / "short.mid"))  # nothing after the span
+    (songs / "broken.mid").write_bytes(
+        b"MThd\x00\x00\x00\x06\x00\x01\x00\x01\x01\xe0MTrk\x00\x00\x00\x10\x00\x90"
+    )
+    yield tmp_path, songs
+    torch.set_num_threads(threads)
+
+
+def run(tmp_path, source, out, *extra, checkpoint="ckpt") -> int:
+    argv = ["infill", str(source), "--checkpoint", str(tmp_path / checkpoint), "--start", "3", "--end", "6",
+            "--out", str(out), "--num-samples", "2", "--seed", "3", "--quiet", *extra]  # fmt: skip
+    return main(argv)
+
+
+def test_infill_a_folder_writes_each_sample_and_reports_each_error_on_one_line(setup, capsys):
+    tmp_path, songs = setup
+    out = tmp_path / "out"
+    assert run(tmp_path, songs, out) == 0
+    source = pretty_midi.PrettyMIDI(str(songs / "sub" / "good.mid"))
+    kept = {(n.pitch, round(n.start, 3)) for n in source.instruments[0].notes if not 3 <= n.start < 6}
+    for i in range(2):
+        pm = pretty_midi.PrettyMIDI(str(out / "sub" / f"good.sample{i}.mid"))
+        (inst,) = pm.instruments
+        assert inst.program == 11
+        got = {(n.pitch, round(n.start, 3)) for n in inst.notes}
+        assert kept <= got
+        assert all(3 <= s < 6 for _, s in got - kept)
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "short.mid" in line] == [
+        line for line in err if "nothing_after" in line
+    ] and len(err) == 2
+    assert any("broken.mid" in line and "error [" in line for line in err)
+    summary = json.loads((out / "summary.json").read_text())
+    codes = {r["input"].rsplit("/", 1)[-1]: r.get("error", {}).get("code") for r in summary["files"]}
+    assert codes["good.mid"] is None and codes["short.mid"] == "nothing_after" and codes["broken.mid"]
+    # a rerun skips what exists
+    assert run(tmp_path, songs / "sub" / "good.mid", out / "sub") == 0
+    assert json.loads((out / "sub" / "summary.json").read_text())["files"][0]["skipped"] == "outputs exist"
+
+
+def test_a_bad_span_and_a_model_without_infill_tokens_exit_2_with_one_line(setup, capsys):
+    tmp_path, songs = setup
+    good = songs / "sub" / "good.mid"
+    assert run(tmp_path, good, tmp_path / "o1", "--end", "2") == 2
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1].startswith("musicrel infill: error [invalid_span]")
+    )
+    assert run(tmp_path, good, tmp_path / "o2", "--end", "60") == 2
+    assert "error [span_too_long]" in capsys.readouterr().err
+    assert run(tmp_path, good, tmp_path / "o3", checkpoint="plain") == 2
+    assert "error [model_cannot_infill]" in capsys.readouterr().err
+    assert run(tmp_path, songs / "short.mid", tmp_path / "o4") == 1  # every file failed

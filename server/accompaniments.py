@@ -6,7 +6,8 @@ folder exists (server/model.py); without one the route answers 503 `no_accompani
 `accompaniment: null`. Here: parse the melody (this process checks it and its track, so a bad file is refused
 at once), submit an accompaniment job to the engine, which holds the model and runs it beside the
 continuation batch (server/worker.py), and render the answer. It is admitted, queued (429), cancelled and
-drained as a continuation is.
+drained as a continuation is. The route is server/routes/accompaniments.py, its form's checks
+`deps.get_accompaniment_params`.
 """
 
 from __future__ import annotations
@@ -16,19 +17,17 @@ import io
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
-from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi import UploadFile
 from fastapi.responses import Response
 
 from musicrel.errors import InvalidMidiError
 from musicrel.generation.controls import gm_program_name
 from server.admission import Ticket
-from server.deps import ServiceDep, SettingsDep, WantsJsonDep, refuse_unknown_fields
-from server.errors import CLIENT_CLOSED, ApiError, limit_message
+from server.errors import ApiError
 from server.jobs import Accompany
-from server.middleware import ACCOMPANIMENTS_PATH, ADMISSION_TICKET
 from server.schemas import (
     AccompanimentParams,
     AccompanimentResponse,
@@ -39,37 +38,9 @@ from server.service import Service
 from server.submit import queue_job, wait_for_result
 
 log = logging.getLogger("musicrel.server")
-router = APIRouter()
 
 # Errors about the melody track: the page shows them beside its track menu.
 TRACK_CODES = frozenset({"which_track", "no_such_track", "melody_has_chords"})
-
-
-# ---------------------------------------------------------------- the request
-async def get_params(
-    form: Annotated[AccompanimentParams, Form()],
-    settings: SettingsDep,
-    service: ServiceDep,
-    request: Request,
-) -> AccompanimentParams:
-    """The form, checked: unknown fields (422), the operator's limits, controls that cannot be honoured
-    whatever the melody; and 503 when there is no model, before anything is parsed."""
-    accompaniment = service.accompaniment
-    if accompaniment is None:
-        raise ApiError(503, "no_accompaniment_model", service.accompaniment_unavailable)
-    await refuse_unknown_fields(request, AccompanimentParams)
-    limit = min(settings.max_num_samples, settings.max_batch_rows)
-    if form.num_samples > limit:
-        raise ApiError(422, "invalid_request", limit_message("num_samples", limit), field="num_samples")
-    vocab_size = accompaniment.codec.vocab_size
-    if form.top_k is not None and form.top_k > vocab_size:
-        message = limit_message("top_k", vocab_size)
-        raise ApiError(422, "invalid_request", message, field="top_k")
-    form.controls()
-    return form
-
-
-ParamsDep = Annotated[AccompanimentParams, Depends(get_params)]
 
 
 def parse_melody(codec: Any, data: bytes, track: int | None, max_seconds: float) -> tuple[Any, int, int]:
@@ -203,65 +174,3 @@ def as_midi(answer: AccompanimentResponse) -> Response:
     if answer.warnings:
         headers["X-Musicrel-Warnings"] = str(len(answer.warnings))
     return Response(base64.b64decode(sample.midi_base64), media_type="audio/midi", headers=headers)
-
-
-# ---------------------------------------------------------------- the route
-FILE_DESCRIPTION = (
-    "the melody: a Standard MIDI File with one track of notes, or several and `track` saying which is the "
-    "melody; single notes only (a track with chords is refused)"
-)
-
-
-def _responses() -> dict[int | str, dict[str, Any]]:
-    from server.routes import ERRORS
-
-    errors = {status: dict(spec) for status, spec in ERRORS.items()}
-    errors[422] = {
-        **errors[422],
-        "description": errors[422]["description"]
-        + "; of the melody: which_track (several tracks with notes and no `track`), no_such_track, "
-        "melody_has_chords, no_notes, too_long (longer than MUSICREL_MAX_MELODY_SECONDS)",
-    }
-    errors[503] = {
-        **errors[503],
-        "description": "no accompaniment model on this server (no_accompaniment_model), loading (not_ready) "
-        "or shutting down (draining)",
-    }
-    return errors
-
-
-@router.post(
-    ACCOMPANIMENTS_PATH,
-    summary="Accompany an uploaded melody",
-    response_model=AccompanimentResponse,
-    responses={
-        200: {
-            "content": {"audio/midi": {}},
-            "description": "audio/midi (sample 0): the melody track unchanged and the accompaniment's track; "
-            "JSON with every sample for Accept: application/json",
-        },
-        **_responses(),
-    },
-)
-async def create(
-    request: Request,
-    service: ServiceDep,
-    params: ParamsDep,
-    wants_json: WantsJsonDep,
-    file: Annotated[
-        UploadFile,
-        File(
-            description=FILE_DESCRIPTION,
-            json_schema_extra={"minLength": 1, "format": "binary", "contentMediaType": "audio/midi"},
-        ),
-    ],
-) -> Any:
-    """The melody's track is kept as it is; the accompaniment (a piano unless `program` says otherwise)
-    starts with the file and ends a second after the melody's last note. Generated by the engine beside the
-    continuations; admitted, queued (429), bounded by MUSICREL_REQUEST_TIMEOUT_S (504) and drained as a
-    continuation is."""
-    ticket = request.scope.get(ADMISSION_TICKET)
-    answer = await accompany_upload(service, file, params, ticket, request.is_disconnected)
-    if answer is None:
-        return Response(status_code=CLIENT_CLOSED)
-    return answer if wants_json else as_midi(answer)

@@ -18,7 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 import musicrel
-from server import accompaniments, openapi
+from server import openapi
 from server.errors import install_error_handlers
 from server.metrics import Metrics, worker_exited
 from server.middleware import AdmissionMiddleware, MetricsMiddleware, UploadLimitMiddleware
@@ -80,7 +80,6 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
     app.state.service = service
     install_error_handlers(app)
     app.include_router(router)
-    app.include_router(accompaniments.router)
     openapi.install(app, settings, lambda: service.codec.vocab_size if service.codec is not None else None)
     if settings.static_dir.is_dir():
         app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")

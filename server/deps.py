@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from server.errors import ApiError, limit_message
 from server.openapi import form_limits
-from server.schemas import ContinuationParams, MotifParams
+from server.schemas import AccompanimentParams, ContinuationParams, MotifParams
 from server.service import Service
 from server.settings import Settings
 
@@ -75,6 +75,32 @@ async def get_motif_params(
 
 
 MotifParamsDep = Annotated[ContinuationParams, Depends(get_motif_params)]
+
+
+async def get_accompaniment_params(
+    form: Annotated[AccompanimentParams, Form()],
+    settings: SettingsDep,
+    service: ServiceDep,
+    request: Request,
+) -> AccompanimentParams:
+    """The form, checked: unknown fields (422), the operator's limits, controls that cannot be honoured
+    whatever the melody; and 503 when there is no model, before anything is parsed."""
+    accompaniment = service.accompaniment
+    if accompaniment is None:
+        raise ApiError(503, "no_accompaniment_model", service.accompaniment_unavailable)
+    await refuse_unknown_fields(request, AccompanimentParams)
+    limit = min(settings.max_num_samples, settings.max_batch_rows)
+    if form.num_samples > limit:
+        raise ApiError(422, "invalid_request", limit_message("num_samples", limit), field="num_samples")
+    vocab_size = accompaniment.codec.vocab_size
+    if form.top_k is not None and form.top_k > vocab_size:
+        message = limit_message("top_k", vocab_size)
+        raise ApiError(422, "invalid_request", message, field="top_k")
+    form.controls()
+    return form
+
+
+AccompanimentParamsDep = Annotated[AccompanimentParams, Depends(get_accompaniment_params)]
 
 
 def wants_json(request: Request) -> bool:

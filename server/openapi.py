@@ -36,7 +36,7 @@ FORMS = (
     ("/v1/continuations", "post", "ContinuationParams"),
     ("/v1/continuations/stream", "post", "ContinuationParams"),
     ("/v1/motifs", "post", "MotifParams"),
-    ("/v1/accompaniments", "post", "AccompanimentParams"),  # server/accompaniments.py
+    ("/v1/accompaniments", "post", "AccompanimentParams"),  # server/routes/accompaniments.py
 )
 # What str.strip() removes (str.isspace), spelled out: ECMA's \s differs (it has U+FEFF, lacks U+001C-1F).
 _BLANK = "[ \t\n\r\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*"

@@ -1,0 +1,11 @@
+"""The HTTP routes, one thin module per resource: each parses a request (its dependencies in server/deps.py),
+submits the work (server/continuations.py, streams.py, accompaniments.py) and renders the answer."""
+
+from fastapi import APIRouter
+
+from server.routes import accompaniments, continuations, health, model, motifs, page
+
+router = APIRouter()
+# In this order in the OpenAPI document.
+for resource in (continuations, motifs, model, page, health, accompaniments):
+    router.include_router(resource.router)

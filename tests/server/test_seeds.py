@@ -84,12 +84,22 @@ def test_a_continuations_reported_json_seed_repeats_every_sample(client):
     assert again["seed"] == seed and midis(again) == midis(first)
 
 
+def per_sample(events: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for event in events:
+        out.setdefault(event["sample"], []).append(event)
+    return out
+
+
 def test_a_streams_announced_seed_repeats_the_stream(client):
     first = stream(client)
     seed = in_range(first[0]["seed"])
     assert first[-1]["seed"] == seed
     again = stream(client, seed=str(seed))
-    assert again[0]["seed"] == seed and again[1:-1] == first[1:-1]  # every note event, in order
+    assert again[0]["seed"] == seed
+    # Every note event of each sample, in order. How the samples' events interleave depends on when the
+    # engine's progress updates cross the pipe (timing), not on the seed.
+    assert per_sample(again[1:-1]) == per_sample(first[1:-1])
     assert midis(again[-1]) == midis(first[-1])
     # The plain route gives the same music for the seed the stream drew.
     assert midis(continuation(client, json_=True, seed=str(seed)).json()) == midis(first[-1])

@@ -320,12 +320,10 @@ def test_steer_open_on_a_narrow_screen_has_no_horizontal_scroll(page):
 # ---- streaming ------------------------------------------------------------------------------------
 
 SHIPPED = REPO / "checkpoints" / "default"
-# The issue's goal: 300 ms from the click to the first note heard (docs/API.md, "The web page", has the
-# measurements).
+# The issue's goal: 300 ms from the click to the first note heard (docs/log/api.md has the measurements).
 FIRST_NOTE_GOAL_MS = 300.0
 # The motif is prepared (POST /v1/motifs) when it is chosen, so its first Continue is a re-roll in all but the
-# first request's connection set-up; the bound leaves room for this loaded machine (docs/API.md, "The web
-# page").
+# first request's connection set-up; the bound leaves room for this loaded machine (docs/log/api.md).
 FIRST_CONTINUE_BOUND_MS = 600.0
 LATENCY_RUNS = 5
 LATENCY_SECONDS = 20

@@ -22,7 +22,7 @@ ARROWS = {
 }
 TRUTH_COLOR = "black"
 SWEEP_TITLES = {
-    "score": "score: mean of the 4 overlaps (higher is better)",
+    "score": "score (classifier AUC: lower is better; overlaps: higher)",
     "pc_overlap": "pitch-class overlap (higher is better)",
     "ioi_overlap": "IOI overlap (higher is better)",
     "density_ratio": "density ratio (grey: eligible band)",

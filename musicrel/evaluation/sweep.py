@@ -2,12 +2,18 @@
 temperature x top-p (x top-k), on the same pieces and seeds for every setting, so settings are compared
 piece by piece (paired) rather than through intervals that mostly measure how pieces differ.
 
-The score that ranks settings is a piece's mean of the four histogram overlaps with the truth (pitch class,
-IOI, duration, velocity: each in 0..1, higher is better). A setting is eligible when its density ratio lies
-in DENSITY_BAND and it drones (one pitch > half the notes) no more often than the truth does, give or take
-DRONE_MARGIN; the recommended one is the eligible setting with the best score, and it replaces the current
-default only when its paired gain over the default is above zero with 95 % confidence: a difference inside
-the noise keeps the default.
+The score that ranks settings is the listener's question: how well the real-vs-generated classifier
+(`musicrel.evaluation.twosample`) tells the setting's continuations from the true ones, as its ROC AUC (0.5:
+it cannot tell; lower is better). Each setting's gain over the defaults is paired: the two classifiers'
+out-of-fold scores resampled by the compositions both held (`twosample.auc_gain`). Where the classifier cannot
+run (too few compositions to fold, no scikit-learn) the score falls back to a piece's mean of the four
+histogram overlaps with the truth (pitch class, IOI, duration, velocity; higher is better), and the sweep
+says which score it used and why.
+
+A setting is eligible when its density ratio lies in DENSITY_BAND and it drones (one pitch > half the notes)
+no more often than the truth does, give or take DRONE_MARGIN; the recommended one is the eligible setting with
+the best score, and it replaces the current default only when its paired gain over the default is above zero
+with 95 % confidence: a difference inside the noise keeps the default.
 
 A prepared folder that mixes corpora is swept per source (`sources`): each gets its own table, never
 averaged with the others, and `choose_across` picks the one setting the defaults can be.
@@ -29,10 +35,21 @@ from pathlib import Path
 from musicrel.evaluation.continuations import EvaluationError, EvaluationOptions, evaluate_continuations
 from musicrel.evaluation.metrics import bootstrap_interval
 from musicrel.evaluation.plots import plot_sweep
+from musicrel.evaluation.twosample import auc_gain
 from musicrel.generation.sampling import SamplingParams
 
 SCORE_METRICS = ("pc_overlap", "ioi_overlap", "duration_overlap", "velocity_overlap")
-TABLE_METRICS = (*SCORE_METRICS, "range_diff", "density_ratio", "key_corr", "repetition", "one_pitch")
+TABLE_METRICS = (
+    *SCORE_METRICS,
+    "density_ratio",
+    "density",
+    "polyphony_mean",
+    "key_corr",
+    "repetition",
+    "one_pitch",
+)
+CLASSIFIER_SCORE = "classifier AUC against the truth (0.5: cannot tell; lower is better)"
+OVERLAP_SCORE = f"mean of {', '.join(SCORE_METRICS)} per piece (higher is better)"
 DENSITY_BAND = (0.8, 1.25)
 DRONE_MARGIN = 0.02  # share of continuations
 # Down to 0.5: the page offers any temperature, and low ones were where the model droned.
@@ -82,7 +99,7 @@ def sweep_sampling(
         raise EvaluationError(
             "the sweep needs at least one setting beside the defaults", code="invalid_params"
         )
-    rows, scores, base = [], {}, None
+    rows, scores, oofs, base = [], {}, {}, None
     for i, setting in enumerate(grid):
         if progress:
             print(f"[{i + 1}/{len(grid)}] {setting}", flush=True)
@@ -99,22 +116,33 @@ def sweep_sampling(
         metrics = report["systems"]["model"]["metrics"]
         key = json.dumps(setting, sort_keys=True)
         scores[key] = _piece_scores(report)
+        classifier, why = _classifier(report)
+        oofs[key] = classifier["oof"] if classifier else None
         row = {
             "setting": setting,
             "is_default": setting == defaults,
             "metrics": {m: metrics[m] for m in TABLE_METRICS},
-            "score": bootstrap_interval(scores[key]),
+            "overlaps": bootstrap_interval(scores[key]),
+            "classifier": _summary(classifier, why),
         }
         rows.append(row)
         if row["is_default"]:
             base = key
         pieces, truth = report["pieces"], report["reference"]["metrics"]
+    missing = [r["classifier"]["left_out"] for r in rows if "left_out" in r["classifier"]]
+    by_classifier = not missing
     drone_cap = (truth["one_pitch"]["mean"] or 0.0) + DRONE_MARGIN
     for row in rows:
         key = json.dumps(row["setting"], sort_keys=True)
-        row["gain_over_default"] = bootstrap_interval(
-            [a - b for a, b in zip(scores[key], scores[base], strict=True) if a is not None and b is not None]
-        )
+        if by_classifier:
+            row["score"] = row["classifier"]["auc"]
+            row["gain_over_default"] = auc_gain(oofs[base], oofs[key])
+        else:
+            row["score"] = row["overlaps"]
+            pairs = zip(scores[key], scores[base], strict=True)
+            row["gain_over_default"] = bootstrap_interval(
+                [a - b for a, b in pairs if a is not None and b is not None]
+            )
         ratio = row["metrics"]["density_ratio"]["mean"]
         drone = row["metrics"]["one_pitch"]["mean"]
         row["eligible"] = (
@@ -131,7 +159,8 @@ def sweep_sampling(
         "source": source,
         "pieces": pieces,
         "seeds": seeds,
-        "score": f"mean of {', '.join(SCORE_METRICS)} per piece",
+        "score": CLASSIFIER_SCORE if by_classifier else OVERLAP_SCORE,
+        **({} if by_classifier else {"score_fallback": f"the classifier left out: {missing[0]}"}),
         "density_band": list(DENSITY_BAND),
         "truth": {m: truth[m] for m in TABLE_METRICS if m in truth},
         "drone_cap": drone_cap,
@@ -147,11 +176,39 @@ def sweep_sampling(
     }
 
 
+def _classifier(report: dict) -> tuple[dict | None, str | None]:
+    """The model's two-sample test in a one-source report (its only section), or None and why not."""
+    two_sample = report.get("two_sample")
+    if two_sample is None:
+        return None, report.get("left_out", {}).get("two_sample", "no classifier in the report")
+    sections = list(two_sample["sections"].values())
+    if len(sections) != 1:
+        return None, f"{len(sections)} sources in one sweep: sweep each source on its own (--source)"
+    found = sections[0]["systems"].get("model")
+    return (found, None) if found else (None, sections[0]["left_out"].get("model", "not classified"))
+
+
+def _summary(classifier: dict | None, why: str | None) -> dict:
+    if classifier is None:
+        return {"left_out": why}
+    return {
+        "accuracy": classifier["accuracy"],
+        "auc": classifier["auc"],
+        "compositions": classifier["compositions"],
+        "give_away": classifier["give_away"][:3],
+    }
+
+
 def choose(rows: list[dict]) -> tuple[dict, bool]:
-    """The best-scoring eligible row (any row if none is eligible), and whether its paired gain over the
-    defaults is above zero with 95 % confidence."""
+    """The eligible row with the best paired gain over the defaults (any row if none is eligible), and
+    whether that gain is above zero with 95 % confidence."""
     eligible = [r for r in rows if r["eligible"]] or rows
-    best = max(eligible, key=lambda r: -math.inf if r["score"]["mean"] is None else r["score"]["mean"])
+
+    def gain(r: dict) -> float:
+        mean = r["gain_over_default"]["mean"]
+        return -math.inf if mean is None else mean
+
+    best = max(eligible, key=gain)
     low = best["gain_over_default"]["low"]
     return best, low is not None and low > 0
 
@@ -189,15 +246,15 @@ def choose_across(sweeps: Sequence[dict]) -> dict:
 
 
 def format_sweep(sweep: dict) -> str:
-    def cell(s: dict, pct: bool = False) -> str:
-        if s["mean"] is None:
+    def cell(s: dict | None, pct: bool = False) -> str:
+        if s is None or s["mean"] is None:
             return "-"
         return f"{s['mean']:.3f}" if not pct else f"{100 * s['mean']:.1f}%"
 
-    head = ["T", "top-p", "top-k", "score", "gain vs default [95 %]", *TABLE_METRICS]
+    head = ["T", "top-p", "top-k", "accuracy", "AUC", "overlaps", "gain vs default [95 %]", *TABLE_METRICS]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in sweep["settings"]:
-        s, g = r["setting"], r["gain_over_default"]
+        s, g, c = r["setting"], r["gain_over_default"], r["classifier"]
         gain = "-" if g["mean"] is None else f"{g['mean']:+.3f} [{g['low']:+.3f},{g['high']:+.3f}]"
         mark = " (default)" if r["is_default"] else ""
         lines.append(
@@ -206,24 +263,18 @@ def format_sweep(sweep: dict) -> str:
                     f"{s['temperature']:g}{mark}",
                     f"{s['top_p']:g}",
                     "-" if s["top_k"] is None else str(s["top_k"]),
-                    cell(r["score"]),
+                    cell(c.get("accuracy"), pct=True),
+                    cell(c.get("auc")),
+                    cell(r["overlaps"]),
                     gain,
                     *(cell(r["metrics"][m], pct=m in _PERCENT) for m in TABLE_METRICS),
                 ]
             )
         )
     truth = sweep["truth"]
+    blanks = [""] * 6
     lines.append(
-        " | ".join(
-            [
-                "truth",
-                "",
-                "",
-                "",
-                "",
-                *(cell(truth[m], pct=m in _PERCENT) if m in truth else "" for m in TABLE_METRICS),
-            ]
-        )
+        " | ".join(["truth", *blanks, *(cell(truth.get(m), pct=m in _PERCENT) for m in TABLE_METRICS)])
     )
     where = sweep["input"] + (f" source {sweep['source']}" if sweep.get("source") else "")
     lines.append(
@@ -232,6 +283,8 @@ def format_sweep(sweep: dict) -> str:
         f"the notes in at most {100 * sweep['drone_cap']:.0f}% of continuations (the truth's share + "
         f"{100 * DRONE_MARGIN:g})"
     )
+    if "score_fallback" in sweep:
+        lines.append(f"overlaps rank the settings: {sweep['score_fallback']}")
     lines.append(f"recommended: {sweep['recommended']} ({sweep['reason']})")
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ from musicrel.evaluation.twosample import (
     MIN_PIECES,
     TwoSampleUnavailable,
     _auc,
+    auc_gain,
     classify,
     feature_names,
     features,
@@ -100,6 +101,29 @@ def test_a_system_drawn_like_the_truth_is_near_chance_and_a_drone_is_caught():
     assert r["give_away"][0]["auc_alone"] > 0.9 and alone["IOI"] < 0.7 and alone["duration"] < 0.7
     top = r["top_features"][0]
     assert top["name"].split(":")[0] != "IOI" and top["system"] != top["truth"]
+
+
+def test_auc_gain_pairs_two_runs_by_composition():
+    rng, contexts, truths = world(40)
+    truth_x = np.stack([features(t, c, SECONDS) for t, c in zip(truths, contexts, strict=True)])
+    same = [np.stack([features(melody(rng), contexts[i], SECONDS) for _ in range(2)]) for i in range(40)]
+    droned = [np.stack([features(drone(truths[i]), contexts[i], SECONDS)]) for i in range(40)]
+    comps = [f"c{i // 2}" for i in range(40)]  # two pieces a composition
+    near, far = classify(truth_x, same, compositions=comps), classify(truth_x, droned, compositions=comps)
+    # the out-of-fold scores: a row per truth and per sample, named by composition
+    oof = far["oof"]
+    assert len(oof["p"]) == len(oof["y"]) == len(oof["w"]) == len(oof["composition"]) == 40 + 40
+    assert set(oof["composition"]) == set(comps) and sum(oof["y"]) == 40
+    assert _auc(np.array(oof["y"]), np.array(oof["p"]), np.array(oof["w"])) == pytest.approx(
+        far["auc"]["mean"], abs=1e-3
+    )
+    # the drone is told apart far better than the system drawn like the truth: a clear gain, either way round
+    gain = auc_gain(far["oof"], near["oof"])
+    assert gain["n"] == 20 and gain["mean"] > 0.3 and gain["low"] > 0
+    assert auc_gain(near["oof"], far["oof"])["high"] < 0
+    assert auc_gain(far["oof"], far["oof"]) == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 20}
+    other = dict(oof, composition=[c + "x" for c in oof["composition"]])
+    assert auc_gain(far["oof"], other)["n"] == 0  # nothing shared: no figure
 
 
 def test_sources_are_separate_sections_and_real_music_joins_the_truth():

@@ -219,3 +219,37 @@ def test_real_files_keep_every_outside_note(model, real_midi_files):
         start, end = min(12.0, length / 3), min(18.0, length / 3 + 6.0)
         (out,) = infill_midi(model, path, start, end, codec=CODEC, params=InfillParams(seed=0))
         check_preserved(source, out, start, end)
+
+
+def test_infill_steps_yields_after_each_token_and_ends_with_infills_result(model):
+    """The engine's form: a step per token, each sample's tokens so far at each yield; run to its end it is
+    `infill` (same seed, same tokens, same files)."""
+    from musicrel.generation.infill import infill_steps
+
+    source = band(20.0)
+    params = InfillParams(seed=3, num_samples=2)
+    steps = infill_steps(model, source, 6.0, 9.0, codec=CODEC, params=params)
+    sizes = []
+    while True:
+        try:
+            rows = next(steps)
+        except StopIteration as done:
+            result = done.value
+            break
+        sizes.append([len(r) for r in rows])
+    assert len(sizes) > 10
+    for before, after in zip(sizes, sizes[1:], strict=False):  # one token per live row per step
+        assert all(0 <= b - a <= 1 for a, b in zip(before, after, strict=True))
+    assert max(len(t) for t in result.tokens) == max(sizes[-1]) + 1  # the last token comes after the yield
+    whole = infill(model, source, 6.0, 9.0, codec=CODEC, params=params)
+    assert [t.tolist() for t in whole.tokens] == [t.tolist() for t in result.tokens]
+    assert [[_key(n) for n in m] for m in whole.notes] == [[_key(n) for n in m] for m in result.notes]
+
+
+def test_infill_steps_raises_a_bad_span_at_its_first_step(model):
+    from musicrel.generation.infill import infill_steps
+
+    steps = infill_steps(model, band(30.0), 0.0, 5.0, codec=CODEC)  # nothing checked yet
+    with pytest.raises(InfillError) as err:
+        next(steps)
+    assert err.value.code == "nothing_before"

@@ -23,7 +23,7 @@ _EXPORTS = {
     "save_model": "musicrel.model.checkpoint",
     "load_model": "musicrel.model.checkpoint",
     "load_codec": "musicrel.model.checkpoint",
-    "continue_midi": "musicrel.generation.decode_batch",
+    "continue_midi": "musicrel.generation.continuation",
     "accompany_midi": "musicrel.generation.accompaniment",
     "AccompanimentParams": "musicrel.generation.melody",
     "infill_midi": "musicrel.generation.infill",

@@ -23,6 +23,7 @@ import numpy as np
 import pretty_midi
 import torch
 from torch import Tensor
+from torch.nn.functional import pad as nn_pad
 
 from musicrel.errors import GenerationError
 from musicrel.generation.controls import gm_program_name
@@ -34,7 +35,7 @@ from musicrel.generation.melody import (
     melody_notes,
     melody_track,
 )
-from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed, row_seed
+from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed
 from musicrel.midi.codec import EventCodec, shift_steps
 
 # The model hears the melody up to now; the grammar lets it hear LOOKAHEAD_SECONDS ahead: note-ons of the
@@ -74,6 +75,8 @@ class MelodyGrammar(Grammar):
         self.mel_step = torch.as_tensor(steps, device=device)  # (B, M)
         self.mel_tok = torch.as_tensor(toks, device=device)  # (B, M)
         self.mel_next = torch.zeros(B, dtype=torch.long, device=device)  # (B,) next melody event
+        counts = [len(s) for s, _ in schedules]
+        self.mel_count = torch.as_tensor(counts, dtype=torch.long, device=device)  # (B,) melody events
         self.mel_lo, self.mel_hi = codec.melody_on_offset, codec.melody_off_offset + 128
         spans = [_note_spans(codec, s, t) for s, t in schedules]
         N = max(1, max(len(x) for x in spans))
@@ -94,7 +97,11 @@ class MelodyGrammar(Grammar):
 
     def melody_done(self) -> Tensor:
         """(B,) bool: every melody event placed."""
-        return self.mel_next >= self.mel_step.size(1) - 1
+        return self.mel_next >= self.mel_count
+
+    def finished(self) -> Tensor:
+        """(B,) bool: every melody event placed and the accompaniment's time limit reached."""
+        return self.melody_done() & super().finished()
 
     def constrain(self, logits: Tensor) -> Tensor:
         logits = self._wait_instead_of_melody(super().constrain(logits))
@@ -155,11 +162,27 @@ class MelodyGrammar(Grammar):
 
     def select(self, rows: Tensor) -> None:
         super().select(rows)
-        for name in ("mel_step", "mel_tok", "mel_next", "tune_start", "tune_end", "tune_pc"):
+        for name in _MELODY_ROWS:
             setattr(self, name, getattr(self, name)[rows])
 
     def extend(self, other: Grammar) -> None:
-        raise NotImplementedError("accompaniment rows do not join a running batch")
+        """Append the rows of `other` (another melody's accompaniment joining the batch): the melody schedules
+        and note spans are padded to the longer (a padded event is never due, a padded note never sounds)."""
+        if not isinstance(other, MelodyGrammar):
+            raise TypeError(f"a MelodyGrammar extends with a MelodyGrammar, not a {type(other).__name__}")
+        never = {"mel_step": 2**62, "mel_tok": self.codec.pad_id}  # an event never due
+        never |= {"tune_start": -1, "tune_end": -1, "tune_pc": 0}  # a note that never sounds
+        for name, value in never.items():
+            mine, theirs = getattr(self, name), getattr(other, name)
+            width = max(mine.size(1), theirs.size(1))
+            mine, theirs = (nn_pad(x, (0, width - x.size(1)), value=value) for x in (mine, theirs))
+            setattr(self, name, torch.cat([mine, theirs]))
+        for name in ("mel_next", "mel_count"):
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        super().extend(other)
+
+
+_MELODY_ROWS = ("mel_step", "mel_tok", "mel_next", "mel_count", "tune_start", "tune_end", "tune_pc")
 
 
 def _note_spans(codec: EventCodec, steps: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -190,13 +213,12 @@ def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams
     return run_to_end(accompany_notes_steps(model, codec, notes, params, tempo))
 
 
-@torch.inference_mode()
-def accompany_notes_steps(
-    model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0
-) -> Generator[None, None, tuple[list[np.ndarray], int, dict | None, list[str]]]:
-    """`accompany_notes` one token at a time (it yields after each): what the server's engine runs beside
-    its continuation batch, a step at a time."""
-    from musicrel.generation.decode import collecting_rows, generate
+def accompaniment_job(model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0):
+    """The decode job (`decode_batch.DecodeJob`) that accompanies a melody (notes, file time): num_samples
+    rows that start from bos under a `MelodyGrammar` placing the melody, until the melody is placed and its
+    last note has ended TAIL_SECONDS ago. The controls are resolved against the melody (GenerationError, a
+    ControlError, when they cannot apply)."""
+    from musicrel.generation.decode_batch import DecodeJob
     from musicrel.generation.primer import Primer
 
     seed = params.seed if params.seed is not None else draw_seed()
@@ -205,39 +227,46 @@ def accompany_notes_steps(
     end = max(n.end for n in notes)
     limit = math.ceil((end + TAIL_SECONDS) * 1000.0 / step_ms)
     schedule = melody_schedule(codec, notes)
-    row_controls, applied, warnings = None, None, []
+    resolved = None
     if params.controls is not None:
         anchor = Primer(np.array([codec.bos_id]), 0.0, 0.0, tempo, 0, [], motif_notes=list(notes))
         resolved = params.controls.resolve(anchor, step_ms)
-        row_controls, applied, warnings = [resolved] * B, resolved.applied, resolved.warnings
-    device = next(model.parameters()).device
     grammar = MelodyGrammar(
         codec,
         [schedule] * B,
         [limit] * B,
         [round(MAX_HOLD_SECONDS * 1000.0 / step_ms)] * B,
-        device=device,
-        controls=row_controls,
+        device=next(model.parameters()).device,
+        controls=None if resolved is None else [resolved] * B,
     )
-    budget = int((end + TAIL_SECONDS) * TOKENS_PER_SECOND_CAP) + len(schedule[1]) + 64
-    prompt = torch.full((B, 1), codec.bos_id, dtype=torch.long, device=device)
-    generators = [torch.Generator(device=device).manual_seed(row_seed(seed, i)) for i in range(B)]
-    gen = generate(
-        model,
-        prompt,
-        budget,
+    return DecodeJob(
+        tokens=np.array([codec.bos_id], dtype=np.int64),
+        grammar=grammar,
+        seed=seed,
+        max_new_tokens=int((end + TAIL_SECONDS) * TOKENS_PER_SECOND_CAP) + len(schedule[1]) + 64,
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
-        generators=generators,
-        grammar=grammar,
+        controls=resolved,
     )
 
-    def going() -> Tensor:
-        return ~(grammar.melody_done() & (grammar.elapsed >= grammar.limit))
 
-    out = yield from collecting_rows(gen, B, going)
-    return [np.asarray(o, dtype=np.int64) for o in out], seed, applied, warnings
+def accompany_notes_steps(
+    model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0
+) -> Generator[None, None, tuple[list[np.ndarray], int, dict | None, list[str]]]:
+    """`accompany_notes` one token at a time (it yields after each token but the last): what the server's
+    engine runs beside its continuation batch, a step at a time. The rows decode on a `DecodeBatch` of their
+    own (the melody's grammar does not share a batch with continuations)."""
+    from musicrel.generation.decode_batch import DecodeBatch
+
+    job = accompaniment_job(model, codec, notes, params, tempo)
+    batch = DecodeBatch(model, codec, max_rows=job.num_samples)
+    batch.admit([job])
+    while not (finished := batch.step()):
+        yield
+    ((_, result),) = finished
+    warnings = job.controls.warnings if job.controls is not None else []
+    return list(result.tokens), job.seed, result.controls, warnings
 
 
 def render(pm: pretty_midi.PrettyMIDI, track: int, notes: list, program: int = 0) -> pretty_midi.PrettyMIDI:

@@ -2,9 +2,13 @@
 then costs O(L) per token, `sample` does all logits processing after the grammar (the model never samples),
 and `generate` is an iterator of tokens, so a caller can stream them or stop at any step.
 
-`generate` decodes one fixed batch of rows: the reference the KV cache is tested against
-(`use_cache=False`), the unmasked baseline of evaluation and the benchmarks. Serving, where jobs
-join and leave a running batch, is `generation.decode_batch.DecodeBatch`, built from the same three functions.
+The decode loop is `generation.decode_batch.DecodeBatch`, built from these three functions: continuations
+(the library's `continue_midi`, the command, the service) and accompaniments run on it, rows joining and
+leaving a running batch. `generate` is kept as the reference: one fixed batch of rows, no joining, the
+plainest loop over the same functions. The KV cache and DecodeBatch are tested against it token for token
+(`use_cache=False` recomputes the whole window for every token), and the decodes that start every row
+together and need nothing else (evaluation's baselines: the model without the grammar, the continuation
+model deaf to the melody; infilling; the benchmarks) still run on it.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ def generate(
     use_cache: bool = True,
 ) -> Generator[Tensor, Tensor | None, None]:
     """Yield the next token of every row, (B,) long, up to max_new_tokens times; stop early by not iterating.
+    The reference decode loop (module docstring): DecodeBatch draws the same tokens for the same rows.
 
     prompt (B, P) is left-padded (`left_pad` (B,) counts the padding). Past the context window the window
     slides: the last half window is prefilled again and decoding goes on. `use_cache=False` recomputes the
@@ -180,8 +185,8 @@ def run_to_end(steps: Generator[None, None, T]) -> T:
 def collecting_rows(
     gen: Generator[Tensor, Tensor | None, None], rows: int, going: Callable[[], Tensor]
 ) -> Generator[None, None, list[list[int]]]:
-    """`collect_rows` one token at a time: yields after each token, so that a scheduler (the server's engine)
-    can run other work between tokens; returns the rows' tokens."""
+    """`collect_rows` one token at a time: yields after each token (but the last), so that a caller can run
+    other work between tokens; returns the rows' tokens."""
     out: list[list[int]] = [[] for _ in range(rows)]
     alive = list(range(rows))  # the row of `out` each decoding row fills
     token = next(gen, None)

@@ -1,8 +1,11 @@
-"""Continuous batching: `DecodeBatch` decodes the rows of many jobs together, one token each per step, while
-jobs join and leave between steps; `generate_batch` runs a list of jobs to completion on one, and
-`continue_midi` is the one-call library entry (motif in, MIDI out). A finished job's result holds tokens: the
-caller renders them (`primer.render_result`), so no row waits while another job's MIDI is written, and the
-engine process ships tokens, not MIDI objects.
+"""Continuous batching, the one decode loop: `DecodeBatch` decodes the rows of many jobs together, one token
+each per step, while jobs join and leave between steps. A job (`DecodeJob`) is a prompt, a grammar with one
+row per sample, its sampling settings and seed: a continuation (`continuation_job`, what `admit` makes of a
+primer and `SamplingParams`; `generate_batch` runs a list of them to completion) or an accompaniment
+(`generation.accompaniment`: the melody's grammar, stepped by the server's engine beside its continuation
+batch). `continue_midi`, the one-call library entry, is `generation.continuation`'s. A finished job's result
+holds tokens: the caller renders them (`primer.render_result`), so no row waits while another job's MIDI is
+written, and the engine process ships tokens, not MIDI objects.
 
 Over 450 lines on purpose: admit, step, the window slide and swap-remove all edit one cache layout (live rows
 first, one shared length, per-row left padding), and they are read together or not at all.
@@ -16,7 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
-import pretty_midi
 import torch
 from torch import Tensor
 
@@ -25,33 +27,94 @@ from musicrel.generation.controls import RowControls
 from musicrel.generation.decode import decode_one_token, eval_mode, prefill, sample
 from musicrel.generation.grammar import Grammar, max_hold_seconds
 from musicrel.generation.lru import LRU
-from musicrel.generation.primer import (
-    PRIMER_SECONDS,
-    Primer,
-    default_max_primer_tokens,
-    prepare_primer,
-    render_result,
-)
+from musicrel.generation.primer import Primer, default_max_primer_tokens
 from musicrel.generation.sampling import ContinuationResult, SamplingParams, draw_seed, row_seed
-from musicrel.midi.codec import EventCodec, shift_steps
+from musicrel.midi.codec import shift_steps
 
-# continue_midi's own defaults: a reproducible pair of samples (SamplingParams draws one random seed).
-CONTINUE_MIDI_DEFAULTS = {"seed": 0, "num_samples": 2}
+
+@dataclass(eq=False)
+class DecodeJob:
+    """A job as the decode loop sees it: `num_samples` rows that read `tokens` (the prompt; the model's window
+    is cropped to by the caller) and then sample under `grammar`, each with its own generator seeded by
+    row_seed(seed, sample), until the grammar says the row is finished (`Grammar.finished`) or it has drawn
+    max_new_tokens. The batch takes the grammar over (it records every row's tokens); a batch holds one
+    grammar class at a time (rows of `Grammar` and of a subclass never share one)."""
+
+    tokens: np.ndarray  # (P,) the prompt, P >= 1, ids in the model's vocabulary
+    grammar: Grammar  # one row per sample, in its state after `tokens`
+    seed: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None  # None: every token
+    top_p: float = 1.0
+    tail_steps: int = 0  # the result's `seconds` count from the cut, this many steps after the prompt's end
+    controls: RowControls | None = None  # reported in the result (the grammar applies them)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.grammar.elapsed)
+
+
+def continuation_job(model, codec, primer: Primer, params: SamplingParams, *, index: int = 0) -> DecodeJob:
+    """The job that continues `primer` as `params` ask: the primer cropped to leave room in the window (bos
+    when it is empty), the continuation grammar (the join at the cut, the notes' hold from the motif, the
+    controls resolved against the primer), a drawn seed when params has none. `index` names the job in
+    errors (GenerationError: params that are not SamplingParams, a primer token outside the vocabulary)."""
+    _check_params(index, params)
+    step_ms = codec.config.step_ms
+    controls = None if params.controls is None else params.controls.resolve(primer, step_ms)
+    tokens = np.asarray(primer.tokens, dtype=np.int64).reshape(-1)[-default_max_primer_tokens(model) :]
+    if not len(tokens):
+        tokens = np.array([codec.bos_id])
+    _check_tokens(index, tokens, model.cfg.vocab_size)
+    B = params.num_samples
+    grammar = Grammar(
+        codec,
+        [tokens] * B,
+        [params.limit_steps(step_ms)] * B,
+        [round(max_hold_seconds(primer) * 1000.0 / step_ms)] * B,
+        device=next(model.parameters()).device,
+        controls=[controls] * B,
+        tails=[primer.tail_steps] * B,
+    )
+    return DecodeJob(
+        tokens=tokens,
+        grammar=grammar,
+        seed=draw_seed() if params.seed is None else params.seed,
+        max_new_tokens=params.token_budget(),
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        tail_steps=primer.tail_steps,
+        controls=controls,
+    )
+
+
+def _check_params(j: int, params) -> None:
+    if not isinstance(params, SamplingParams):
+        raise GenerationError(
+            f"job {j}: params must be SamplingParams, got {type(params).__name__}", code="invalid_params"
+        )
+
+
+def _check_tokens(j: int, tokens: np.ndarray, vocab_size: int) -> None:
+    if not len(tokens) or tokens.min() < 0 or tokens.max() >= vocab_size:
+        raise GenerationError(f"job {j}: primer tokens must be in 0..{vocab_size - 1}", code="invalid_primer")
 
 
 @dataclass(eq=False)
 class _Job:
     id: int
-    primer: Primer
-    params: SamplingParams
-    seed: int
-    tokens: np.ndarray  # the primer tokens the model reads (cropped to leave room in the window)
+    spec: DecodeJob
     samples: list  # generated tokens per sample, filled in as its row leaves the batch
     rows_left: int
     admitted: float  # time.perf_counter() when its prefill was done
     prefill_s: float
     stopped: bool = False
-    controls: RowControls | None = None  # params.controls resolved against the primer
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.spec.tokens
 
 
 @dataclass(eq=False)
@@ -102,13 +165,6 @@ class _Rows:
                 mine.extend(theirs)  # a list, or the Grammar
 
 
-def _check_params(j: int, params) -> None:
-    if not isinstance(params, SamplingParams):
-        raise GenerationError(
-            f"job {j}: params must be SamplingParams, got {type(params).__name__}", code="invalid_params"
-        )
-
-
 class DecodeBatch:
     """Continuous batching: the rows of many jobs decode together, one token each per `step()`, and jobs join
     (`admit`) and leave (done or stopped) between steps, so no row waits for a batch to finish.
@@ -147,7 +203,8 @@ class DecodeBatch:
         self._cache = model.new_cache(max_rows, min(self.window, 64))
         self.left_pad = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # (max_rows,)
         self.length = 0  # positions the live rows share
-        self.live = self._new_rows([], [], [])  # per live row, in batch order
+        # per live row, in batch order; the grammar's class is the first job's once one is admitted
+        self.live = self._new_rows([], [], Grammar(codec, [], [], device=self.device))
         self._ids = itertools.count()
         self._shift_steps = shift_steps(codec)
 
@@ -155,9 +212,8 @@ class DecodeBatch:
     def rows(self) -> list[_Row]:
         return self.live.rows
 
-    def _new_rows(self, rows: list[_Row], generators: list[torch.Generator], holds: list[int]) -> _Rows:
-        params = [row.job.params for row in rows]
-        step_ms = self.codec.config.step_ms
+    def _new_rows(self, rows: list[_Row], generators: list[torch.Generator], grammar: Grammar) -> _Rows:
+        specs = [row.job.spec for row in rows]
 
         def tensor(values: list, dtype=torch.float32) -> Tensor:
             return torch.as_tensor(values, dtype=dtype, device=self.device)
@@ -165,19 +221,11 @@ class DecodeBatch:
         return _Rows(
             rows=rows,
             pending=tensor([int(row.job.tokens[-1]) for row in rows], torch.long),
-            temperature=tensor([p.temperature for p in params]),
-            top_k=tensor([p.top_k or self.model.cfg.vocab_size for p in params], torch.long),
-            top_p=tensor([p.top_p for p in params]),
+            temperature=tensor([j.temperature for j in specs]),
+            top_k=tensor([j.top_k or self.model.cfg.vocab_size for j in specs], torch.long),
+            top_p=tensor([j.top_p for j in specs]),
             generators=generators,
-            grammar=Grammar(
-                self.codec,
-                [row.job.tokens for row in rows],
-                [p.limit_steps(step_ms) for p in params],
-                holds,
-                device=self.device,
-                controls=[row.job.controls for row in rows],
-                tails=[row.job.primer.tail_steps for row in rows],
-            ),
+            grammar=grammar,
         )
 
     @property
@@ -203,33 +251,37 @@ class DecodeBatch:
         return out
 
     @torch.inference_mode()
-    def admit(self, jobs: Sequence[tuple[Primer, SamplingParams]]) -> list[int]:
-        """Add jobs (num_samples rows each) to the batch; returns their ids, as `step` reports them.
+    def admit(self, jobs: Sequence[DecodeJob | tuple[Primer, SamplingParams]]) -> list[int]:
+        """Add jobs (num_samples rows each) to the batch; returns their ids, as `step` reports them. A job is
+        a `DecodeJob`, or a primer and its SamplingParams (a continuation: `continuation_job`).
 
         Everything is checked and prefilled before the batch changes: a job that raises (GenerationError for
-        bad params, a primer token outside the vocabulary or more rows than are free) leaves it as it was."""
+        bad params, a primer token outside the vocabulary, more rows than are free, or a grammar of another
+        class than the batch's) leaves it as it was."""
         start = time.perf_counter()
-        crop, V = default_max_primer_tokens(self.model), self.model.cfg.vocab_size
-        primers, controls = [], []
-        step_ms = self.codec.config.step_ms
-        for j, (primer, params) in enumerate(jobs):
-            _check_params(j, params)
-            controls.append(None if params.controls is None else params.controls.resolve(primer, step_ms))
-            tokens = np.asarray(primer.tokens, dtype=np.int64).reshape(-1)[-crop:]
-            if not len(tokens):
-                tokens = np.array([self.codec.bos_id])
-            if tokens.min() < 0 or tokens.max() >= V:
-                raise GenerationError(f"job {j}: primer tokens must be in 0..{V - 1}", code="invalid_primer")
-            primers.append(tokens)
-        n_new = sum(params.num_samples for _, params in jobs)
+        specs = [
+            job if isinstance(job, DecodeJob) else continuation_job(self.model, self.codec, *job, index=j)
+            for j, job in enumerate(jobs)
+        ]
+        kind = type(self.live.grammar) if self.rows else type(specs[0].grammar) if specs else None
+        for j, spec in enumerate(specs):
+            spec.tokens = np.asarray(spec.tokens, dtype=np.int64).reshape(-1)
+            _check_tokens(j, spec.tokens, self.model.cfg.vocab_size)
+            if spec.num_samples < 1:
+                raise GenerationError(f"job {j}: a job needs at least one row", code="invalid_params")
+            if type(spec.grammar) is not kind:
+                raise GenerationError(
+                    f"job {j}: a {type(spec.grammar).__name__} cannot join rows of a {kind.__name__}",
+                    code="invalid_params",
+                )
+        n_new = sum(spec.num_samples for spec in specs)
         if n_new > self.free_rows:
             raise GenerationError(
                 f"{n_new} rows do not fit: {self.free_rows} of {self.max_rows} are free", code="batch_full"
             )
-        if not jobs:
+        if not specs:
             return []
-        row_jobs = [j for j, (_, params) in enumerate(jobs) for _ in range(params.num_samples)]
-        contexts = [primers[j][:-1] for j in row_jobs]
+        contexts = [spec.tokens[:-1] for spec in specs for _ in range(spec.num_samples)]
         with eval_mode(self.model):
             kv = self._prefill(contexts, remember=True)
         width = max(len(c) for c in contexts)
@@ -248,29 +300,29 @@ class DecodeBatch:
             self._cache.v[:, n + r, :, L - v.size(2) : L] = v
         self.left_pad[n : n + n_new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
         ids, rows, generators = [], [], []
-        for j, (primer, params) in enumerate(jobs):
-            seed = draw_seed() if params.seed is None else params.seed
+        for spec in specs:
             job = _Job(
                 id=next(self._ids),
-                primer=primer,
-                params=params,
-                seed=seed,
-                tokens=primers[j],
-                samples=[np.zeros(0, dtype=np.int64)] * params.num_samples,
-                rows_left=params.num_samples,
+                spec=spec,
+                samples=[np.zeros(0, dtype=np.int64)] * spec.num_samples,
+                rows_left=spec.num_samples,
                 admitted=admitted,
                 prefill_s=admitted - start,
-                controls=controls[j],
             )
             ids.append(job.id)
-            max_new = params.token_budget()
-            for i in range(params.num_samples):
-                history = np.empty(len(job.tokens) + max_new, dtype=np.int64)
+            for i in range(spec.num_samples):
+                history = np.empty(len(job.tokens) + spec.max_new_tokens, dtype=np.int64)
                 history[: len(job.tokens)] = job.tokens
-                rows.append(_Row(job, i, history, len(job.tokens), max_new))
-                generators.append(torch.Generator().manual_seed(row_seed(seed, i)))
-        holds = [round(max_hold_seconds(row.job.primer) * 1000.0 / step_ms) for row in rows]
-        self.live.extend(self._new_rows(rows, generators, holds))
+                rows.append(_Row(job, i, history, len(job.tokens), spec.max_new_tokens))
+                generators.append(torch.Generator().manual_seed(row_seed(spec.seed, i)))
+        grammar = specs[0].grammar
+        for spec in specs[1:]:
+            grammar.extend(spec.grammar)
+        new = self._new_rows(rows, generators, grammar)
+        if n == 0:
+            self.live = new  # the batch's grammar is its first job's (its class: the batch's kind)
+        else:
+            self.live.extend(new)
         return ids
 
     @torch.inference_mode()
@@ -303,7 +355,7 @@ class DecodeBatch:
         live, grammar = self.live, self.live.grammar
         token = sample(grammar.constrain(logits), live.temperature, live.top_k, live.top_p, live.generators)
         live.pending = token = grammar.advance(token)
-        reached = (grammar.elapsed >= grammar.limit).tolist()
+        reached = grammar.finished().tolist()
         keep = []
         for row, t, done in zip(self.rows, token.tolist(), reached, strict=True):
             row.history[row.filled] = t
@@ -434,20 +486,20 @@ class DecodeBatch:
 
     def _result(self, job: _Job) -> ContinuationResult:
         step_s = self.codec.config.step_ms / 1000.0
-        applied = job.controls.applied if job.controls is not None else None
+        spec = job.spec
         return ContinuationResult(
             tokens=job.samples,
-            seed=job.seed,
+            seed=spec.seed,
             primer_tokens=len(job.tokens),
             new_tokens=int(sum(len(t) for t in job.samples)),
             # music after the cut: the first tail_steps of every sample lie before it (generation.join)
             seconds=max(
-                max(int(self._shift_steps[t].sum()) - job.primer.tail_steps, 0) * step_s for t in job.samples
+                max(int(self._shift_steps[t].sum()) - spec.tail_steps, 0) * step_s for t in job.samples
             ),
             timings={"prefill": job.prefill_s, "decode": time.perf_counter() - job.admitted},
             stopped=job.stopped,
-            controls=applied,
-            warnings=list(job.controls.warnings) if job.controls is not None else [],
+            controls=spec.controls.applied if spec.controls is not None else None,
+            warnings=list(spec.controls.warnings) if spec.controls is not None else [],
         )
 
 
@@ -474,23 +526,3 @@ def generate_batch(
     while batch.rows:
         results.update(batch.step(stop))
     return [results[job_id] for job_id in ids]
-
-
-def continue_midi(
-    model,
-    midi,
-    *,
-    primer_seconds: float = PRIMER_SECONDS,
-    tracks="merge",
-    codec=None,
-    **sampling,
-) -> list[pretty_midi.PrettyMIDI]:
-    """Continue `midi` (path, bytes or PrettyMIDI); one PrettyMIDI per sample. `sampling`: SamplingParams
-    fields (seconds, temperature, top_k, top_p, seed, num_samples, max_new_tokens, include_primer, controls),
-    whose
-    defaults are SamplingParams' but for CONTINUE_MIDI_DEFAULTS."""
-    codec = codec or EventCodec()
-    params = SamplingParams(**{**CONTINUE_MIDI_DEFAULTS, **sampling})
-    primer = prepare_primer(codec, midi, primer_seconds, tracks, max_tokens=default_max_primer_tokens(model))
-    result = generate_batch(model, codec, [(primer, params)])[0]
-    return render_result(codec, primer, result, params.include_primer)

@@ -155,6 +155,10 @@ class Grammar:
         cut (a note of the primer still open sounds at least until the cut: the motif says so)."""
         return (self.onset + self.max_hold[:, None]).clamp(min=0)
 
+    def finished(self) -> Tensor:
+        """(B,) bool: rows whose stream is complete (the time limit reached): the decode loop lets them go."""
+        return self.elapsed >= self.limit
+
     def overdue(self) -> Tensor:
         """(B, 128) bool: sounding notes that have reached their row's max_hold."""
         return self.open & (self.elapsed[:, None] >= self.deadline())

@@ -27,6 +27,8 @@ from musicrel.model.transformer import MusicTransformer
 
 CODEC = EventCodec(CodecConfig(melody=True, tracks=[0, 1]))
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def model():
@@ -201,6 +203,122 @@ def test_a_model_without_melody_tokens_cannot_accompany():
     with pytest.raises(GenerationError) as err:
         MelodyGrammar(EventCodec(), [melody_schedule(CODEC, tune(2))], [100])
     assert err.value.code == "no_melody"
+
+
+# ---------------------------------------------------------------- the decode loop
+def _fixed_batch_reference(model, notes, params: AccompanimentParams) -> list[np.ndarray]:
+    """The accompaniment as it was decoded before it moved onto DecodeBatch (issue 33): `decode.generate`'s
+    fixed batch of rows from bos, the rows dropped by `collect_rows` once the melody is placed and the time
+    limit reached. Kept here as the reference the batch decoder is held to."""
+    import math
+
+    from musicrel.generation.accompaniment import TAIL_SECONDS
+    from musicrel.generation.decode import collect_rows, generate
+    from musicrel.generation.grammar import MAX_HOLD_SECONDS
+    from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, row_seed
+
+    B, step_ms, end = params.num_samples, CODEC.config.step_ms, max(n.end for n in notes)
+    limit = math.ceil((end + TAIL_SECONDS) * 1000.0 / step_ms)
+    schedule = melody_schedule(CODEC, notes)
+    controls = None
+    if params.controls is not None:
+        from musicrel.generation.primer import Primer
+
+        anchor = Primer(np.array([CODEC.bos_id]), 0.0, 0.0, 120.0, 0, [], motif_notes=list(notes))
+        controls = [params.controls.resolve(anchor, step_ms)] * B
+    hold = round(MAX_HOLD_SECONDS * 1000.0 / step_ms)
+    grammar = MelodyGrammar(CODEC, [schedule] * B, [limit] * B, [hold] * B, controls=controls)
+    budget = int((end + TAIL_SECONDS) * TOKENS_PER_SECOND_CAP) + len(schedule[1]) + 64
+    generators = [torch.Generator().manual_seed(row_seed(params.seed, i)) for i in range(B)]
+    gen = generate(
+        model, torch.full((B, 1), CODEC.bos_id), budget, temperature=params.temperature, top_k=params.top_k,
+        top_p=params.top_p, generators=generators, grammar=grammar,
+    )  # fmt: skip
+    going = lambda: ~(grammar.melody_done() & (grammar.elapsed >= grammar.limit))  # noqa: E731
+    return [np.asarray(r, dtype=np.int64) for r in collect_rows(gen, B, going)]
+
+
+@pytest.mark.parametrize(
+    ("attention", "options"),
+    [
+        ("skew", {"seed": 0, "num_samples": 2}),
+        ("absolute", {"seed": 5, "num_samples": 3, "temperature": 0.8, "top_k": 40, "top_p": 0.9}),
+        ("skew", {"seed": 2, "num_samples": 2, "controls": {"density": 4.0, "key": "A:minor"}}),
+    ],
+)
+def test_the_batch_decoder_draws_the_tokens_the_fixed_batch_decoder_drew(attention, options):
+    """Same seeds, same tokens: rows leaving at different steps, and (a 64-token window) windows sliding."""
+    from musicrel.generation.controls import Controls
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=CODEC.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=64,
+        attention=attention,
+    )  # fmt: skip
+    m = MusicTransformer(cfg).eval()
+    if "controls" in options:
+        options = {**options, "controls": Controls(**options["controls"])}
+    params = AccompanimentParams(**options)
+    melody = tune(24)
+    got, seed, _, _ = accompany_notes(m, CODEC, melody, params)
+    expected = _fixed_batch_reference(m, melody, params)
+    assert seed == params.seed and len(got) == len(expected) == params.num_samples
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert max(len(t) for t in got) > cfg.max_seq_len * 3 // 2  # the window slid (twice)
+    assert len({len(t) for t in got}) > 1  # the rows left at different steps
+
+
+def test_accompany_steps_yields_after_every_token_but_the_last(model):
+    from musicrel.generation.accompaniment import accompany_notes_steps
+
+    steps = accompany_notes_steps(model, CODEC, tune(6), AccompanimentParams(seed=1, num_samples=2))
+    yields = 0
+    while True:
+        try:
+            next(steps)
+            yields += 1
+        except StopIteration as done:
+            tokens = done.value[0]
+            break
+    assert yields == max(len(t) for t in tokens) - 1
+
+
+def test_accompaniments_of_different_melodies_share_a_batch_and_draw_what_they_draw_alone(model):
+    """MelodyGrammar rows join a running batch (their schedules padded): each job's tokens are its own."""
+    from musicrel.generation.accompaniment import accompaniment_job
+    from musicrel.generation.decode_batch import DecodeBatch
+
+    melodies = [tune(6), tune(14, start=0.2, step=0.3), tune(3, start=1.0)]
+    params = [AccompanimentParams(seed=s, num_samples=n) for s, n in ((3, 2), (4, 1), (5, 2))]
+    alone = [accompany_notes(model, CODEC, mel, p)[0] for mel, p in zip(melodies, params, strict=True)]
+    jobs = [accompaniment_job(model, CODEC, mel, p) for mel, p in zip(melodies, params, strict=True)]
+    batch = DecodeBatch(model, CODEC, max_rows=5)
+    ids = batch.admit(jobs[:2])
+    results: dict = {}
+    for _ in range(10):
+        results.update(batch.step())
+    ids += batch.admit(jobs[2:])  # joins mid-flight
+    while batch.rows:
+        results.update(batch.step())
+    for tokens, job_id in zip(alone, ids, strict=True):
+        assert len(results[job_id].tokens) == len(tokens)
+        for a, b in zip(results[job_id].tokens, tokens, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_melody_grammar_does_not_join_continuation_rows(model):
+    from musicrel.generation.accompaniment import accompaniment_job
+    from musicrel.generation.decode_batch import DecodeBatch
+    from musicrel.generation.primer import Primer
+    from musicrel.generation.sampling import SamplingParams
+
+    batch = DecodeBatch(model, CODEC, max_rows=4)
+    primer = Primer(np.array([CODEC.bos_id]), 0.0, 0.0, 120.0, 0, [])
+    batch.admit([(primer, SamplingParams(seconds=1.0, seed=0, num_samples=1))])
+    with pytest.raises(GenerationError) as err:
+        batch.admit([accompaniment_job(model, CODEC, tune(4), AccompanimentParams(seed=0))])
+    assert err.value.code == "invalid_params" and len(batch.rows) == 1
 
 
 # ---------------------------------------------------------------- the library and the command

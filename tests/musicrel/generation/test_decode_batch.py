@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from musicrel.errors import GenerationError
+from musicrel.generation.continuation import continue_midi
 from musicrel.generation.decode import generate
-from musicrel.generation.decode_batch import DecodeBatch, continue_midi, generate_batch
+from musicrel.generation.decode_batch import DecodeBatch, generate_batch
 from musicrel.generation.grammar import Grammar, max_hold_seconds
 from musicrel.generation.primer import Primer, prepare_primer, render_result
 from musicrel.generation.sampling import SamplingParams, row_seed

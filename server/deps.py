@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from server.errors import ApiError, limit_message
 from server.openapi import form_limits
-from server.schemas import AccompanimentParams, ContinuationParams, MotifParams
+from server.schemas import AccompanimentParams, ContinuationParams, InfillParams, MotifParams
 from server.service import Service
 from server.settings import Settings
 
@@ -101,6 +101,35 @@ async def get_accompaniment_params(
 
 
 AccompanimentParamsDep = Annotated[AccompanimentParams, Depends(get_accompaniment_params)]
+
+
+async def get_infill_params(
+    form: Annotated[InfillParams, Form()],
+    settings: SettingsDep,
+    service: ServiceDep,
+    request: Request,
+) -> InfillParams:
+    """The form, checked: 503 when there is no infill model (before anything is parsed), unknown fields
+    (422), the operator's limits, and the span's own rules that need no file (start < end, at most 30 s:
+    InfillError, 422 naming its field)."""
+    from musicrel.generation.span import check_span
+
+    infill = service.infill
+    if infill is None:
+        raise ApiError(503, "infill_unavailable", service.infill_unavailable)
+    await refuse_unknown_fields(request, InfillParams)
+    limit = min(settings.max_num_samples, settings.max_batch_rows)
+    if form.num_samples > limit:
+        raise ApiError(422, "invalid_request", limit_message("num_samples", limit), field="num_samples")
+    vocab_size = infill.codec.vocab_size
+    if form.top_k is not None and form.top_k > vocab_size:
+        message = limit_message("top_k", vocab_size)
+        raise ApiError(422, "invalid_request", message, field="top_k")
+    check_span(form.start, form.end)
+    return form
+
+
+InfillParamsDep = Annotated[InfillParams, Depends(get_infill_params)]
 
 
 def wants_json(request: Request) -> bool:

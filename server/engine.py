@@ -5,8 +5,8 @@ the decoding loop for the GIL: torch releases the GIL inside each op and the loo
 hundred times per step. On a 2-core machine a thread busy 5 % of the time made decoding steps 10-25 % slower.
 So the server process only parses and answers, and a child process (spawned: no fork of a process holding
 threads and an OpenMP pool) owns the models (server/model.py: the continuation model, and the accompaniment
-model when the server has one) and runs the same `GenerationThread` on its own GIL: continuations and
-accompaniments are jobs through it alike. It is a plain
+model when the server has one, and the infill model when it has one) and runs the same `GenerationThread`
+on its own GIL: continuations, accompaniments and infills are jobs through it alike. It is a plain
 `python -m server.engine FD` with one end of a socket pair, so it never re-imports the server's main module.
 
 They talk over one pipe in typed messages (server/messages.py); the engine's metric updates are applied to
@@ -39,6 +39,7 @@ from server.jobs import (
     Accompany,
     Failed,
     Finished,
+    Infill,
     Job,
     JobEvent,
     Progress,
@@ -58,7 +59,7 @@ from server.messages import (
     SubmitJob,
 )
 from server.metrics import Metrics
-from server.model import LoadedModel, load_accompanist
+from server.model import LoadedModel, load_accompanist, load_infiller
 from server.settings import Settings
 from server.worker import BatchPolicy, GenerationThread, warm_up
 
@@ -172,6 +173,29 @@ class EngineProcess:
                 future=future,
                 id=id,
                 accompany=request,
+                engine=self,
+            )
+        )
+
+    def submit_infill(
+        self,
+        request: Infill,
+        deadline: float,
+        on_progress: Callable[[list[list[int]]], None] | None = None,
+    ) -> Job:
+        future, report = to_loop(asyncio.get_running_loop(), on_progress)
+        rows = request.params.num_samples
+        return self._queue(
+            lambda id: RemoteJob(
+                None,
+                None,
+                rows,
+                deadline,
+                report=report,
+                future=future,
+                id=id,
+                stream=on_progress is not None,
+                infill=request,
                 engine=self,
             )
         )
@@ -357,6 +381,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
     try:
         loaded = LoadedModel.load(settings.checkpoint, device=settings.device)
         accompanist = load_accompanist(settings.accompany_checkpoint)  # on the CPU, as in one process
+        infiller = load_infiller(settings.infill_checkpoint)  # on the CPU too
     except Exception as exc:
         log.exception("loading the checkpoint failed")
         send(EngineFailed(f"loading the checkpoint failed: {exc}"))
@@ -379,6 +404,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
         codec,
         BatchPolicy.from_settings(settings, max_queue=1 << 30),  # the queue is bounded by the server
         accompanist=accompanist,
+        infiller=infiller,
         metrics=_RemoteMetrics(send),
         warmup=(lambda batch: warm_up(codec, batch)) if settings.warmup else None,
     )
@@ -387,7 +413,13 @@ def engine_main(conn: Any, settings: Settings) -> None:
         if worker.failed:
             send(EngineFailed(worker.failed))
             return
-    send(Ready(loaded.card, accompanist.card if accompanist is not None else None))
+    send(
+        Ready(
+            loaded.card,
+            accompanist.card if accompanist is not None else None,
+            infiller.card if infiller is not None else None,
+        )
+    )
     while True:
         try:
             message = conn.recv()
@@ -395,8 +427,9 @@ def engine_main(conn: Any, settings: Settings) -> None:
             worker.stop(timeout=0)
             return
         match message:
-            case SubmitJob(job_id, primer, params, deadline, stream, accompany):
-                rows = accompany.params.num_samples if accompany is not None else params.num_samples
+            case SubmitJob(job_id, primer, params, deadline, stream, accompany, infill):
+                side = accompany or infill
+                rows = side.params.num_samples if side is not None else params.num_samples
                 job = Job(
                     primer,
                     params,
@@ -406,6 +439,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
                     id=job_id,
                     stream=stream,
                     accompany=accompany,
+                    infill=infill,
                 )
                 jobs[job_id] = job
                 try:

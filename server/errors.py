@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from musicrel.errors import CheckpointError, MusicrelError
+from musicrel.errors import CheckpointError, InfillError, MusicrelError
 from musicrel.generation.controls import ControlError
 from server.openapi import form_limits
 
@@ -80,10 +80,23 @@ _CONTROL_WORDS = (
     "key",
 )
 _CONTROL_CODE_FIELDS = {"unknown_chord": "chords", "unknown_key": "key", "empty_range": "low_note"}
+# An infill's span (musicrel.generation.span, POST /v1/infills): the field each InfillError code is about (the
+# page shows the message beside that input). invalid_span names its field first when it is one number's fault.
+_INFILL_CODE_FIELDS = {
+    "invalid_span": "start",
+    "span_too_long": "end",
+    "span_outside_music": "start",
+    "nothing_before": "start",
+    "nothing_after": "end",
+}
 
 
 def library_field(exc: MusicrelError) -> str | None:
-    """The request field a library error is about, when it is one of the controls'."""
+    """The request field a library error is about, when it is one of the controls' or the infill span's."""
+    if isinstance(exc, InfillError):
+        if exc.code == "invalid_span" and exc.message.startswith("end"):
+            return "end"
+        return _INFILL_CODE_FIELDS.get(exc.code)
     if not isinstance(exc, ControlError):
         return None
     if exc.code in _CONTROL_CODE_FIELDS:
@@ -119,7 +132,10 @@ def _validation_response(exc: RequestValidationError, limits: dict[str, float]) 
 
 
 def _library_status(exc: MusicrelError) -> int:
-    # A bad checkpoint is the operator's problem, not the client's.
+    # A bad checkpoint is the operator's problem, not the client's; so is a model that cannot infill (the
+    # HTTP process refuses infills without an infill model first: 503 infill_unavailable).
+    if isinstance(exc, InfillError) and exc.code == "model_cannot_infill":
+        return 503
     return 500 if isinstance(exc, CheckpointError) else 422
 
 

@@ -1,8 +1,8 @@
-"""A generation job as the worker sees it (`Job`: a continuation of a primer, or an accompaniment of a
-melody, `Accompany`), the events it reports (`Started`, `Progress`, `Finished`, `Failed`) and `to_loop`,
-which turns them into a request's future on its event loop. The worker (server/worker.py), the engine
-process (server/engine.py) and the request's path (continuations.py, streams.py, accompaniments.py) all
-speak these."""
+"""A generation job as the worker sees it (`Job`: a continuation of a primer, an accompaniment of a
+melody, `Accompany`, or a span of a file filled in, `Infill`), the events it reports (`Started`, `Progress`,
+`Finished`, `Failed`) and `to_loop`, which turns them into a request's future on its event loop. The worker
+(server/worker.py), the engine process (server/engine.py) and the request's path (continuations.py,
+streams.py, accompaniments.py, infills.py) all speak these."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from musicrel.generation.melody import AccompanimentParams, AccompanimentResult
     from musicrel.generation.primer import Primer
     from musicrel.generation.sampling import ContinuationResult, SamplingParams
+    from musicrel.generation.span import InfillParams, InfillResult
 
 
 class QueueFullError(Exception):
@@ -39,7 +40,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class Finished:
-    result: ContinuationResult | AccompanimentResult
+    result: ContinuationResult | AccompanimentResult | InfillResult
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,18 @@ class Accompany:
     params: AccompanimentParams
 
 
+@dataclass(frozen=True)
+class Infill:
+    """What an infill job is: the parsed file, the span to regenerate (both checked by the HTTP process) and
+    the library's parameters. Like an accompaniment it runs beside the continuation batch, a token at a time
+    (`musicrel.generation.infill.infill_steps`)."""
+
+    midi: Any  # pretty_midi.PrettyMIDI
+    start: float
+    end: float
+    params: InfillParams
+
+
 @dataclass(eq=False)
 class Job:
     primer: Primer | None  # a continuation's (None for an accompaniment)
@@ -80,6 +93,12 @@ class Job:
     generation_s: float = 0.0
     stop_reason: str | None = None
     accompany: Accompany | None = None  # set: an accompaniment job
+    infill: Infill | None = None  # set: an infill job
+
+    @property
+    def beside(self) -> bool:
+        """Run beside the continuation batch, a token at a time (an accompaniment or an infill)."""
+        return self.accompany is not None or self.infill is not None
 
     def cancel(self, reason: str) -> None:
         """Called from the event loop (client gone, deadline): the worker stops the job at its next step."""
@@ -106,9 +125,18 @@ class Job:
             self.reported = [len(tokens) for tokens in generated]
             self.report(self, Progress(new))
 
+    def _report_new_rows(self, rows: list[list[int]]) -> None:
+        """Report the tokens of `rows` (each sample's tokens so far, as lists) added since the last report."""
+        if not self.reported:
+            self.reported = [0] * len(rows)
+        new = [row[done:] for row, done in zip(rows, self.reported, strict=True)]
+        if any(new):
+            self.reported = [len(row) for row in rows]
+            self.report(self, Progress(new))
+
     def _deliver(
         self,
-        result: ContinuationResult | AccompanimentResult | None = None,
+        result: ContinuationResult | AccompanimentResult | InfillResult | None = None,
         error: BaseException | None = None,
     ) -> None:
         self.report(self, Finished(result) if error is None else Failed(error))

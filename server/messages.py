@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from server.jobs import Accompany, Job, JobEvent
+from server.jobs import Accompany, Infill, Job, JobEvent
 
 if TYPE_CHECKING:
     from musicrel.generation.primer import Primer
@@ -26,10 +26,11 @@ class SubmitJob:
     deadline: float
     stream: bool
     accompany: Accompany | None = None  # an accompaniment job (primer and params None)
+    infill: Infill | None = None  # an infill job (primer and params None)
 
     @classmethod
     def of(cls, job: Job) -> SubmitJob:
-        return cls(job.id, job.primer, job.params, job.deadline, job.stream, job.accompany)
+        return cls(job.id, job.primer, job.params, job.deadline, job.stream, job.accompany, job.infill)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Stop:
 class Ready:
     card: ModelCard  # the continuation model's, as loaded by the engine (server/model.py)
     accompaniment: ModelCard | None = None  # the accompaniment model's; None when the server has none
+    infill: ModelCard | None = None  # the infill model's; None when the server has none
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,18 @@ from server.settings import Settings
 CONTINUATIONS_PATH = "/v1/continuations"
 MOTIFS_PATH = "/v1/motifs"
 ACCOMPANIMENTS_PATH = "/v1/accompaniments"
+INFILLS_PATH = "/v1/infills"
 # The routes that generate (preparing a motif prefills it in the engine): admitted, counted in flight and
 # drained the same way.
 GENERATION_PATHS = frozenset(
-    {CONTINUATIONS_PATH, f"{CONTINUATIONS_PATH}/stream", MOTIFS_PATH, ACCOMPANIMENTS_PATH}
+    {
+        CONTINUATIONS_PATH,
+        f"{CONTINUATIONS_PATH}/stream",
+        MOTIFS_PATH,
+        ACCOMPANIMENTS_PATH,
+        INFILLS_PATH,
+        f"{INFILLS_PATH}/stream",
+    }
 )
 # Scope key: was the service draining when this request arrived? One that arrived before SIGTERM is served
 # even if its upload is still being read when the signal comes.

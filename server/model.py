@@ -2,8 +2,8 @@
 rule, and describes it (`ModelCard`: what /v1/model says of it); the engine holds the LoadedModels and sends
 their cards to the HTTP process when it is ready. The HTTP process never loads weights: `CheckpointView.read`
 gives it what it needs to parse uploads and check forms (the codec, the longest primer the model reads,
-whether it accompanies melodies) from the checkpoint's config alone, without torch. Nothing else in `server/`
-touches torch or a model's internals.
+whether it accompanies melodies, whether it fills spans) from the checkpoint's config alone, without torch.
+Nothing else in `server/` touches torch or a model's internals.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class CheckpointView:
     codec: EventCodec
     max_primer_tokens: int  # the longest primer the model reads (its window less room to continue)
     accompanies: bool  # its codec has melody tokens: an accompaniment model
+    infills: bool = False  # its codec has infill tokens and its model reads them: an infill model
 
     @classmethod
     def read(cls, folder: str | Path) -> CheckpointView:
@@ -44,8 +45,11 @@ class CheckpointView:
 
         folder = Path(folder)
         codec = load_codec(folder)
-        window = ModelConfig.from_dict(read_config(folder)["model"]).max_seq_len
-        return cls(folder, codec, max_primer_tokens(window), codec.melody_on_offset is not None)
+        config = ModelConfig.from_dict(read_config(folder)["model"])
+        window = config.max_seq_len
+        # generation.infill.check_model's rule, from the config alone
+        infills = codec.fill_id is not None and config.vocab_size >= codec.vocab_size
+        return cls(folder, codec, max_primer_tokens(window), codec.melody_on_offset is not None, infills)
 
 
 def view_accompanist(folder: str | Path) -> tuple[CheckpointView | None, str]:
@@ -55,6 +59,16 @@ def view_accompanist(folder: str | Path) -> tuple[CheckpointView | None, str]:
     view = CheckpointView.read(folder)
     if not view.accompanies:
         return None, f"{folder} is not an accompaniment model (its codec has no melody tokens)"
+    return view, ""
+
+
+def view_infiller(folder: str | Path) -> tuple[CheckpointView | None, str]:
+    """The infill checkpoint in `folder`, or None and why the server has none."""
+    if not has_checkpoint(folder):
+        return None, f"no infill model on this server ({folder} holds no checkpoint)"
+    view = CheckpointView.read(folder)
+    if not view.infills:
+        return None, f"{folder} is not an infill model (its model has no infill tokens)"
     return view, ""
 
 
@@ -99,4 +113,11 @@ def load_accompanist(folder: str | Path, device: str = "cpu") -> LoadedModel | N
     """The accompaniment model in `folder`, or None when there is none there or it has no melody tokens
     (`view_accompanist` says why)."""
     view, _ = view_accompanist(folder)
+    return None if view is None else LoadedModel.load(folder, device=device)
+
+
+def load_infiller(folder: str | Path, device: str = "cpu") -> LoadedModel | None:
+    """The infill model in `folder`, or None when there is none there or it has no infill tokens
+    (`view_infiller` says why)."""
+    view, _ = view_infiller(folder)
     return None if view is None else LoadedModel.load(folder, device=device)

@@ -37,6 +37,8 @@ FORMS = (
     ("/v1/continuations/stream", "post", "ContinuationParams"),
     ("/v1/motifs", "post", "MotifParams"),
     ("/v1/accompaniments", "post", "AccompanimentParams"),  # server/routes/accompaniments.py
+    ("/v1/infills", "post", "InfillParams"),  # server/routes/infills.py
+    ("/v1/infills/stream", "post", "InfillParams"),
 )
 # What str.strip() removes (str.isspace), spelled out: ECMA's \s differs (it has U+FEFF, lacks U+001C-1F).
 _BLANK = "[ \t\n\r\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*"
@@ -131,6 +133,9 @@ def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]
         body = components[content["schema"]["$ref"].rsplit("/", 1)[1]]
         body.pop("allOf", None)
         body["properties"] = {**params, **body["properties"]}
+        required = [*components[model].get("required", []), *body.get("required", [])]  # /v1/infills' span
+        if required:
+            body["required"] = list(dict.fromkeys(required))
         body["additionalProperties"] = False  # deps.refuse_unknown_fields
     return document
 

@@ -12,6 +12,8 @@ from musicrel.generation.controls import MAX_DENSITY, Controls, gm_program_names
 from musicrel.generation.melody import AccompanimentParams as LibraryAccompanimentParams
 from musicrel.generation.primer import PRIMER_SECONDS
 from musicrel.generation.sampling import MAX_SEED, SamplingParams
+from musicrel.generation.span import MAX_SPAN_SECONDS
+from musicrel.generation.span import InfillParams as LibraryInfillParams
 from musicrel.midi.codec import CodecConfig
 
 # The defaults are the library's (SamplingParams, PRIMER_SECONDS, Controls); the bounds are the server's own.
@@ -251,6 +253,72 @@ class AccompanimentResponse(BaseModel):
     timings: AccompanimentTimings
 
 
+# ---------------------------------------------------------------- POST /v1/infills
+class InfillParams(MusicForm):
+    """The form fields that go with the uploaded `file`: the span to regenerate, and sampling as a
+    continuation's (same bounds, same meaning). The span's own rules (start < end, at most MAX_SPAN_SECONDS,
+    inside the music, with notes before and after it) are the library's (InfillError codes, 422)."""
+
+    start: float = Field(
+        ge=0, le=CodecConfig.max_seconds, description="where the span to regenerate starts, in seconds"
+    )
+    end: float = Field(
+        gt=0,
+        le=CodecConfig.max_seconds,
+        description=f"where it ends, in seconds (after start, at most {MAX_SPAN_SECONDS:g} s after it); the "
+        "notes that start in [start, end) are regenerated, every other note comes back unchanged",
+    )
+    temperature: float = _CP["temperature"]
+    top_k: int | None = _CP["top_k"]
+    top_p: float = _CP["top_p"]
+    seed: int | None = _CP["seed"]
+    num_samples: int = Field(
+        _CP["num_samples"].default, ge=1, le=64, description="independent fillings of the same span"
+    )
+
+    def library_params(self) -> LibraryInfillParams:
+        """The form's sampling fields, as the library takes them."""
+        fields = {f.name for f in dataclasses.fields(LibraryInfillParams)}
+        return LibraryInfillParams(**self.model_dump(include=fields))
+
+
+class NewNote(BaseModel):
+    pitch: int
+    velocity: int
+    start: float = Field(description="seconds in the file, in [start, end) of the span")
+    end: float = Field(description="seconds in the file, by the span's end")
+
+
+class InfillSample(BaseModel):
+    index: int
+    midi_base64: str = Field(
+        description="a complete Standard MIDI File, base64-encoded: the upload with the span regenerated"
+    )
+    notes: int = Field(description="new notes in the span")
+    new_tokens: int = Field(description="tokens the model wrote for the span")
+    duration_s: float = Field(description="end of the file's last note, in seconds")
+    new_notes: list[NewNote] = Field(description="the new notes, by onset")
+
+
+class InfillTimings(BaseModel):
+    parse_ms: float
+    queue_ms: float = Field(description="waiting in the engine's queue")
+    generation_ms: float
+    total_ms: float
+
+
+class InfillResponse(BaseModel):
+    seed: int
+    settings: InfillParams = Field(description="the settings used, with the seed filled in")
+    start: float
+    end: float
+    removed: int = Field(description="the upload's notes that started in the span (regenerated)")
+    prompt_tokens: int = Field(description="tokens the model read: the music after the span, then before it")
+    samples: list[InfillSample]
+    warnings: list[str] = Field(default_factory=list)
+    timings: InfillTimings
+
+
 # ---------------------------------------------------------------- answers
 class Copy(BaseModel):
     """The longest stretch of a sample that also occurs in the training data (musicrel.evaluation.novelty)."""
@@ -391,6 +459,11 @@ class ModelInfo(BaseModel):
         None,
         description="the accompaniment model of POST /v1/accompaniments (checkpoint, sha256, parameters, "
         "max_melody_seconds, ...); null when this server has none (the route answers 503)",
+    )
+    infill: dict[str, Any] | None = Field(
+        None,
+        description="the infill model of POST /v1/infills (checkpoint, sha256, parameters, max_span_seconds, "
+        "...); null when this server has none (the route answers 503 infill_unavailable)",
     )
     programs: list[str] = Field(
         default_factory=gm_program_names,

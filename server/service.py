@@ -22,7 +22,15 @@ from server.admission import Admission, Ticket
 from server.engine import EngineProcess
 from server.errors import ApiError
 from server.metrics import Metrics
-from server.model import CheckpointView, LoadedModel, ModelCard, load_accompanist, view_accompanist
+from server.model import (
+    CheckpointView,
+    LoadedModel,
+    ModelCard,
+    load_accompanist,
+    load_infiller,
+    view_accompanist,
+    view_infiller,
+)
 from server.settings import Settings
 from server.worker import BatchPolicy, GenerationThread, GenerationWorker, warm_up
 
@@ -48,6 +56,10 @@ class Service:
         self.accompaniment: CheckpointView | None = None
         self.accompaniment_unavailable = "not loaded yet"
         self.accompanist: LoadedModel | None = None  # its weights, with MUSICREL_ENGINE=thread only
+        # The infill model (MUSICREL_INFILL_CHECKPOINT), or why there is none.
+        self.infill: CheckpointView | None = None
+        self.infill_unavailable = "not loaded yet"
+        self.infiller: LoadedModel | None = None  # its weights, with MUSICREL_ENGINE=thread only
         self.novelty: NoveltyIndex | None = None
         self.worker: GenerationWorker | None = None
         self.admission = Admission(settings, metrics)
@@ -78,6 +90,7 @@ class Service:
         self.novelty = load_index(folder) if (folder / INDEX_FILE).is_file() else None
         self.admission.calibrate(self.codec)
         self._load_accompaniment()
+        self._load_infill()
 
     def _load_accompaniment(self) -> None:
         """No folder is no error: the service runs without the route (503 no_accompaniment_model)."""
@@ -88,6 +101,32 @@ class Service:
             (log.warning if "melody tokens" in why else log.info)("accompaniment: %s", why)
         elif not self.uses_engine_process:
             self.accompanist = load_accompanist(folder)
+
+    def _load_infill(self) -> None:
+        """No folder is no error: the service runs without POST /v1/infills (503 infill_unavailable)."""
+        folder = self.settings.infill_checkpoint
+        self.infill, self.infill_unavailable = view_infiller(folder)
+        if self.infill is None:
+            why = self.infill_unavailable
+            (log.warning if "infill tokens" in why else log.info)("infill: %s", why)
+        elif not self.uses_engine_process:
+            self.infiller = load_infiller(folder)
+
+    def infill_info(self) -> dict[str, Any] | None:
+        """What /v1/model says of the infill model: null when the route is unavailable."""
+        from musicrel.generation.span import MAX_SPAN_SECONDS
+
+        if self.infill is None:
+            return None
+        if self.infiller is not None:
+            card = self.infiller.card
+        else:
+            ready = self.worker.cards if isinstance(self.worker, EngineProcess) else None
+            card = ready.infill if ready is not None else None
+        if card is None:
+            return None
+        info = {key: value for key, value in card.info.items() if key != "codec"}
+        return {**info, "max_span_seconds": MAX_SPAN_SECONDS}
 
     def cards(self) -> tuple[ModelCard | None, ModelCard | None]:
         """The continuation and accompaniment models' cards: from the models loaded here, or from the engine
@@ -135,6 +174,7 @@ class Service:
                 self.codec,
                 BatchPolicy.from_settings(s),
                 accompanist=self.accompanist,
+                infiller=self.infiller,
                 metrics=self.metrics,
                 decoder=self.decoder,
                 warmup=partial(warm_up, self.codec) if s.warmup else None,

@@ -86,5 +86,11 @@ class Settings(BaseSettings):
     # An accompaniment is generated as long as its melody (about 4x real time on 2 cores), one at a time.
     max_melody_seconds: float = Field(300.0, gt=0, le=3600, description="longest melody accompanied (422)")
 
+    # The infill model (POST /v1/infills, server/infills.py): loaded at start-up when the folder holds a
+    # checkpoint whose codec has infill tokens; without one the route answers 503 infill_unavailable.
+    infill_checkpoint: Path = Field(
+        Path("checkpoints/infill"), description="folder of the infill model (FUTURE/PAST/FILL tokens)"
+    )
+
     warmup: bool = Field(True, description="run a tiny generation before reporting ready")
     static_dir: Path = STATIC_DIR

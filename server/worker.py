@@ -16,6 +16,10 @@ running on caches the other model had just filled. The batch keeps the larger sh
 beside accompaniments takes less than twice its time alone; with no continuation running the accompaniments
 run back to back.
 
+Infills (`Job.infill`: a span of a file regenerated, musicrel.generation.infill) run beside the batch the same
+way, in the same turns as the accompaniments: `infill_steps` yields after each token (with each sample's
+tokens so far, which a streamed infill reports as Progress).
+
 A job's events (server/jobs.py: `Started`, `Progress`, `Finished`, `Failed`) leave the worker one way,
 through the job's `report`: `to_loop` settles the request's future on its event loop; in the engine process
 (server/engine.py, the default) they go down the pipe instead. With MUSICREL_ENGINE=thread the worker runs in
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from musicrel.threads import CpuSampler, ThreadChoice, request_reserve, set_torch_threads
-from server.jobs import Accompany, Job, QueueFullError, WorkerStoppedError, to_loop
+from server.jobs import Accompany, Infill, Job, QueueFullError, WorkerStoppedError, to_loop
 from server.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -98,6 +102,22 @@ def warm_up_accompaniment(accompanist: LoadedModel) -> None:
     log.info("accompaniment warm-up took %.0f ms", 1000 * (time.perf_counter() - start))
 
 
+def warm_up_infill(infiller: LoadedModel) -> None:
+    """A second of a short tune filled once, so that the first request does not pay for the first run."""
+    import pretty_midi
+
+    from musicrel.generation.infill import infill
+    from musicrel.generation.span import InfillParams
+
+    pm = pretty_midi.PrettyMIDI(initial_tempo=120)
+    tune = pretty_midi.Instrument(0)
+    tune.notes = [pretty_midi.Note(90, 60 + i % 8, 0.25 * i, 0.25 * i + 0.2) for i in range(12)]
+    pm.instruments.append(tune)
+    start = time.perf_counter()
+    infill(infiller.model, pm, 1.0, 1.5, codec=infiller.codec, params=InfillParams(seed=0))
+    log.info("infill warm-up took %.0f ms", 1000 * (time.perf_counter() - start))
+
+
 def warm_up(codec: Any, batch: Any) -> None:
     """A tiny generation through the worker's own batch: every path runs once before /readyz says 200."""
     from musicrel.generation.primer import prepare_primer
@@ -134,6 +154,16 @@ class GenerationWorker(Protocol):
 
     def submit_accompaniment(self, request: Accompany, deadline: float) -> Job:
         """Queue an accompaniment (from the event loop), in the same queue and with the same refusals."""
+        ...
+
+    def submit_infill(
+        self,
+        request: Infill,
+        deadline: float,
+        on_progress: Callable[[list[list[int]]], None] | None = None,
+    ) -> Job:
+        """Queue an infill (from the event loop), in the same queue and with the same refusals; with
+        `on_progress`, it hears each sample's new gap tokens as they are written."""
         ...
 
     @property
@@ -182,6 +212,7 @@ class GenerationThread:
         warmup: Callable[[Any], None] | None = None,
         on_dequeue: Callable[[int, int], None] | None = None,
         accompanist: LoadedModel | None = None,
+        infiller: LoadedModel | None = None,
     ) -> None:
         """`decoder(model, codec, max_rows, primer_cache=...)` makes the running batch (DecodeBatch when
         None; tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker
@@ -204,6 +235,7 @@ class GenerationThread:
         self._pending: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}  # by the batch's job id
         self.accompanist = accompanist
+        self.infiller = infiller  # the infill model, if the server has one (its jobs run beside the batch)
         self._side: list[tuple[Job, Generator[None, None, Any]]] = []  # accompaniments running, in turn
         self._turn = 0  # the next of them to step
         self._credit = 0.0  # seconds of accompaniment steps the batch's steps have left them
@@ -242,6 +274,27 @@ class GenerationThread:
         future, report = to_loop(asyncio.get_running_loop())
         rows = request.params.num_samples
         job = Job(None, None, rows, deadline, report=report, future=future, accompany=request)
+        self.enqueue(job)
+        return job
+
+    def submit_infill(
+        self,
+        request: Infill,
+        deadline: float,
+        on_progress: Callable[[list[list[int]]], None] | None = None,
+    ) -> Job:
+        future, report = to_loop(asyncio.get_running_loop(), on_progress)
+        rows = request.params.num_samples
+        job = Job(
+            None,
+            None,
+            rows,
+            deadline,
+            report=report,
+            future=future,
+            stream=on_progress is not None,
+            infill=request,
+        )
         self.enqueue(job)
         return job
 
@@ -288,6 +341,8 @@ class GenerationThread:
                 self._warmup(batch)
                 if self.accompanist is not None:
                     warm_up_accompaniment(self.accompanist)
+                if self.infiller is not None:
+                    warm_up_infill(self.infiller)
         except Exception as exc:  # reported by /readyz; the service never becomes ready
             log.exception("warm-up generation failed")
             self.failed = f"warm-up failed: {exc}"
@@ -298,8 +353,9 @@ class GenerationThread:
             if jobs is None:
                 return
             if jobs:
-                self._admit(batch, [job for job in jobs if job.accompany is None])
+                self._admit(batch, [job for job in jobs if not job.beside])
                 self._start_accompaniments([job for job in jobs if job.accompany is not None])
+                self._start_infills([job for job in jobs if job.infill is not None])
             if batch.rows:
                 started = time.monotonic()
                 batch = self._step(batch)
@@ -322,7 +378,7 @@ class GenerationThread:
                 window_end = time.monotonic() + self.batch_window_s
                 while (
                     not self._stopping
-                    and self._pending[0].accompany is None
+                    and not self._pending[0].beside
                     and sum(j.rows for j in self._pending) < batch.free_rows
                 ):
                     remaining = window_end - time.monotonic()
@@ -337,12 +393,12 @@ class GenerationThread:
             while self._pending:
                 head = self._pending[0]
                 # A job with more rows than its side holds is taken alone, so it fails instead of blocking.
-                if head.accompany is not None:
-                    if head.rows > side_free and (self._side or any(j.accompany for j in jobs)):
+                if head.beside:
+                    if head.rows > side_free and (self._side or any(j.beside for j in jobs)):
                         break
                     side_free -= head.rows
                 else:
-                    if head.rows > free and (batch.rows or any(j.accompany is None for j in jobs)):
+                    if head.rows > free and (batch.rows or any(not j.beside for j in jobs)):
                         break
                     free -= head.rows
                 jobs.append(self._pending.popleft())
@@ -406,6 +462,21 @@ class GenerationThread:
             job._started(time.monotonic())
             self._side.append((job, steps))
 
+    def _start_infills(self, jobs: list[Job]) -> None:
+        from musicrel.generation.infill import infill_steps
+
+        for job in self._live(jobs):
+            if self.infiller is None:  # the HTTP process refuses them first; a guard, not a path
+                job._deliver(error=WorkerStoppedError("no infill model in the engine"))
+                continue
+            request = job.infill
+            model, codec = self.infiller.model, self.infiller.codec
+            steps = infill_steps(
+                model, request.midi, request.start, request.end, codec=codec, params=request.params
+            )
+            job._started(time.monotonic())
+            self._side.append((job, steps))
+
     def _accompany(self, alone: bool) -> None:
         """Steps of the running accompaniments, one token each, in turn: while the credit the batch's steps
         left them lasts, or a single step when no continuation is decoding (the loop then looks at the queue
@@ -432,7 +503,9 @@ class GenerationThread:
             job._deliver(error=WorkerStoppedError(f"job {job.stop_reason}"))
             return True
         try:
-            next(steps)
+            rows = next(steps)
+            if job.stream and rows is not None:  # a streamed infill: each sample's tokens so far
+                job._report_new_rows(rows)
             return False
         except StopIteration as done:
             job.finished_at = time.monotonic()

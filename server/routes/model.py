@@ -31,4 +31,9 @@ async def model_info(request: Request, service: ServiceDep, settings: SettingsDe
         "request_timeout_s": settings.request_timeout_s,
         "defaults": ContinuationParams().model_dump(),
     }
-    return {**service.info, "limits": limits, "accompaniment": service.accompaniment_info()}
+    return {
+        **service.info,
+        "limits": limits,
+        "accompaniment": service.accompaniment_info(),
+        "infill": service.infill_info(),
+    }

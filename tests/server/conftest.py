@@ -33,6 +33,8 @@ STARTUP_TIMEOUT_S = 60.0
 # No app made here loads the shipped checkpoints/accompany by accident (a second model to load in every test
 # app and server); the tests that serve accompaniments name their tiny one.
 os.environ.setdefault("MUSICREL_ACCOMPANY_CHECKPOINT", str(REPO / "tests" / "no-accompaniment-model"))
+# Nor a checkpoints/infill trained later: the infill tests name their tiny one (`tiny_infill_checkpoint`).
+os.environ.setdefault("MUSICREL_INFILL_CHECKPOINT", str(REPO / "tests" / "no-infill-model"))
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +74,27 @@ def tiny_accompany_checkpoint(tmp_path_factory) -> Path:
         vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=256
     )
     folder = tmp_path_factory.mktemp("tiny_accompany_checkpoint")
+    save_model(MusicTransformer(config), folder, codec=codec)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_infill_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random infill model: the codec with infill tokens (FUTURE, PAST, FILL after eos) and a 1-layer
+    MusicTransformer, as tests/musicrel/generation/test_infill.py builds it."""
+    import torch
+
+    from musicrel.midi.codec import CodecConfig, EventCodec
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+
+    torch.manual_seed(0)
+    codec = EventCodec(CodecConfig(infill=True))
+    config = ModelConfig(
+        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=256
+    )
+    folder = tmp_path_factory.mktemp("tiny_infill_checkpoint")
     save_model(MusicTransformer(config), folder, codec=codec)
     return folder
 
@@ -149,12 +172,17 @@ def start_server(
 
 
 @pytest.fixture(scope="session")
-def live_server(tiny_checkpoint, tiny_accompany_checkpoint, tmp_path_factory) -> Iterator[str]:
+def live_server(
+    tiny_checkpoint, tiny_accompany_checkpoint, tiny_infill_checkpoint, tmp_path_factory
+) -> Iterator[str]:
     """Base URL (http://127.0.0.1:PORT) of a real uvicorn process serving `tiny_checkpoint` (and
-    `tiny_accompany_checkpoint` for the page's Accompany mode)."""
+    `tiny_accompany_checkpoint` for the page's Accompany mode, `tiny_infill_checkpoint` for its Fill mode)."""
     folder = tmp_path_factory.mktemp("live_server")
-    accompany = {"MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint)}
-    with start_server(tiny_checkpoint, folder, **accompany) as server:
+    models = {
+        "MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint),
+        "MUSICREL_INFILL_CHECKPOINT": str(tiny_infill_checkpoint),
+    }
+    with start_server(tiny_checkpoint, folder, **models) as server:
         yield server.url
 
 

@@ -33,12 +33,13 @@ EXAMPLES = int(os.environ.get("MUSICREL_FUZZ_EXAMPLES", "10"))
 
 
 @pytest.fixture  # one app per test: schemathesis' plugin ends the app's lifespan as each test ends
-def schema(tiny_checkpoint, tiny_accompany_checkpoint):
+def schema(tiny_checkpoint, tiny_accompany_checkpoint, tiny_infill_checkpoint):
     load_all_checks()
     # The tiny model's 256-token context keeps even the longest continuation cheap.
     settings = Settings(
         checkpoint=tiny_checkpoint,
         accompany_checkpoint=tiny_accompany_checkpoint,
+        infill_checkpoint=tiny_infill_checkpoint,
         engine="thread",
         batch_window_ms=0,
     )
@@ -64,6 +65,10 @@ def with_motif(case):
         case.body["file"] = MOTIF
         if isinstance(case.body.get("track"), int):  # the accompaniment's melody track: the only one
             case.body["track"] = 0
+        # Nor which spans it has music before and after (422 span_outside_music, nothing_before, ...): an
+        # infill's span is one the motif (3.2 s of notes) can fill.
+        if "start" in case.body and "end" in case.body:
+            case.body["start"], case.body["end"] = 1.0, 2.0
         if isinstance(case.body.get("tracks"), str):
             case.body["tracks"] = re.sub("[0-9]+", "0", case.body["tracks"])
         # Nor can it say that the lowest note is at most the highest (422 empty_range).

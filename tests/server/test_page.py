@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server.schemas import AccompanimentParams, ContinuationParams
+from server.schemas import AccompanimentParams, ContinuationParams, InfillParams
 from server.settings import STATIC_DIR, Settings
 
 PAGE = STATIC_DIR / "index.html"
@@ -73,8 +73,9 @@ def _bound(field: str, kind: str) -> float | None:
 
 
 def test_every_form_field_is_an_api_field_and_every_api_field_has_an_input(form_inputs):
-    # Both modes' fields share one form; `mode` is the page's own switch between them.
+    # Every mode's fields share one form; `mode` is the page's own switch between them.
     fields = set(ContinuationParams.model_fields) | set(AccompanimentParams.model_fields)
+    fields |= set(InfillParams.model_fields)  # Fill: start and end
     assert set(form_inputs) - {"mode"} == fields
     assert form_inputs["mode"]["type"] == "radio"
 
@@ -117,6 +118,9 @@ def test_defaults_match_the_api(form_inputs):
     defaults, accompaniment = ContinuationParams(), AccompanimentParams()
     for name, attrs in form_inputs.items():
         if name == "mode":  # the page's switch, not a field
+            continue
+        if name in ("start", "end"):  # Fill's span has no default: blank until dragged or typed
+            assert not attrs.get("value"), name
             continue
         expected = getattr(defaults if name in ContinuationParams.model_fields else accompaniment, name)
         if attrs["type"] == "checkbox":

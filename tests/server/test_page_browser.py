@@ -565,3 +565,121 @@ def test_accompany_mode_shows_a_melody_with_chords_as_an_error_beside_the_track(
     assert page.is_visible("#track-error")
     assert page.get_attribute("#track", "aria-invalid") == "true"
     assert page.is_enabled("#continue")
+
+
+# ---------------------------------------------------------------- Fill: a span regenerated (POST /v1/infills)
+def _fill_file(tmp_path: Path) -> Path:
+    """One piano line, a note every 0.3 s for 12 s."""
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    piano = pretty_midi.Instrument(program=0, name="piano")
+    piano.notes = [pretty_midi.Note(85, 60 + (k * 5) % 12, 0.3 * k, 0.3 * k + 0.25) for k in range(40)]
+    pm.instruments.append(piano)
+    path = tmp_path / "line.mid"
+    pm.write(str(path))
+    return path
+
+
+def _fill_mode(page, tmp_path) -> Path:
+    page.wait_for_function("!document.getElementById('mode-fill').disabled")
+    page.check("#mode-fill")
+    assert page.inner_text("#continue").strip() == "Fill"
+    assert not page.is_visible("#seconds") and not page.is_visible("#steer") and not page.is_visible("#track")
+    path = _fill_file(tmp_path)
+    page.set_input_files("#file", str(path))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    return path
+
+
+def _span_notes(page) -> list:
+    return page.evaluate(
+        "(() => { const s = window.musicrel.state.samples[0]; "
+        "return [s.motifNotes.length, s.contNotes.map(n => [n.start, n.end])]; })()"
+    )
+
+
+def test_fill_mode_drags_a_span_fills_it_plays_it_in_place_and_rerolls(page, tmp_path):
+    path = _fill_mode(page, tmp_path)
+    # A first span is offered in the middle of the music, marked on the roll.
+    assert float(page.input_value("#fill_start")) < float(page.input_value("#fill_end"))
+    # Dragging across the roll sets both inputs.
+    page.locator("#roll").scroll_into_view_if_needed()
+    box = page.locator("#roll").bounding_box()
+    view = page.evaluate("window.musicrel.roll.view")
+    at = lambda seconds: box["x"] + view["left"] + seconds / view["tEnd"] * view["pw"]  # noqa: E731
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(at(6.2), y)
+    page.mouse.down()
+    page.mouse.move(at(4.5), y, steps=5)
+    page.mouse.move(at(3.05), y, steps=5)
+    page.mouse.up()
+    start, end = float(page.input_value("#fill_start")), float(page.input_value("#fill_end"))
+    assert abs(start - 3.05) < 0.1 and abs(end - 6.2) < 0.1, (start, end)
+    assert page.evaluate("window.musicrel.roll.span.start") == start
+    # The inputs win too: typed seconds are the span sent.
+    page.fill("#fill_start", "3")
+    page.fill("#fill_end", "6")
+    page.fill("#seed", "7")
+    page.fill("#num_samples", "1")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+
+    kept, new = _span_notes(page)
+    assert kept == 30, "the 30 notes outside 3-6 s come back"
+    assert new, "the tiny model wrote no note in the span"
+    assert all(3.0 - 1e-6 <= s < 6.0 and e <= 6.0 + 0.011 for s, e in new), new
+    assert page.inner_text("#info-seed").strip() == "7"
+    assert "new notes in the span" in page.get_attribute("#roll", "aria-label")
+    assert page.inner_text("#legend-cont").strip() == "new notes"
+    blue, orange = page.evaluate(COLOUR_COUNTS)
+    assert blue > 100 and orange > 10, (blue, orange)
+    # Heard in place at once: from 2 s before the span (1 s), not from the file's start.
+    page.wait_for_function("window.musicrel.roll.playhead > 1.2", timeout=5000)
+    assert page.evaluate("window.musicrel.synth.nodes.size") > 0
+    page.click("#stop")
+
+    with page.expect_download() as info:
+        page.click("#download")
+    out = pretty_midi.PrettyMIDI(info.value.path())
+    given = pretty_midi.PrettyMIDI(str(path))
+    outside = lambda pm: sorted(  # noqa: E731
+        (n.pitch, round(n.start, 3)) for n in pm.instruments[0].notes if not 3.0 <= n.start < 6.0
+    )
+    assert outside(out) == outside(given)
+
+    # Re-roll: the same span with a new seed, drawn by the server.
+    assert page.is_visible("#reroll")
+    page.click("#reroll")
+    page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+    assert page.inner_text("#info-seed").strip() not in ("7", "—", "")
+    assert _span_notes(page)[0] == 30
+
+
+def test_fill_mode_shows_a_span_with_nothing_after_it_beside_the_end_input(page, tmp_path):
+    _fill_mode(page, tmp_path)
+    page.fill("#fill_start", "10")
+    page.fill("#fill_end", "14")  # the last note starts at 11.7 s
+    page.fill("#seed", "7")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=error]", timeout=GENERATION_TIMEOUT_MS)
+    assert "nothing_after" in page.inner_text("#error")
+    assert page.is_visible("#end-error")
+    assert page.get_attribute("#fill_end", "aria-invalid") == "true"
+    assert page.is_enabled("#continue")
+
+
+def test_fill_is_disabled_when_the_server_has_no_infill_model(browser, live_server):
+    context = browser.new_context()
+    page = context.new_page()
+
+    def without_infill(route) -> None:
+        response = route.fetch()
+        body = response.json()
+        body["infill"] = None
+        route.fulfill(response=response, json=body)
+
+    page.route("**/v1/model", without_infill)
+    page.goto(f"{live_server}/")
+    page.wait_for_function("document.getElementById('fill-mode-hint').textContent.includes('no infill')")
+    assert page.is_disabled("#mode-fill")
+    assert not page.is_visible("#fill_start")
+    context.close()

@@ -1588,7 +1588,11 @@ async function pollReady() {
 async function loadModelInfo() {
   try {
     const r = await fetch("/v1/model");
-    if (!r.ok) { $("mode-hint").textContent = "the server did not say whether it can accompany"; return; }
+    if (!r.ok) {
+      $("mode-hint").textContent = "the server did not say whether it can accompany";
+      $("fill-mode-hint").textContent = "the server did not say whether it can fill spans";
+      return;
+    }
     const info = await r.json();
     const m = info.model || {};
     const bits = [];

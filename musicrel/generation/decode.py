@@ -3,12 +3,12 @@ then costs O(L) per token, `sample` does all logits processing after the grammar
 and `generate` is an iterator of tokens, so a caller can stream them or stop at any step.
 
 The decode loop is `generation.decode_batch.DecodeBatch`, built from these three functions: continuations
-(the library's `continue_midi`, the command, the service) and accompaniments run on it, rows joining and
-leaving a running batch. `generate` is kept as the reference: one fixed batch of rows, no joining, the
-plainest loop over the same functions. The KV cache and DecodeBatch are tested against it token for token
-(`use_cache=False` recomputes the whole window for every token), and the decodes that start every row
-together and need nothing else (evaluation's baselines: the model without the grammar, the continuation
-model deaf to the melody; infilling; the benchmarks) still run on it.
+(the library's `continue_midi`, the command, the service), accompaniments and infills run on it, rows
+joining and leaving a running batch. `generate` is kept as the reference: one fixed batch of rows, no
+joining, the plainest loop over the same functions. The KV cache and DecodeBatch are tested against it
+token for token (`use_cache=False` recomputes the whole window for every token), and the decodes that start
+every row together and need nothing else (evaluation's baselines: the model without the grammar, the
+continuation model deaf to the melody; the benchmarks) still run on it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Continuous batching, the one decode loop: `DecodeBatch` decodes the rows of many jobs together, one token
 each per step, while jobs join and leave between steps. A job (`DecodeJob`) is a prompt, a grammar with one
 row per sample, its sampling settings and seed: a continuation (`continuation_job`, what `admit` makes of a
-primer and `SamplingParams`; `generate_batch` runs a list of them to completion) or an accompaniment
-(`generation.accompaniment`: the melody's grammar, stepped by the server's engine beside its continuation
-batch). `continue_midi`, the one-call library entry, is `generation.continuation`'s. A finished job's result
+primer and `SamplingParams`; `generate_batch` runs a list of them to completion), an accompaniment
+(`generation.accompaniment`: the melody's grammar) or an infill (`generation.infill.infill_job`: the
+fill-in-the-middle prompt, the gap's grammar); the server's engine steps the last two beside its continuation
+batch. `continue_midi`, the one-call library entry, is `generation.continuation`'s. A finished job's result
 holds tokens: the caller renders them (`primer.render_result`), so no row waits while another job's MIDI is
 written, and the engine process ships tokens, not MIDI objects.
 

@@ -2,9 +2,9 @@
 
 `infill_midi(model, midi, start, end, codec=..., params=...)` reads the file, writes the infill prompt of a
 model with infill tokens (`CodecConfig.infill`; the layout is `generation.fim`'s: the music after the gap,
-then before it, then the gap), decodes the gap with the continuation grammar through `decode.generate` (the
-row's time limit is the gap's length, so the gap ends exactly at `end`) and merges the new notes into a copy
-of the file. One file per sample.
+then before it, then the gap), decodes the gap with the continuation grammar on the decode loop
+(`decode_batch.DecodeBatch`, the job: `infill_job`; the row's time limit is the gap's length, so the gap ends
+exactly at `end`) and merges the new notes into a copy of the file. One file per sample.
 
 The edge rules (what comes back unchanged, docs/INFILL.md):
 - a note that starts before `start` is kept whole, as it was, even when it sounds into or across the gap; the
@@ -25,12 +25,12 @@ import time
 from collections.abc import Generator
 
 import numpy as np
-import torch
 
 from musicrel.errors import InfillError
+from musicrel.generation.decode_batch import DecodeBatch, DecodeJob
 from musicrel.generation.fim import FUTURE_SHARE, FimSequence, fim_sequence
 from musicrel.generation.grammar import HOLD_FACTOR, MAX_HOLD_SECONDS, MIN_HOLD_SECONDS, Grammar
-from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed, row_seed
+from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed
 from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-exported)
     INFILL_TRACK,
     MAX_SPAN_SECONDS,
@@ -77,53 +77,44 @@ def _hold_steps(codec, notes) -> int:
     return round(seconds * 1000.0 / codec.config.step_ms)
 
 
-@torch.inference_mode()
-def _gap_steps(
-    model, codec, seg: InfillSegments, prompt: FimSequence, params: InfillParams, seed: int
-) -> Generator[list[list[int]], None, list[np.ndarray]]:
-    """Each sample's gap tokens, from `decode.generate` under the continuation grammar, one token at a time:
-    it yields each sample's tokens so far (the same lists, growing) after every token, and returns them."""
-    from musicrel.generation.decode import generate
-
+def infill_job(model, codec, seg: InfillSegments, params: InfillParams) -> DecodeJob:
+    """The decode job (`decode_batch.DecodeJob`) that writes the gap of `seg`: num_samples rows that read the
+    infill prompt (`infill_prompt`: future, past, [FILL]) for the model's window and sample under the
+    continuation grammar, its state (sounding notes, recent pitches) the past's and its time limit the gap's
+    length, so each row leaves the batch once its gap reaches `end`. Notes are closed for their length after
+    1.5 x the longest note around the gap (`_hold_steps`); a drawn seed when params has none."""
+    prompt = infill_prompt(codec, seg, model.cfg.max_seq_len)
     B = params.num_samples
-    device = next(model.parameters()).device
     grammar = Grammar(
         codec,
         [seg.past] * B,  # the grammar's state (sounding notes, recent pitches) is the past's
         [seg.gap_steps] * B,
         [_hold_steps(codec, seg.notes)] * B,
-        device=device,
+        device=next(model.parameters()).device,
     )
-    budget = int(seg.gap_steps * codec.config.step_ms / 1000.0 * TOKENS_PER_SECOND_CAP) + 64
-    tokens = torch.as_tensor(prompt.tokens, dtype=torch.long, device=device)[None].expand(B, -1).contiguous()
-    generators = [torch.Generator(device=device).manual_seed(row_seed(seed, i)) for i in range(B)]
-    gen = generate(
-        model,
-        tokens,
-        budget,
+    return DecodeJob(
+        tokens=np.asarray(prompt.tokens, dtype=np.int64),
+        grammar=grammar,
+        seed=params.seed if params.seed is not None else draw_seed(),
+        max_new_tokens=int(seg.gap_steps * codec.config.step_ms / 1000.0 * TOKENS_PER_SECOND_CAP) + 64,
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
-        generators=generators,
-        grammar=grammar,
     )
-    # decode.collecting_rows' loop (a row leaves once its gap is written), yielding the rows so far.
-    out: list[list[int]] = [[] for _ in range(B)]
-    alive = list(range(B))  # the row of `out` each decoding row fills
-    token = next(gen, None)
-    while token is not None:
-        for r, t in zip(alive, token.tolist(), strict=True):
-            out[r].append(t)
-        keep = grammar.elapsed < grammar.limit
-        if not bool(keep.any()):
-            break
-        alive = [r for r, k in zip(alive, keep.tolist(), strict=True) if k]
+
+
+def _gap_steps(model, codec, job: DecodeJob) -> Generator[list[list[int]], None, list[np.ndarray]]:
+    """Each sample's gap tokens, decoded on a `DecodeBatch` of the job's own, a step per token: it yields each
+    sample's tokens so far (the same lists, growing) after every token but the last, and returns them."""
+    batch = DecodeBatch(model, codec, max_rows=job.num_samples)
+    (job_id,) = batch.admit([job])
+    out: list[list[int]] = [[] for _ in range(job.num_samples)]
+    while not (finished := batch.step()):
+        for row, tokens in zip(out, batch.generated(job_id), strict=True):
+            row.extend(tokens[len(row) :].tolist())
         yield out
-        try:
-            token = gen.send(keep)
-        except StopIteration:
-            break
-    return [np.asarray(r, dtype=np.int64) for r in out]
+    ((_, result),) = finished
+    return [np.asarray(t, dtype=np.int64) for t in result.tokens]
 
 
 def infill(model, midi, start, end, *, codec, params: InfillParams | None = None) -> InfillResult:
@@ -147,16 +138,16 @@ def infill_steps(
     check_model(model, codec)
     seg = infill_segments(codec, midi, start, end)
     window = model.cfg.max_seq_len
-    prompt = infill_prompt(codec, seg, window)
-    seed = params.seed if params.seed is not None else draw_seed()
+    job = infill_job(model, codec, seg, params)
+    prompt_tokens = len(job.tokens)
     began = time.perf_counter()
-    rows = yield from _gap_steps(model, codec, seg, prompt, params, seed)
+    rows = yield from _gap_steps(model, codec, job)
     decode_seconds = time.perf_counter() - began
     warnings = []
     longest = max((len(r) for r in rows), default=0)
-    if len(prompt.tokens) + longest > window:
+    if prompt_tokens + longest > window:
         warnings.append(
-            f"the gap took {longest} tokens; with the {len(prompt.tokens)}-token prompt that passed the "
+            f"the gap took {longest} tokens; with the {prompt_tokens}-token prompt that passed the "
             f"model's {window}-token window, so it wrote the gap's end without the music after it in view"
         )
     notes = [gap_notes(codec, seg.past, r, start, end) for r in rows]
@@ -167,11 +158,11 @@ def infill_steps(
     return InfillResult(
         midis=midis,
         notes=[sorted(n, key=lambda x: (x.start, x.pitch)) for n in notes],
-        seed=seed,
+        seed=job.seed,
         start=start,
         end=end,
         removed=removed,
-        prompt_tokens=len(prompt.tokens),
+        prompt_tokens=prompt_tokens,
         decode_seconds=decode_seconds,
         warnings=warnings,
         tokens=rows,

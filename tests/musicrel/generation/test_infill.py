@@ -253,3 +253,78 @@ def test_infill_steps_raises_a_bad_span_at_its_first_step(model):
     with pytest.raises(InfillError) as err:
         next(steps)
     assert err.value.code == "nothing_before"
+
+
+# ---------------------------------------------------------------- the decode loop
+def _fixed_batch_reference(model, source, start, end, params: InfillParams) -> list[np.ndarray]:
+    """The gap as it was decoded before infilling moved onto DecodeBatch (issue 33): `decode.generate`'s fixed
+    batch of rows reading the infill prompt under the continuation grammar (its state the past's, its limit
+    the gap's length), the rows dropped by `collect_rows` once their gap is written. Kept here as the
+    reference the batch decoder is held to."""
+    from musicrel.generation.decode import collect_rows, generate
+    from musicrel.generation.grammar import Grammar
+    from musicrel.generation.infill import _hold_steps
+    from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, row_seed
+
+    B = params.num_samples
+    seg = infill_segments(CODEC, source, start, end)
+    prompt = infill_prompt(CODEC, seg, model.cfg.max_seq_len)
+    grammar = Grammar(CODEC, [seg.past] * B, [seg.gap_steps] * B, [_hold_steps(CODEC, seg.notes)] * B)
+    budget = int(seg.gap_steps * CODEC.config.step_ms / 1000.0 * TOKENS_PER_SECOND_CAP) + 64
+    tokens = torch.as_tensor(prompt.tokens, dtype=torch.long)[None].expand(B, -1).contiguous()
+    generators = [torch.Generator().manual_seed(row_seed(params.seed, i)) for i in range(B)]
+    gen = generate(
+        model, tokens, budget, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+        generators=generators, grammar=grammar,
+    )  # fmt: skip
+    going = lambda: grammar.elapsed < grammar.limit  # noqa: E731
+    return [np.asarray(r, dtype=np.int64) for r in collect_rows(gen, B, going)]
+
+
+@pytest.mark.parametrize(
+    ("window", "attention", "span", "options"),
+    [
+        (256, "skew", (12.0, 18.0), {"seed": 0, "num_samples": 3}),
+        (256, "absolute", (10.0, 14.5), {"seed": 7, "num_samples": 2, "temperature": 0.8, "top_p": 0.9}),
+        (64, "skew", (8.0, 16.0), {"seed": 1, "num_samples": 2}),
+        (64, "absolute", (5.0, 12.0), {"seed": 11, "num_samples": 3, "temperature": 1.2}),
+        (64, "t5", (8.0, 15.0), {"seed": 5, "num_samples": 2, "top_k": 20}),
+    ],
+)  # fmt: skip
+def test_the_batch_decoder_draws_the_gap_the_fixed_batch_decoder_drew(window, attention, span, options):
+    """Same seeds, same tokens: rows leaving at different steps, and (a 64-token window, whose prompt takes
+    half of it) windows sliding while the gap is written."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=CODEC.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=window,
+        attention=attention,
+    )  # fmt: skip
+    m = MusicTransformer(cfg).eval()
+    source, params = band(30.0), InfillParams(**options)
+    result = infill(m, source, *span, codec=CODEC, params=params)
+    expected = _fixed_batch_reference(m, source, *span, params)
+    assert result.seed == params.seed and len(result.tokens) == len(expected) == params.num_samples
+    for a, b in zip(result.tokens, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len({len(t) for t in result.tokens}) > 1  # the rows left at different steps
+    slid = result.prompt_tokens + max(len(t) for t in result.tokens) > window
+    assert slid == (window == 64) and bool(result.warnings) == slid  # the small window slid, and says so
+
+
+def test_infill_job_is_a_decode_job_of_the_prompt_under_the_pasts_grammar(model):
+    """The job: the infill prompt, a row per sample whose grammar starts from the past (its sounding notes)
+    with the gap's length as its time limit; the same seed as asked, or a drawn one."""
+    from musicrel.generation.decode_batch import DecodeJob
+    from musicrel.generation.infill import infill_job
+    from musicrel.midi.codec import open_pitches
+
+    seg = infill_segments(CODEC, band(20.0), 6.0, 11.0)
+    job = infill_job(model, CODEC, seg, InfillParams(seed=4, num_samples=3, top_k=30))
+    assert isinstance(job, DecodeJob) and job.num_samples == 3 and job.seed == 4 and job.top_k == 30
+    assert (
+        np.array_equal(job.tokens, infill_prompt(CODEC, seg, 256).tokens) and job.tokens[-1] == CODEC.fill_id
+    )
+    assert job.grammar.limit.tolist() == [seg.gap_steps] * 3 and job.grammar.elapsed.tolist() == [0] * 3
+    assert np.array_equal(job.grammar.open[0].numpy(), open_pitches(CODEC, seg.past))
+    drawn = infill_job(model, CODEC, seg, InfillParams(num_samples=1)).seed
+    assert isinstance(drawn, int)

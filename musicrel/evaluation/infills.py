@@ -18,10 +18,8 @@ in held-out pieces, fills them, and scores every fill against the true gap (docs
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from unittest.mock import patch
 
 import numpy as np
 import pretty_midi
@@ -476,18 +474,6 @@ def gap_features(notes, gap: Gap) -> np.ndarray:
     )
 
 
-@contextmanager
-def _end_join_family():
-    """`twosample.classify` names its columns and families from the module's `feature_names` and FAMILIES:
-    while this holds, they include the END_JOIN family (the classifier's own module is left as it is)."""
-    names = twosample.feature_names() + END_JOIN_NAMES
-    with (
-        patch.object(twosample, "feature_names", lambda: list(names)),
-        patch.object(twosample, "FAMILIES", (*twosample.FAMILIES, END_JOIN)),
-    ):
-        yield names
-
-
 def classifier(gaps: list[Gap], labels: list[str], comps: list[str], heard: dict, seed: int) -> dict:
     """The real-vs-generated test of every system, per source: `twosample.classify` on a matrix built here
     (a row per gap and sample, twosample's features plus the END_JOIN family); the folds keep a composition's
@@ -496,31 +482,31 @@ def classifier(gaps: list[Gap], labels: list[str], comps: list[str], heard: dict
     truth_x = np.stack([gap_features(g.truth, g) for g in gaps])
     piece_of = [g.piece for g in gaps]
     sections: dict[str, dict] = {}
-    with _end_join_family() as names:
-        for source in dict.fromkeys(labels):
-            idx = [i for i, s in enumerate(labels) if s == source]
-            # the rows are gaps: "pieces" counts the pieces they were cut from
-            pieces = len({piece_of[i] for i in idx})
-            section: dict = {"pieces": pieces, "gaps": len(idx), "systems": {}, "left_out": {}}
-            for name, runs in heard.items():
-                samples = [
-                    np.stack([gap_features(n, gaps[i]) for n in runs[i]]) if runs[i] else np.zeros((0, 0))
-                    for i in idx
-                ]
-                cs = [comps[i] for i in idx]
-                usable = len({c for c, s in zip(cs, samples, strict=True) if len(s)})
-                if usable < TWO_SAMPLE_MIN:
-                    section["left_out"][name] = (
-                        f"{usable} compositions with gaps (< {TWO_SAMPLE_MIN}): too few to fold"
-                    )
-                    continue
-                section["systems"][name] = classify(truth_x[idx], samples, seed, cs)
-            systems = section["systems"]
-            if "infill" in systems:
-                section["gain"] = {
-                    b: auc_gain(systems[b]["oof"], systems["infill"]["oof"]) for b in systems if b != "infill"
-                }
-            sections[source] = section
+    names = twosample.feature_names() + END_JOIN_NAMES
+    for source in dict.fromkeys(labels):
+        idx = [i for i, s in enumerate(labels) if s == source]
+        # the rows are gaps: "pieces" counts the pieces they were cut from
+        pieces = len({piece_of[i] for i in idx})
+        section: dict = {"pieces": pieces, "gaps": len(idx), "systems": {}, "left_out": {}}
+        for name, runs in heard.items():
+            samples = [
+                np.stack([gap_features(n, gaps[i]) for n in runs[i]]) if runs[i] else np.zeros((0, 0))
+                for i in idx
+            ]
+            cs = [comps[i] for i in idx]
+            usable = len({c for c, s in zip(cs, samples, strict=True) if len(s)})
+            if usable < TWO_SAMPLE_MIN:
+                section["left_out"][name] = (
+                    f"{usable} compositions with gaps (< {TWO_SAMPLE_MIN}): too few to fold"
+                )
+                continue
+            section["systems"][name] = classify(truth_x[idx], samples, seed, cs, names)
+        systems = section["systems"]
+        if "infill" in systems:
+            section["gain"] = {
+                b: auc_gain(systems[b]["oof"], systems["infill"]["oof"]) for b in systems if b != "infill"
+            }
+        sections[source] = section
     return {
         "classifier": f"random forest ({TREES} trees), GroupKFold by composition ({FOLDS} folds at most)",
         "confidence": CONFIDENCE,

@@ -219,14 +219,20 @@ def _interval(stat, groups: np.ndarray, y, p, w, seed: int) -> dict:
 
 
 def classify(
-    truth: np.ndarray, samples: Sequence[np.ndarray], seed: int = 0, compositions: Sequence | None = None
+    truth: np.ndarray,
+    samples: Sequence[np.ndarray],
+    seed: int = 0,
+    compositions: Sequence | None = None,
+    names: Sequence[str] | None = None,
 ) -> dict:
     """The two-sample test of one system on one set of pieces.
 
     truth: (pieces, features), the true continuation of each piece; samples: per piece, (seeds, features)
     of the system's continuations (an empty array for a piece the system has none of: it is left out);
     compositions: per piece, the composition it is a version of (default: every piece its own); the folds
-    and the bootstrap keep a composition's pieces together.
+    and the bootstrap keep a composition's pieces together; names: the columns' "family: feature" names
+    (default `feature_names()`; a caller with columns of its own, such as the infill's join at the gap's
+    end, names them here and their families are scored alone like FAMILIES).
     Returns {pieces, samples, folds, accuracy, auc (each {mean, low, high}), give_away, top_features}."""
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.linear_model import LogisticRegression
@@ -234,7 +240,8 @@ def classify(
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    names = feature_names()
+    names = list(names) if names is not None else feature_names()
+    families = list(dict.fromkeys(n.split(":")[0] for n in names))
     keep = [i for i, s in enumerate(samples) if len(s)]
     X = np.concatenate([truth[keep]] + [samples[i] for i in keep])
     y = np.concatenate([np.zeros(len(keep)), np.ones(sum(len(samples[i]) for i in keep))])
@@ -255,7 +262,7 @@ def classify(
     folds = min(FOLDS, len(np.unique(groups)))
     proba = np.zeros(len(y))
     family_of = np.array([n.split(":")[0] for n in names])
-    alone = {f: np.zeros(len(y)) for f in FAMILIES}  # out-of-fold scores of a model of one family
+    alone = {f: np.zeros(len(y)) for f in families}  # out-of-fold scores of a model of one family
     importances = np.zeros(X.shape[1])
     for k, (train, test) in enumerate(GroupKFold(n_splits=folds).split(X, y, groups)):
         forest = RandomForestClassifier(
@@ -266,7 +273,7 @@ def classify(
         # What gives it away: how well each family alone tells the sides apart. Shuffling one family out of
         # the whole forest says little when the system differs in many ways (the others still tell). A
         # logistic regression per family: ten forests more per fold cost 10x the time for the same ranking.
-        for family in FAMILIES:
+        for family in families:
             cols = np.flatnonzero(family_of == family)
             alone_model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=500))
             alone_model.fit(X[train][:, cols], y[train], logisticregression__sample_weight=w[train])

@@ -24,10 +24,14 @@ PROGRAMS_BY_NAME = {name.lower(): program for program, name in enumerate(gm_prog
 MAX_TRACKS = 64
 
 
-# What the sampling sweep measured (docs/EVALUATION.md), not "lower = safer": lower temperatures loop.
+# What the sampling sweeps measured (docs/EVALUATION.md), not "lower = safer": lower temperatures loop.
 _TEMPERATURE = (
     "softmax temperature; no other of 0.5-1.0 beat the default on held-out POP909, piano and music21 "
     "(sweep-sampling); lower loops (at 0.5 a third of 4-note patterns repeat, 3-5 % in the music)"
+)
+_SHIFT_TEMPERATURE = (
+    "temperature within the time shifts alone (how long the music waits, not how often): above 1 longer "
+    "waits, sparser music; 1.2 played held-out piano performances at their own density (1: a fifth denser)"
 )
 
 
@@ -85,6 +89,7 @@ class ContinuationParams(MusicForm):
     temperature: float = Field(_D.temperature, gt=0, le=10, description=_TEMPERATURE)
     top_k: int | None = Field(_D.top_k, ge=1, le=4096, description="sample among the k likeliest tokens only")
     top_p: float = Field(_D.top_p, gt=0, le=1, description="nucleus sampling mass (1 disables it)")
+    shift_temperature: float = Field(_D.shift_temperature, gt=0, le=10, description=_SHIFT_TEMPERATURE)
     seed: int | None = Field(
         _D.seed, ge=0, le=MAX_SEED, description="random seed; empty draws one (reported back)"
     )
@@ -183,7 +188,12 @@ class AccompanimentParams(MusicForm):
     )
     temperature: float = _CP["temperature"]
     top_k: int | None = _CP["top_k"]
-    top_p: float = _CP["top_p"]
+    top_p: float = Field(
+        LibraryAccompanimentParams.top_p,
+        gt=0,
+        le=1,
+        description="nucleus sampling mass (1 disables it; the accompaniment measured best at the default)",
+    )
     seed: int | None = _CP["seed"]
     num_samples: int = Field(
         _CP["num_samples"].default, ge=1, le=64, description="independent accompaniments of the same melody"

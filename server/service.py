@@ -31,6 +31,7 @@ from server.model import (
     view_accompanist,
     view_infiller,
 )
+from server.schemas import AccompanimentParams
 from server.settings import Settings
 from server.worker import BatchPolicy, GenerationThread, GenerationWorker, warm_up
 
@@ -151,7 +152,9 @@ class Service:
         if self.accompaniment is None or card is None:
             return None
         info = {key: value for key, value in card.info.items() if key != "codec"}
-        return {**info, "max_melody_seconds": self.settings.max_melody_seconds}
+        # The page sets its shared sampling fields to these when it switches to accompanying.
+        defaults = AccompanimentParams().model_dump(include={"temperature", "top_k", "top_p"})
+        return {**info, "max_melody_seconds": self.settings.max_melody_seconds, "defaults": defaults}
 
     @property
     def uses_engine_process(self) -> bool:

@@ -27,6 +27,7 @@ def _evaluate(args) -> int:
         "temperature",
         "top_k",
         "top_p",
+        "shift_temperature",
         "systems",
         "ngram_data",
         "source",
@@ -70,6 +71,9 @@ def register(subparsers) -> None:
     e.add_argument("--temperature", type=float, default=None, help="the model's sampling temperature")
     e.add_argument("--top-k", type=positive_int, default=None, help="the model's top-k")
     e.add_argument("--top-p", type=float, default=None, help="the model's nucleus mass")
+    e.add_argument(
+        "--shift-temperature", type=float, default=None, help="the temperature within the time shifts alone"
+    )
     e.add_argument(
         "--systems",
         type=_systems,

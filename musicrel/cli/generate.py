@@ -151,7 +151,7 @@ def _generate(args) -> int:
     from musicrel.model.checkpoint import load_codec, load_model
 
     # Options left out are not passed: their defaults live in SamplingParams (and PRIMER_SECONDS).
-    sampling = ("seconds", "temperature", "top_k", "top_p", "seed", "max_new_tokens")
+    sampling = ("seconds", "temperature", "top_k", "top_p", "shift_temperature", "seed", "max_new_tokens")
     params = SamplingParams(
         num_samples=args.num_samples,
         include_primer=args.include_primer,
@@ -245,6 +245,12 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
+    p.add_argument(
+        "--shift-temperature",
+        type=float,
+        default=None,
+        help="temperature within the time shifts alone (> 1: longer waits, sparser music; 1 = off)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap on tokens per continuation")
     p.add_argument("--primer-seconds", type=float, default=None, help="seconds of the motif the model reads")
     p.add_argument(

@@ -38,6 +38,7 @@ def _sweep(args) -> int:
         "temperatures",
         "top_ps",
         "top_ks",
+        "shift_temperatures",
         "split",
         "limit",
         "seeds",
@@ -90,6 +91,9 @@ def register(subparsers) -> None:
     s.add_argument("--temperatures", type=_floats, default=None, help="e.g. 0.8,0.9,1.0,1.1")
     s.add_argument("--top-ps", type=_floats, default=None, help="e.g. 0.9,0.95,1.0")
     s.add_argument("--top-ks", type=_top_ks, default=None, help="e.g. none,20")
+    s.add_argument(
+        "--shift-temperatures", type=_floats, default=None, help="within the time shifts alone, e.g. 1,1.2"
+    )
     s.add_argument("--motif-seconds", type=float, default=None)
     s.add_argument("--seconds", type=float, default=None, help="length of the continuation and reference")
     s.add_argument("--limit", type=positive_int, default=None, help="use at most N pieces")

@@ -243,6 +243,8 @@ def _sample_unmasked(model, codec, jobs, num_samples: int) -> list[list[np.ndarr
         temperature=params[0].temperature,
         top_k=params[0].top_k,
         top_p=params[0].top_p,
+        shift_temperature=params[0].shift_temperature,
+        shifts=slice(codec.time_shift_offset, codec.velocity_offset),
         generators=[
             torch.Generator().manual_seed(row_seed(params[r].seed, s)) for r, (_, s) in enumerate(rows)
         ],
@@ -382,10 +384,10 @@ class EvaluationOptions:
     """What `evaluate_continuations` runs (the defaults of `musicrel evaluate-continuations`).
 
     split: the files of a prepared input folder to use (pieces the model never trained on); source: only
-    that source's pieces of a multi-source one. temperature/top_k/top_p: the model's sampling (None:
-    SamplingParams' defaults). systems: names from SYSTEMS (None: all). ngram_data: the prepared folder
-    whose train split the n-gram is fitted on (None: the input when it is one; else the n-gram is left out
-    and the report says why).
+    that source's pieces of a multi-source one. temperature/top_k/top_p/shift_temperature: the model's
+    sampling (None: SamplingParams' defaults). systems: names from SYSTEMS (None: all). ngram_data: the
+    prepared folder whose train split the n-gram is fitted on (None: the input when it is one; else the
+    n-gram is left out and the report says why).
     """
 
     motif_seconds: float = 10.0
@@ -398,6 +400,7 @@ class EvaluationOptions:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    shift_temperature: float | None = None
     systems: Sequence[str] | None = None
     ngram_data: str | Path | None = None
     source: str | None = None
@@ -412,7 +415,12 @@ class EvaluationOptions:
 
     def sampling(self) -> SamplingParams:
         """The model's sampling for a continuation of `seconds` (its seed and samples are set per piece)."""
-        given = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        given = {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "shift_temperature": self.shift_temperature,
+        }
         return SamplingParams(seconds=self.seconds, **{k: v for k, v in given.items() if v is not None})
 
 
@@ -584,7 +592,12 @@ def _report(
         "seconds": seconds,
         "seed": options.seed,
         "seeds": options.seeds,
-        "sampling": {"temperature": template.temperature, "top_k": template.top_k, "top_p": template.top_p},
+        "sampling": {
+            "temperature": template.temperature,
+            "top_k": template.top_k,
+            "top_p": template.top_p,
+            "shift_temperature": template.shift_temperature,
+        },
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "confidence": CONFIDENCE, "seed": BOOTSTRAP_SEED},
         "pieces": len(pieces),
         "files": [p.path for p in pieces],

@@ -55,12 +55,13 @@ DRONE_MARGIN = 0.02  # share of continuations
 # Down to 0.5: the page offers any temperature, and low ones were where the model droned.
 TEMPERATURES = (0.5, 0.7, 0.85, 1.0)
 TOP_PS = (0.95, 1.0)
+SHIFT_TEMPERATURES = (1.0,)
 _PERCENT = ("repetition", "one_pitch")
 
 
 def _defaults() -> dict:
     d = {f.name: f.default for f in fields(SamplingParams)}
-    return {"temperature": d["temperature"], "top_p": d["top_p"], "top_k": d["top_k"]}
+    return {k: d[k] for k in ("temperature", "top_p", "top_k", "shift_temperature")}
 
 
 def _piece_scores(report: dict) -> list[float | None]:
@@ -78,6 +79,7 @@ def sweep_sampling(
     temperatures: Sequence[float] = TEMPERATURES,
     top_ps: Sequence[float] = TOP_PS,
     top_ks: Sequence[int | None] = (None,),
+    shift_temperatures: Sequence[float] = SHIFT_TEMPERATURES,
     split: str = "val",
     limit: int | None = None,
     seeds: int = 2,
@@ -85,13 +87,13 @@ def sweep_sampling(
     source: str | None = None,
     **evaluate_kwargs,
 ) -> dict:
-    """Evaluate every (temperature, top_p, top_k) of the grid plus the current defaults on the pieces of
-    `split` (of one `source` of a prepared folder, if given); returns the sweep report: each setting's metric
-    summaries and its paired score difference against the defaults."""
+    """Evaluate every (temperature, top_p, top_k, shift_temperature) of the grid plus the current defaults on
+    the pieces of `split` (of one `source` of a prepared folder, if given); returns the sweep report: each
+    setting's metric summaries and its paired score difference against the defaults."""
     defaults = _defaults()
     grid = [
-        {"temperature": float(t), "top_p": float(p), "top_k": k}
-        for t, p, k in itertools.product(temperatures, top_ps, top_ks)
+        {"temperature": float(t), "top_p": float(p), "top_k": k, "shift_temperature": float(s)}
+        for t, p, k, s in itertools.product(temperatures, top_ps, top_ks, shift_temperatures)
     ]
     if defaults not in grid:
         grid.append(defaults)
@@ -251,7 +253,17 @@ def format_sweep(sweep: dict) -> str:
             return "-"
         return f"{s['mean']:.3f}" if not pct else f"{100 * s['mean']:.1f}%"
 
-    head = ["T", "top-p", "top-k", "accuracy", "AUC", "overlaps", "gain vs default [95 %]", *TABLE_METRICS]
+    head = [
+        "T",
+        "top-p",
+        "top-k",
+        "shift T",
+        "accuracy",
+        "AUC",
+        "overlaps",
+        "gain vs default [95 %]",
+        *TABLE_METRICS,
+    ]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in sweep["settings"]:
         s, g, c = r["setting"], r["gain_over_default"], r["classifier"]
@@ -263,6 +275,7 @@ def format_sweep(sweep: dict) -> str:
                     f"{s['temperature']:g}{mark}",
                     f"{s['top_p']:g}",
                     "-" if s["top_k"] is None else str(s["top_k"]),
+                    f"{s.get('shift_temperature', 1.0):g}",
                     cell(c.get("accuracy"), pct=True),
                     cell(c.get("auc")),
                     cell(r["overlaps"]),
@@ -272,7 +285,7 @@ def format_sweep(sweep: dict) -> str:
             )
         )
     truth = sweep["truth"]
-    blanks = [""] * 6
+    blanks = [""] * 7
     lines.append(
         " | ".join(["truth", *blanks, *(cell(truth.get(m), pct=m in _PERCENT) for m in TABLE_METRICS)])
     )

@@ -59,14 +59,20 @@ def sample(
     top_k: Tensor,
     top_p: Tensor,
     generators: Sequence[torch.Generator],
+    shift_temperature: Tensor | None = None,
+    shifts: slice | None = None,
 ) -> Tensor:
     """Draw one token per row: logits (B, V); temperature, top_p (B,) float; top_k (B,) long (V = off);
-    one torch.Generator per row, so a row's draws never depend on the other rows. Returns (B,) long."""
+    one torch.Generator per row, so a row's draws never depend on the other rows; shift_temperature (B,)
+    float: a temperature within the time shifts (`shifts`, the codec's slice of them) alone, their block
+    keeping its mass (`flatten_block`). Returns (B,) long."""
     B, V = logits.shape
     # Below MIN_TEMPERATURE sampling is greedy anyway; any positive temperature is valid, but one under
     # float32's range (1e-45) divided logits into inf/NaN, no token kept its probability, and the index -1
     # failed the decoding step of every request in the batch (500s, found by schemathesis; top_p too, below).
     logits = logits.float() / temperature.float().clamp_min(MIN_TEMPERATURE)[:, None]
+    if shift_temperature is not None and shifts is not None and bool((shift_temperature != 1).any()):
+        logits = flatten_block(logits, shifts, shift_temperature)
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # (B, V)
     rank = torch.arange(V, device=logits.device)
     keep = rank[None] < top_k[:, None]  # top-k is a prefix of the sorted order
@@ -85,6 +91,19 @@ def sample(
     return order.gather(1, index[:, None]).squeeze(1)
 
 
+def flatten_block(logits: Tensor, block: slice, temperature: Tensor) -> Tensor:
+    """Logits (B, V) with the tokens of `block` re-tempered by `temperature` (B,) among themselves: the block
+    keeps its log-mass, so the choice between it and the rest is unchanged. Rows whose block has no mass
+    (all masked) are left as they are."""
+    part = logits[:, block]
+    mass = part.logsumexp(dim=-1, keepdim=True)  # (B, 1)
+    tempered = part / temperature.float().clamp_min(MIN_TEMPERATURE)[:, None]
+    moved = tempered - tempered.logsumexp(dim=-1, keepdim=True) + mass
+    logits = logits.clone()
+    logits[:, block] = torch.where(mass.isfinite(), moved, part)
+    return logits
+
+
 @torch.inference_mode()
 def generate(
     model,
@@ -98,6 +117,8 @@ def generate(
     generators: Sequence[torch.Generator] | None = None,
     grammar: Grammar | None = None,
     use_cache: bool = True,
+    shift_temperature: Tensor | float = 1.0,
+    shifts: slice | None = None,
 ) -> Generator[Tensor, Tensor | None, None]:
     """Yield the next token of every row, (B,) long, up to max_new_tokens times; stop early by not iterating.
     The reference decode loop (module docstring): DecodeBatch draws the same tokens for the same rows.
@@ -118,8 +139,9 @@ def generate(
         )
     keep_last = max(1, window // 2)
     left_pad = torch.zeros(B, dtype=torch.long, device=device) if left_pad is None else left_pad.to(device)
-    temperature, top_p = (
-        torch.as_tensor(x, dtype=torch.float32).expand(B).to(device) for x in (temperature, top_p)
+    temperature, top_p, shift_temperature = (
+        torch.as_tensor(x, dtype=torch.float32).expand(B).to(device)
+        for x in (temperature, top_p, shift_temperature)
     )
     V = model.cfg.vocab_size
     top_k = torch.as_tensor(V if top_k is None else top_k, dtype=torch.long).expand(B).to(device)
@@ -136,7 +158,7 @@ def generate(
         for i in range(max_new_tokens):
             if grammar is not None:
                 logits = grammar.constrain(logits)
-            token = sample(logits, temperature, top_k, top_p, generators)
+            token = sample(logits, temperature, top_k, top_p, generators, shift_temperature, shifts)
             if grammar is not None:
                 token = grammar.advance(token)
             n = P + i + 1
@@ -150,6 +172,7 @@ def generate(
                     return
                 seq, token, left_pad, lp = seq[rows], token[rows], left_pad[rows], lp[rows]
                 temperature, top_k, top_p = temperature[rows], top_k[rows], top_p[rows]
+                shift_temperature = shift_temperature[rows]
                 generators = [generators[r] for r in rows.tolist()]
                 if grammar is not None:
                     grammar.select(rows)

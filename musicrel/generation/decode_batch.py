@@ -48,6 +48,7 @@ class DecodeJob:
     temperature: float = 1.0
     top_k: int | None = None  # None: every token
     top_p: float = 1.0
+    shift_temperature: float = 1.0
     tail_steps: int = 0  # the result's `seconds` count from the cut, this many steps after the prompt's end
     controls: RowControls | None = None  # reported in the result (the grammar applies them)
 
@@ -86,6 +87,7 @@ def continuation_job(model, codec, primer: Primer, params: SamplingParams, *, in
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
+        shift_temperature=params.shift_temperature,
         tail_steps=primer.tail_steps,
         controls=controls,
     )
@@ -141,6 +143,7 @@ class _Rows:
     temperature: Tensor  # (n,)
     top_k: Tensor  # (n,) long
     top_p: Tensor  # (n,)
+    shift_temperature: Tensor  # (n,)
     generators: list[torch.Generator]
     grammar: Grammar
 
@@ -196,6 +199,7 @@ class DecodeBatch:
                     f"{name} must be an integer >= {low}, got {value!r}", code="invalid_params"
                 )
         self.model, self.codec, self.max_rows, self.primer_cache = model, codec, max_rows, primer_cache
+        self.shifts = slice(codec.time_shift_offset, codec.velocity_offset)
         self._primers: LRU[tuple[Tensor, Tensor]] = LRU(primer_cache)  # K/V of recent primers
         self.window = model.cfg.max_seq_len
         self.keep_last = max(1, self.window // 2)  # tokens a row keeps when its window slides
@@ -225,6 +229,7 @@ class DecodeBatch:
             temperature=tensor([j.temperature for j in specs]),
             top_k=tensor([j.top_k or self.model.cfg.vocab_size for j in specs], torch.long),
             top_p=tensor([j.top_p for j in specs]),
+            shift_temperature=tensor([j.shift_temperature for j in specs]),
             generators=generators,
             grammar=grammar,
         )
@@ -354,7 +359,15 @@ class DecodeBatch:
             logits = decode_one_token(self.model, self.live.pending, cache)
         self.length += 1
         live, grammar = self.live, self.live.grammar
-        token = sample(grammar.constrain(logits), live.temperature, live.top_k, live.top_p, live.generators)
+        token = sample(
+            grammar.constrain(logits),
+            live.temperature,
+            live.top_k,
+            live.top_p,
+            live.generators,
+            live.shift_temperature,
+            self.shifts,
+        )
         live.pending = token = grammar.advance(token)
         reached = grammar.finished().tolist()
         keep = []

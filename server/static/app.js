@@ -713,8 +713,24 @@ const MODE_TEXT = {
     program: "the motif's", ready: "Ready: choose a span (drag on the roll) and press Fill.", empty: "Load a MIDI file to start." },
 };
 
+// The sampling fields the modes share take each mode's own defaults from the server (the accompaniment
+// model keeps the nucleus the continuation model measured better without), unless the user changed them.
+const SHARED_SAMPLING = ["temperature", "top_k", "top_p"];
+const modeDefaults = {};
+
+function applyModeDefaults(from, to) {
+  const before = modeDefaults[from === "accompany" ? "accompany" : "continue"];
+  const after = modeDefaults[to === "accompany" ? "accompany" : "continue"];
+  if (!before || !after) return;
+  for (const id of SHARED_SAMPLING) {
+    const untouched = $(id).value === "" ? before[id] == null : Number($(id).value) === before[id];
+    if (untouched) $(id).value = after[id] == null ? "" : String(after[id]);
+  }
+}
+
 function setMode(mode) {
   if (app.dataset.state === "loading") return;
+  applyModeDefaults(state.mode, mode);
   state.mode = mode;
   app.dataset.mode = mode;
   const t = MODE_TEXT[mode];
@@ -942,7 +958,9 @@ for (const id of ["low_note", "high_note"]) {
 function buildForm() {
   const fd = new FormData();
   fd.append("file", state.motifFile, state.motifFile.name);
-  for (const id of ["seconds", "temperature", "top_p", "num_samples", "primer_seconds"]) fd.append(id, $(id).value);
+  for (const id of ["seconds", "temperature", "top_p", "shift_temperature", "num_samples", "primer_seconds"]) {
+    fd.append(id, $(id).value);
+  }
   for (const id of ["top_k", "seed", "motif_end", ...CONTROL_FIELDS]) if ($(id).value.trim() !== "") fd.append(id, $(id).value.trim());
   const tracks = $("tracks").value.trim() || "merge";
   fd.append("tracks", tracks.replace(/\s+/g, ""));
@@ -1633,6 +1651,8 @@ async function loadModelInfo() {
       : "this server has no infill model";
     // Accompany is offered when the server has an accompaniment model (POST /v1/accompaniments).
     const acc = info.accompaniment;
+    if (limits.defaults) modeDefaults.continue = limits.defaults;
+    if (acc && acc.defaults) modeDefaults.accompany = acc.defaults;
     $("mode-accompany").disabled = !acc;
     $("mode-hint").textContent = acc
       ? `melodies up to ${fmt(acc.max_melody_seconds, 0)} s`

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from musicrel.generation.decode_batch import DecodeBatch
+from musicrel.generation.sampling import SamplingParams
 from server.settings import Settings
 from tests.server.conftest import (
     FAST,
@@ -73,7 +74,7 @@ def test_model_info(client, tiny_checkpoint):
     d, v, ff, L = 32, info["vocab_size"], 64, 256
     assert info["parameters"] > v * d + d * ff  # embeddings and the feed-forward block at least
     assert info["limits"]["max_seconds"] == Settings().max_seconds
-    assert info["limits"]["defaults"]["top_p"] == 0.95
+    assert info["limits"]["defaults"]["top_p"] == SamplingParams().top_p
     assert info["model"]["max_seq_len"] == L
 
 
@@ -172,6 +173,7 @@ OUT_OF_RANGE = [
     ("temperature", "0"), ("temperature", "10.5"), ("temperature", "hot"),
     ("top_k", "0"), ("top_k", "4097"), ("top_k", "1.5"), ("top_k", "1000"),  # 1000 > vocabulary
     ("top_p", "0"), ("top_p", "1.01"),
+    ("shift_temperature", "0"), ("shift_temperature", "10.5"), ("shift_temperature", "nan"),
     ("seed", "-1"), ("seed", str(2**32)),
     ("num_samples", "0"), ("num_samples", "65"), ("num_samples", "5"),  # above MUSICREL_MAX_NUM_SAMPLES (4)
     ("primer_seconds", "0"), ("primer_seconds", "3601"), ("primer_seconds", "121"),  # above the server max
@@ -187,6 +189,15 @@ def test_out_of_range_field_is_422(client, field, value):
     error = error_of(response)
     assert error["code"] == "invalid_request"
     assert error["field"] == field and field in error["message"]
+
+
+def test_a_shift_temperature_reaches_the_sampler(client):
+    """The same seed with the time shifts re-tempered is other music; at 1 it is the default's own."""
+    plain = post(client, seed="3", seconds="3")
+    assert plain.status_code == 200, plain.text
+    assert post(client, seed="3", seconds="3", shift_temperature="1").content == plain.content
+    flattened = post(client, seed="3", seconds="3", shift_temperature="4")
+    assert flattened.status_code == 200 and flattened.content != plain.content
 
 
 @pytest.mark.parametrize(("value", "limit"), [("1e6", "60"), ("61", "60"), ("601", "60")])

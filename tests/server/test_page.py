@@ -87,7 +87,8 @@ def test_every_input_has_a_label(tags):
     assert [i for i in ids if i not in labelled] == []
 
 
-NUMBER_FIELDS = ["seconds", "temperature", "top_k", "top_p", "seed", "num_samples", "primer_seconds"]
+NUMBER_FIELDS = ["seconds", "temperature", "top_k", "top_p", "shift_temperature", "seed", "num_samples"]
+NUMBER_FIELDS += ["primer_seconds"]
 NUMBER_FIELDS += ["density", "low_note", "high_note", "max_polyphony", "motif_end"]
 
 

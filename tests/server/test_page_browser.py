@@ -509,6 +509,22 @@ def _accompany_mode(page) -> None:
     assert page.is_visible("#track")
 
 
+def test_each_mode_shows_its_own_sampling_defaults_unless_the_user_changed_them(page):
+    """The accompaniment keeps the nucleus (measured better with it) where continuations measured better
+    without: the shared top-p field follows the mode, from the server's defaults, and a value typed stays."""
+    from musicrel.generation.melody import AccompanimentParams
+    from musicrel.generation.sampling import SamplingParams
+
+    assert page.input_value("#top_p") == "1.0"  # the page's own value, the continuation's default
+    _accompany_mode(page)
+    assert float(page.input_value("#top_p")) == AccompanimentParams.top_p
+    page.check("#mode-continue")
+    assert float(page.input_value("#top_p")) == SamplingParams.top_p
+    page.fill("#top_p", "0.8")
+    _accompany_mode(page)
+    assert page.input_value("#top_p") == "0.8"
+
+
 def test_accompany_mode_draws_melody_and_accompaniment_in_two_colours_and_plays_them(page, tmp_path):
     _accompany_mode(page)
     page.set_input_files("#file", str(_melody_file(tmp_path)))

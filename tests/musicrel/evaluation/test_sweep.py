@@ -76,7 +76,8 @@ def test_sweep_compares_every_setting_with_the_defaults_on_the_same_pieces(world
         seconds=2.0,
     )
     settings = [r["setting"] for r in sweep["settings"]]
-    assert settings[:2] == [{"temperature": t, "top_p": 1.0, "top_k": None} for t in (0.5, 1.0)]
+    grid = [{"temperature": t, "top_p": 1.0, "top_k": None, "shift_temperature": 1.0} for t in (0.5, 1.0)]
+    assert settings[:2] == grid
     assert settings[-1] == _defaults() and sum(r["is_default"] for r in sweep["settings"]) == 1
     base = next(r for r in sweep["settings"] if r["is_default"])
     assert base["gain_over_default"] == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": sweep["pieces"]}
@@ -105,6 +106,8 @@ def test_sweep_compares_every_setting_with_the_defaults_on_the_same_pieces(world
         "0.9",
         "--top-ks",
         "none,5",
+        "--shift-temperatures",
+        "1,1.2",
         "--seeds",
         "1",
         "--out",
@@ -119,7 +122,8 @@ def test_sweep_compares_every_setting_with_the_defaults_on_the_same_pieces(world
     out = capsys.readouterr().out
     assert "recommended:" in out and "(default)" in out
     saved = json.loads((tmp_path / "sweep.json").read_text())
-    assert [r["setting"]["top_k"] for r in saved["settings"]][:2] == [None, 5]
+    kinds = [(r["setting"]["top_k"], r["setting"]["shift_temperature"]) for r in saved["settings"]]
+    assert kinds[:4] == [(None, 1.0), (None, 1.2), (5, 1.0), (5, 1.2)]
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -199,6 +203,11 @@ def test_the_classifier_ranks_the_settings_where_it_can_run(monkeypatch):
     assert rows[0.9]["gain_over_default"]["low"] > 0 and rows[0.9]["gain_over_default"]["n"] == 20
     assert rows[1.0]["gain_over_default"]["mean"] == 0.0
     assert not rows[0.8]["eligible"]  # as good, but plays twice the notes
-    assert sweep["recommended"] == {"temperature": 0.9, "top_p": 0.95, "top_k": None}
+    assert sweep["recommended"] == {
+        "temperature": 0.9,
+        "top_p": 0.95,
+        "top_k": None,
+        "shift_temperature": 1.0,
+    }
     table = format_sweep(sweep)
     assert "accuracy | AUC" in table and "recommended: {'temperature': 0.9" in table

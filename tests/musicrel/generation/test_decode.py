@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from musicrel.generation.decode import generate, sample
+from musicrel.generation.decode import flatten_block, generate, sample
 from musicrel.generation.grammar import Grammar
 from musicrel.generation.primer import prepare_primer
 from tests.musicrel.conftest import (
@@ -85,3 +85,30 @@ def test_a_vanishing_temperature_or_top_p_samples_greedily(temperature, top_p):
     k, p = torch.full((3,), 50), torch.full((3,), top_p)
     tokens = sample(logits, torch.full((3,), temperature), k, p, gens)  # float32, as the batch holds it
     assert tokens.tolist() == logits.argmax(-1).tolist()
+
+
+def test_a_shift_temperature_reshapes_the_time_shifts_alone():
+    """Within the time shifts a temperature flattens (> 1) or sharpens (< 1) their shape and leaves their
+    mass, and every other token's probability, as they were; 1 draws exactly the tokens it drew without it."""
+    torch.manual_seed(0)
+    shifts = slice(CODEC.time_shift_offset, CODEC.velocity_offset)
+    logits = torch.randn(3, CODEC.vocab_size) * 3
+    logits[2, shifts] = float("-inf")  # a row whose shifts the grammar masked: left as it is
+    t = torch.tensor([1.5, 0.5, 2.0])
+    before, after = logits.softmax(-1), flatten_block(logits, shifts, t).softmax(-1)
+    assert torch.allclose(before[:, shifts].sum(-1), after[:, shifts].sum(-1), atol=1e-5)
+    outside = torch.ones(CODEC.vocab_size, dtype=torch.bool)
+    outside[shifts] = False
+    assert torch.allclose(before[:, outside], after[:, outside], atol=1e-6)
+    entropy = lambda p: -(p * p.clamp_min(1e-30).log()).sum(-1)  # noqa: E731
+    within_before = before[:2, shifts] / before[:2, shifts].sum(-1, keepdim=True)
+    within_after = after[:2, shifts] / after[:2, shifts].sum(-1, keepdim=True)
+    assert entropy(within_after)[0] > entropy(within_before)[0]  # flatter
+    assert entropy(within_after)[1] < entropy(within_before)[1]  # sharper
+    assert torch.equal(after[2], before[2])
+    # 1 is no reshaping at all: the same draws, generator for generator
+    ones = torch.ones(3)
+    k, p = torch.full((3,), CODEC.vocab_size), torch.ones(3)
+    plain = sample(logits, ones, k, p, [torch.Generator().manual_seed(i) for i in range(3)])
+    same = sample(logits, ones, k, p, [torch.Generator().manual_seed(i) for i in range(3)], ones, shifts)
+    assert torch.equal(plain, same)

@@ -19,6 +19,8 @@ from musicrel.generation.sampling import MAX_SEED, SEED_RANGE, SamplingParams, d
         ("top_k", 2.5),
         ("top_p", 0.0),
         ("top_p", 1.5),
+        ("shift_temperature", 0.0),
+        ("shift_temperature", float("inf")),
         ("num_samples", 0),
         ("seed", -1),
         ("seed", MAX_SEED + 1),

@@ -151,13 +151,14 @@ def infill_steps(
             f"model's {window}-token window, so it wrote the gap's end without the music after it in view"
         )
     notes = [gap_notes(codec, seg.past, r, start, end) for r in rows]
-    midis, removed = [], 0
+    midis, placed, removed = [], [], 0
     for n in notes:
-        out, removed = merge(codec, seg.pm, start, end, n)
+        out, removed, fitted = merge(codec, seg.pm, start, end, n)
         midis.append(out)
+        placed.append(sorted(fitted, key=lambda x: (x.start, x.pitch)))
     return InfillResult(
         midis=midis,
-        notes=[sorted(n, key=lambda x: (x.start, x.pitch)) for n in notes],
+        notes=placed,
         seed=job.seed,
         start=start,
         end=end,

@@ -49,7 +49,7 @@ class InfillParams:
 @dataclass
 class InfillResult:
     midis: list  # pretty_midi.PrettyMIDI per sample: the input with [start, end) regenerated
-    notes: list  # the new pretty_midi.Notes per sample (file time)
+    notes: list  # per sample, the new pretty_midi.Notes as they stand in its file (edge rules applied)
     seed: int
     start: float
     end: float
@@ -152,9 +152,11 @@ def _read_instruments(codec, pm) -> list[int]:
     return [i for i in chosen if not pm.instruments[i].is_drum]
 
 
-def merge(codec, pm, start: float, end: float, new_notes: list) -> tuple[pretty_midi.PrettyMIDI, int]:
+def merge(codec, pm, start: float, end: float, new_notes: list) -> tuple[pretty_midi.PrettyMIDI, int, list]:
     """A copy of `pm` with the notes that start in [start, end) of the instruments read removed and
-    `new_notes` added (the edge rules: the module's docstring); and how many notes were removed."""
+    `new_notes` added (the edge rules: the module's docstring); how many notes were removed; and the new notes
+    as they stand in the copy (a new note struck while a kept note of its pitch sounds is dropped, one that
+    would run into a kept note's onset ends there)."""
     out = copy.deepcopy(pm)
     read = _read_instruments(codec, out)
     removed = 0
@@ -188,4 +190,4 @@ def merge(codec, pm, start: float, end: float, new_notes: list) -> tuple[pretty_
         target = pretty_midi.Instrument(program=program, name=INFILL_TRACK)
         out.instruments.append(target)
     target.notes.extend(fitted)
-    return out, removed
+    return out, removed, fitted

@@ -290,7 +290,8 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
     assert report["pieces"] == 3 and report["skipped"] == {"truncated": 1, "too_short": 1}
     assert report["seeds"] == 2 and report["left_out"] == {} and report["ngram"]["order"] >= 3
     defaults = {f.name: f.default for f in fields(SamplingParams)}
-    assert report["sampling"] == {k: defaults[k] for k in ("temperature", "top_k", "top_p")}
+    sampling = ("temperature", "top_k", "top_p", "shift_temperature")
+    assert report["sampling"] == {k: defaults[k] for k in sampling}
     rows = report["systems"]
     assert list(rows) == list(SYSTEMS)
     # every figure of every system has an interval around its mean and one value per piece (paired)

@@ -35,7 +35,7 @@ from server.schemas import (
     AccompanimentTimings,
 )
 from server.service import Service
-from server.submit import queue_job, wait_for_result
+from server.submit import parse_on_thread, queue_job, read_upload, wait_for_result
 
 log = logging.getLogger("musicrel.server")
 
@@ -132,23 +132,10 @@ async def parse_upload(
 ) -> tuple[Any, int, int]:
     """The melody of the upload, on a parse thread within the request deadline: (PrettyMIDI, melody track,
     melody notes); 422 for an empty file or one that cannot be accompanied."""
-    settings = service.settings
-    data = await file.read()
-    if not data:
-        raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
+    data = await read_upload(file)
+    codec, seconds = service.accompaniment.codec, service.settings.max_melody_seconds
     try:
-        with anyio.fail_after(settings.request_timeout_s):
-            return await anyio.to_thread.run_sync(
-                parse_melody,
-                service.accompaniment.codec,
-                data,
-                params.track,
-                settings.max_melody_seconds,
-                limiter=service.parse_limiter,
-                abandon_on_cancel=True,
-            )
-    except TimeoutError as exc:
-        raise ApiError(504, "timeout", "parsing the upload did not finish by the request deadline") from exc
+        return await parse_on_thread(service, parse_melody, codec, data, params.track, seconds)
     except InvalidMidiError as exc:
         # The library's code and status; the track's errors name the field the page shows them beside.
         raise ApiError(422, exc.code, str(exc), field="track" if exc.code in TRACK_CODES else None) from exc

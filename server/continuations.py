@@ -37,7 +37,7 @@ from server.schemas import (
     Timings,
 )
 from server.service import Service
-from server.submit import queue_job, wait_for_result
+from server.submit import PARSE_TIMEOUT, queue_job, read_upload, wait_for_result
 
 if TYPE_CHECKING:
     from musicrel.generation.sampling import ContinuationResult
@@ -68,9 +68,7 @@ def primer_key(data: bytes, params: ContinuationParams) -> tuple:
 async def parse_upload(service: Service, file: UploadFile, params: ContinuationParams) -> Primer:
     """The motif to continue (on a parse thread, unless it is one of the last MUSICREL_PRIMER_CACHE motifs
     parsed with the same primer settings); the codec's InvalidMidiError for unusable MIDI."""
-    data = await file.read()
-    if not data:  # the OpenAPI schema says minLength 1: the same verdict as any other field out of bounds
-        raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
+    data = await read_upload(file)
     assert service.codec is not None and service.view is not None  # admitted only once loaded
     # The same motif again (a re-roll with another seed) is not parsed again: a dense file's parse and
     # primer window take 100-600 ms on 2 busy cores, most of the wait for a streamed first note.
@@ -211,7 +209,7 @@ async def continue_upload(
         with anyio.fail_after(settings.request_timeout_s):
             primer = await parse_upload(service, file, params)
     except TimeoutError as exc:
-        raise ApiError(504, "timeout", "parsing the upload did not finish by the request deadline") from exc
+        raise ApiError(504, "timeout", PARSE_TIMEOUT) from exc
     parsed = time.monotonic()
     metrics.parse_seconds.observe(parsed - start)
 

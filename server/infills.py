@@ -38,7 +38,7 @@ from server.jobs import Infill, Job, WorkerStoppedError
 from server.schemas import InfillParams, InfillResponse, InfillSample, InfillTimings, NewNote
 from server.service import Service
 from server.streams import NdjsonStream, _line, _note_line
-from server.submit import queue_job, wait_for_result
+from server.submit import parse_on_thread, queue_job, read_upload, wait_for_result
 
 log = logging.getLogger("musicrel.server")
 
@@ -72,23 +72,10 @@ async def parse_upload(service: Service, file: UploadFile, params: InfillParams)
     InfillError code: span_outside_music, nothing_before, nothing_after, invalid_span)."""
     settings = service.settings
     start = time.monotonic()
-    data = await file.read()
-    if not data:
-        raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
+    data = await read_upload(file)
     assert service.infill is not None  # deps.get_infill_params refuses first
-    try:
-        with anyio.fail_after(settings.request_timeout_s):
-            segments = await anyio.to_thread.run_sync(
-                infill_segments,
-                service.infill.codec,
-                data,
-                params.start,
-                params.end,
-                limiter=service.parse_limiter,
-                abandon_on_cancel=True,
-            )
-    except TimeoutError as exc:
-        raise ApiError(504, "timeout", "parsing the upload did not finish by the request deadline") from exc
+    codec = service.infill.codec
+    segments = await parse_on_thread(service, infill_segments, codec, data, params.start, params.end)
     parsed = time.monotonic()
     service.metrics.parse_seconds.observe(parsed - start)
     return Request(params, segments, start, parsed, start + settings.request_timeout_s)

@@ -9,6 +9,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+from fastapi import UploadFile
+
 from server.admission import Ticket
 from server.errors import ApiError
 from server.jobs import Job, QueueFullError, WorkerStoppedError
@@ -59,3 +62,28 @@ async def wait_for_result(
         return job.future.result()
     except WorkerStoppedError as exc:
         raise ApiError(503, "draining", str(exc)) from exc
+
+
+PARSE_TIMEOUT = "parsing the upload did not finish by the request deadline"
+
+
+async def read_upload(file: UploadFile) -> bytes:
+    """The upload's bytes; 422 for an empty one (the OpenAPI schema says minLength 1: the same verdict as any
+    other field out of bounds)."""
+    data = await file.read()
+    if not data:
+        raise ApiError(422, "invalid_request", "file: the upload is empty (0 bytes)", field="file")
+    return data
+
+
+async def parse_on_thread(service: Service, parse: Callable[..., Any], *args: Any) -> Any:
+    """`parse(*args)` on a parse thread (the service's limiter) within the request deadline; 504 past it.
+    Abandoned on cancel: a parse that hangs then costs its own request and a thread, not a place in the parse
+    limiter for every later upload."""
+    try:
+        with anyio.fail_after(service.settings.request_timeout_s):
+            return await anyio.to_thread.run_sync(
+                parse, *args, limiter=service.parse_limiter, abandon_on_cancel=True
+            )
+    except TimeoutError as exc:
+        raise ApiError(504, "timeout", PARSE_TIMEOUT) from exc

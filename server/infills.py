@@ -30,7 +30,13 @@ from fastapi import UploadFile
 from fastapi.responses import Response
 
 from musicrel.generation.sampling import draw_seed
-from musicrel.generation.span import InfillSegments, infill_segments, past_velocity
+from musicrel.generation.span import (
+    InfillSegments,
+    infill_segments,
+    past_velocity,
+    sounding_into,
+    struck_under,
+)
 from musicrel.generation.streaming import NoteStream
 from server.admission import Ticket
 from server.errors import ApiError, describe
@@ -187,7 +193,8 @@ def as_midi(body: InfillResponse) -> Response:
 # ---------------------------------------------------------------- POST /v1/infills/stream
 class InfillStream:
     """One streamed infill: `start`, then each sample's note events as the model writes the span (times in
-    seconds of the file), then `result` (the plain JSON answer plus `first_note_ms`) or `error`."""
+    seconds of the file; the notes the edge rules drop are left out), then `result` (the plain JSON answer
+    plus `first_note_ms`) or `error`."""
 
     def __init__(self, service: Service, request: Request) -> None:
         self.service, self.request = service, request
@@ -195,6 +202,9 @@ class InfillStream:
         velocity = past_velocity(codec, request.segments.past)  # what the gap's first notes are struck with
         n = request.params.num_samples
         self.notes = [NoteStream(codec, velocity) for _ in range(n)]
+        # the edge rules drop a new note struck under a kept one of its pitch: the stream never reports it
+        self.sounding = sounding_into(codec, request.segments.pm, request.params.start)
+        self.dropped: list[set[int]] = [set() for _ in range(n)]  # per sample, ids of the notes left out
         self.pending: list[list[int]] = [[] for _ in range(n)]  # reported, not yet decoded
         self.decoded = [0] * n
         self.first_note_at: float | None = None
@@ -208,8 +218,14 @@ class InfillStream:
         self._wake.set()
 
     def _events(self, i: int, events: list) -> list[bytes]:
-        offset = self.request.params.start
-        return [_note_line(i, dataclasses.replace(e, time=e.time + offset)) for e in events]
+        offset, out = self.request.params.start, []
+        for e in events:
+            at = e.time + offset
+            if e.kind == "on" and struck_under(self.sounding, e.pitch, at):
+                self.dropped[i].add(e.id)
+            if e.id not in self.dropped[i]:
+                out.append(_note_line(i, dataclasses.replace(e, time=at)))
+        return out
 
     def _decode(self) -> bytes:
         out = []

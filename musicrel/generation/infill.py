@@ -8,8 +8,8 @@ exactly at `end`) and merges the new notes into a copy of the file. One file per
 
 The edge rules (what comes back unchanged, docs/INFILL.md):
 - a note that starts before `start` is kept whole, as it was, even when it sounds into or across the gap; the
-  model's prompt has it sounding (its note-on without its note-off), and a new note of its pitch while it
-  sounds is dropped (or cut short where it would run into one).
+  model's prompt has it sounding (its note-on without its note-off), and a new note of its pitch struck while
+  it sounds is dropped (`span.struck_under`; the stream leaves it out too).
 - a note that starts in [start, end) is regenerated: removed, with its part after `end`. Its note-off after
   `end` is in the prompt's future, as in training, so the model knows a note of that pitch sounds there.
 - a note that starts at or after `end` is kept. Drum notes, control changes, tempo and every other event are

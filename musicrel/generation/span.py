@@ -152,11 +152,28 @@ def _read_instruments(codec, pm) -> list[int]:
     return [i for i in chosen if not pm.instruments[i].is_drum]
 
 
+def sounding_into(codec, pm, start: float) -> dict[int, list[tuple[float, float]]]:
+    """The notes of the instruments read that sound into the gap (struck before `start`, ending after it),
+    as (start, end) by pitch: they are kept whole, so a new note of their pitch struck while one sounds is
+    dropped (`struck_under`)."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for i in _read_instruments(codec, pm):
+        for n in pm.instruments[i].notes:
+            if n.start < start < n.end:
+                out.setdefault(n.pitch, []).append((n.start, n.end))
+    return out
+
+
+def struck_under(sounding: dict, pitch: int, time: float) -> bool:
+    """Whether a new note of `pitch` struck at `time` (file seconds) falls under a kept note of its pitch."""
+    return any(s <= time < e for s, e in sounding.get(pitch, ()))
+
+
 def merge(codec, pm, start: float, end: float, new_notes: list) -> tuple[pretty_midi.PrettyMIDI, int, list]:
     """A copy of `pm` with the notes that start in [start, end) of the instruments read removed and
-    `new_notes` added (the edge rules: the module's docstring); how many notes were removed; and the new notes
-    as they stand in the copy (a new note struck while a kept note of its pitch sounds is dropped, one that
-    would run into a kept note's onset ends there)."""
+    `new_notes` added (the edge rules of docs/INFILL.md); how many notes were removed; and the new notes
+    as they stand in the copy (a new note struck while a kept note of its pitch sounds is dropped). New notes
+    end by `end`, kept ones after the gap start at or after it: no other overlap can arise."""
     out = copy.deepcopy(pm)
     read = _read_instruments(codec, out)
     removed = 0
@@ -165,22 +182,12 @@ def merge(codec, pm, start: float, end: float, new_notes: list) -> tuple[pretty_
         kept = [n for n in inst.notes if not start <= n.start < end]
         removed += len(inst.notes) - len(kept)
         inst.notes = kept
-    sounding: dict[int, list] = {}  # kept notes sounding into the gap, by pitch
-    for i in read:
-        for n in out.instruments[i].notes:
-            if n.start < start < n.end:
-                sounding.setdefault(n.pitch, []).append(n)
-    fitted = []
-    for g in new_notes:
-        g = pretty_midi.Note(g.velocity, g.pitch, g.start, g.end)
-        for k in sounding.get(g.pitch, []):
-            if k.start <= g.start < k.end:
-                g = None
-                break
-            if g.start < k.start < g.end:
-                g.end = k.start
-        if g is not None and g.end > g.start:
-            fitted.append(g)
+    sounding = sounding_into(codec, pm, start)
+    fitted = [
+        pretty_midi.Note(g.velocity, g.pitch, g.start, g.end)
+        for g in new_notes
+        if g.end > g.start and not struck_under(sounding, g.pitch, g.start)
+    ]
     with_notes = [i for i in read if pm.instruments[i].notes]
     if len(with_notes) == 1:
         target = out.instruments[with_notes[0]]

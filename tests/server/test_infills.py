@@ -146,15 +146,52 @@ def test_the_stream_sends_the_new_notes_then_the_plain_answer(client):
     for e in notes:
         if e["type"] != "note_drop":
             assert 5.0 <= e["time"] <= 8.0 + 1e-6, e
-    # each sample's onsets are the notes the model wrote; the file keeps those the edge rules let through
+    # each sample's streamed notes (those not dropped) are the new notes of its file
     for i, sample in enumerate(result["samples"]):
+        mine = [e for e in notes if e["sample"] == i]
+        dropped = {e["id"] for e in mine if e["type"] == "note_drop"}
         onsets = sorted(
-            (e["pitch"], round(e["time"], 3)) for e in notes if e["type"] == "note_on" and e["sample"] == i
+            (e["pitch"], round(e["time"], 3))
+            for e in mine
+            if e["type"] == "note_on" and e["id"] not in dropped
         )
-        kept = {(n["pitch"], round(n["start"], 3)) for n in sample["new_notes"]}
-        assert kept <= set(onsets)
+        assert onsets == sorted((n["pitch"], round(n["start"], 3)) for n in sample["new_notes"])
     plain = post(c, json_=True, num_samples="2").json()  # the same seed on the plain route: the same files
     assert [s["midi_base64"] for s in plain["samples"]] == [s["midi_base64"] for s in result["samples"]]
+
+
+def test_the_stream_leaves_out_a_new_note_struck_under_a_kept_one():
+    """The edge rule the file applies (a new note struck while a kept note of its pitch sounds into the gap
+    is dropped) applies to the streamed events too, with every event of that note."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from musicrel.generation.streaming import NoteEvent
+    from musicrel.midi.codec import CodecConfig, EventCodec
+    from server.infills import InfillStream
+
+    pm = read(TUNE)
+    pm.instruments[0].notes.append(pretty_midi.Note(90, 50, 4.0, 7.0))  # sounds into the 5-8 s gap
+    codec = EventCodec(CodecConfig(infill=True))
+    service = SimpleNamespace(infill=SimpleNamespace(codec=codec))
+    params = SimpleNamespace(start=5.0, num_samples=1)
+    segments = SimpleNamespace(pm=pm, past=np.zeros(0, dtype=np.int64))
+    request = SimpleNamespace(segments=segments, params=params)
+    stream = InfillStream(service, request)
+    events = [
+        NoteEvent("on", 0, 50, 0.5, 80),  # 5.5 s: under the kept 50 -> left out
+        NoteEvent("on", 1, 52, 0.5, 80),  # another pitch -> reported
+        NoteEvent("off", 0, 50, 1.0),
+        NoteEvent("off", 1, 52, 1.0),
+        NoteEvent("on", 2, 50, 2.0, 80),  # 7.0 s: the kept 50 has ended -> reported
+        NoteEvent("off", 2, 50, 2.5),
+    ]
+    lines = [json.loads(line) for line in stream._events(0, events)]
+    assert [(e["type"], e["id"]) for e in lines] == [
+        ("note_on", 1), ("note_off", 1), ("note_on", 2), ("note_off", 2)
+    ]  # fmt: skip
+    assert lines[2]["time"] == 7.0 and lines[2]["pitch"] == 50
 
 
 # ---------------------------------------------------------------- errors: typed 4xx, never a 5xx

@@ -300,7 +300,7 @@ def _score_tokens(codec, piece: Piece, notes, tokens, seconds: float) -> dict[st
     }
 
 
-def _seed_mean(runs: list[dict[str, float]]) -> dict[str, float]:
+def seed_mean(runs: list[dict[str, float]]) -> dict[str, float]:
     """A piece's score per metric: the mean over its seeds that have a value (NaN if none has)."""
     out = {}
     for m in METRICS:
@@ -314,7 +314,7 @@ def _summary(per_piece: dict[str, list], names) -> dict:
     return {name: bootstrap_interval(per_piece[name], geometric=name in geometric) for name in names}
 
 
-def _json_value(x: float) -> float | None:
+def json_value(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
@@ -550,8 +550,8 @@ def _report(
     report_systems = {}
     for name in systems.names:
         kept = [m.name for m in metrics if name in GENERATED or not m.tokens]
-        per_piece = [_seed_mean(r) if r else dict.fromkeys(metric_names, math.nan) for r in runs[name]]
-        values = {m: [_json_value(p[m]) for p in per_piece] for m in kept}
+        per_piece = [seed_mean(r) if r else dict.fromkeys(metric_names, math.nan) for r in runs[name]]
+        values = {m: [json_value(p[m]) for p in per_piece] for m in kept}
         report_systems[name] = {
             "pieces": sum(bool(r) for r in runs[name]),
             "seconds": round(timings[name], 3),
@@ -560,7 +560,7 @@ def _report(
         }
     intrinsic = [m.name for m in metrics if m.intrinsic]
     truth = [systems.scored(describe(p.reference, seconds, p.key), p.reference) for p in pieces]
-    truth_values = {m: [_json_value(t[m]) for t in truth] for m in intrinsic}
+    truth_values = {m: [json_value(t[m]) for t in truth] for m in intrinsic}
 
     sources = file_sources(input_dir)[0]
     motifs = [_shift(p.motif, p.primer.end_time) for p in pieces]

@@ -1,7 +1,7 @@
 """The `evaluate-infills` report for people: `format_infill_report` (the console tables, one per source) and
 `write_infill_report` (report.json and report.html, whose piano rolls mark the gap). The machinery is
-evaluate-continuations': its table cells (`report._cell`), the classifier's section and the piano roll and
-audio of `report_html`."""
+evaluate-continuations': its table cells (`report.metric_cell`), the classifier's section and the piano roll
+and audio of `report_html`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import re
 from pathlib import Path
 
-from musicrel.evaluation.report import _cell
+from musicrel.evaluation.report import metric_cell
 from musicrel.evaluation.report_html import (
     AUDIO_DIR,
     CUT_COLOR,
@@ -21,7 +21,7 @@ from musicrel.evaluation.report_html import (
     SYSTEM_COLORS,
     TRUTH_COLOR,
     AudioUnavailable,
-    _classifier_html,
+    classifier_html,
     find_soundfont,
     piano_roll_svg,
     synthesize,
@@ -49,8 +49,11 @@ def _table(report: dict, section: dict) -> list[str]:
         truth = section["reference"]["metrics"].get(name)
         rows.append(
             [meta["label"] + ARROWS[meta["better"]]]
-            + [_cell(s["metrics"][name], name) if name in s["metrics"] else "-" for s in systems.values()]
-            + [_cell(truth, name) if truth else "-"]
+            + [
+                metric_cell(s["metrics"][name], name) if name in s["metrics"] else "-"
+                for s in systems.values()
+            ]
+            + [metric_cell(truth, name) if truth else "-"]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = [
@@ -152,7 +155,7 @@ def _listen_html(report: dict, out_dir: Path, audio: bool) -> str:
         lines = [("truth", ex["truth"], TRUTH_COLOR)]
         lines += [(name, notes, colors.get(name, "#1f77b4")) for name, notes in ex["systems"].items()]
         for label, notes, color in lines:
-            cell = ""
+            audio = ""
             if soundfont is not None:
                 name = f"gap{k}-{re.sub(r'[^a-z0-9-]', '_', label.lower())}.wav"
                 music = ex["before"] + notes + ex["after"]
@@ -161,10 +164,10 @@ def _listen_html(report: dict, out_dir: Path, audio: bool) -> str:
                     synthesize([[p, s - t0, e - t0, v] for p, s, e, v in music], soundfont),
                     out_dir / AUDIO_DIR / name,
                 )
-                cell = f'<audio controls preload="none" src="{AUDIO_DIR}/{name}"></audio>'
+                audio = f'<audio controls preload="none" src="{AUDIO_DIR}/{name}"></audio>'
             parts.append(
                 f'<div class="line" data-system="{html.escape(label)}"><div class="label">'
-                f"{html.escape(label)}</div>{gap_roll_svg(ex, notes, color)}{cell}</div>"
+                f"{html.escape(label)}</div>{gap_roll_svg(ex, notes, color)}{audio}</div>"
             )
         parts.append("</div>")
     if not report["examples"]:
@@ -191,7 +194,7 @@ def write_infill_report(report: dict, out_dir, audio: bool = True) -> dict[str, 
         f"<p>{html.escape(report['checkpoint'])}: {report['pieces']} pieces, {len(report['gaps'])} gaps of "
         f"{lo:g}-{hi:g} s x {report['seeds']} seeds.</p><ul>{systems}</ul>",
         "<h2>Would a listener notice?</h2>",
-        _classifier_html(report["two_sample"]) if "two_sample" in report else "<p>No classifier.</p>",
+        classifier_html(report["two_sample"]) if "two_sample" in report else "<p>No classifier.</p>",
         "<h2>Listen</h2>",
         _listen_html(report, out_dir, audio),
         "<h2>Figures</h2>",

@@ -33,11 +33,11 @@ from musicrel.evaluation import twosample
 from musicrel.evaluation.continuations import (
     MIN_PIECES,
     EvaluationError,
-    _json_value,
-    _seed_mean,
     file_sources,
     held_out_files,
+    json_value,
     piece_compositions,
+    seed_mean,
     window,
 )
 from musicrel.evaluation.metrics import (
@@ -569,7 +569,7 @@ def _per_piece(values: list, gaps: list[Gap], n_pieces: int) -> list:
             for x, g in zip(values, gaps, strict=True)
             if g.piece == p and x is not None and math.isfinite(x)
         ]
-        out.append(_json_value(float(np.mean(v))) if v else None)
+        out.append(json_value(float(np.mean(v))) if v else None)
     return out
 
 
@@ -585,7 +585,7 @@ def _section(gaps, n_pieces, runs, nll) -> dict:
     systems = {}
     for name in SYSTEMS:
         kept = [m.name for m in METRICS if not m.index and (name in MODEL_SYSTEMS or not m.tokens)]
-        per_gap = [_seed_mean(r) for r in runs[name]]
+        per_gap = [seed_mean(r) for r in runs[name]]
         values = {m: _per_piece([g[m] for g in per_gap], gaps, n_pieces) for m in kept}
         systems[name] = {
             "pieces": sum(v is not None for v in values["pc_overlap"]),

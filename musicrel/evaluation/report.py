@@ -11,7 +11,7 @@ from musicrel.evaluation.report_html import write_html
 from musicrel.evaluation.twosample import format_two_sample
 
 
-def _cell(summary: dict, name: str) -> str:
+def metric_cell(summary: dict, name: str) -> str:
     if summary["mean"] is None:
         return "-"
     if name in ("grammar_error", "one_pitch") or name.endswith(("_share", "repetition")):
@@ -51,10 +51,10 @@ def format_report(report: dict) -> str:
         rows.append(
             [meta["label"] + arrows[meta["better"]]]
             + [
-                _cell(s["metrics"][name], name) if name in s["metrics"] else "-"
+                metric_cell(s["metrics"][name], name) if name in s["metrics"] else "-"
                 for s in report["systems"].values()
             ]
-            + [_cell(truth, name) if truth else "-"]
+            + [metric_cell(truth, name) if truth else "-"]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = [

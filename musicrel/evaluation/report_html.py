@@ -107,7 +107,7 @@ def _pct(ci: dict) -> str:
     return f"{100 * ci['mean']:.0f} % [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}]"
 
 
-def _classifier_html(result: dict) -> str:
+def classifier_html(result: dict) -> str:
     parts = [
         "<p>A classifier (" + html.escape(result["classifier"]) + ") is asked to tell each system's "
         "continuations from the true continuations of the same motifs, on features a musician would name. "
@@ -200,7 +200,7 @@ def write_html(report: dict, out_dir, table: str, pictures: dict[str, Path]) -> 
         f"<p>{html.escape(report['checkpoint'])}: {report['pieces']} pieces x {report['seeds']} seeds, motif "
         f"{report['motif_seconds']:g} s, continuation {report['seconds']:g} s.</p>",
         "<h2>Would a listener notice?</h2>",
-        _classifier_html(report["two_sample"]) if "two_sample" in report else "<p>No classifier.</p>",
+        classifier_html(report["two_sample"]) if "two_sample" in report else "<p>No classifier.</p>",
         "<h2>Listen</h2>",
         _listen_html(report, out_dir),
         "<h2>Metrics</h2>",

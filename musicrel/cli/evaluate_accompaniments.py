@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     e.add_argument("--seconds", type=float, default=30.0, help="length of each song's excerpt")
     e.add_argument("--limit", type=positive_int, default=None, help="at most N songs")
     e.add_argument(
-        "--systems", default=None, help="comma list of model, real, rule, continuation (default: all)"
+        "--systems", default=None, help="comma list of model, chords, real, rule, continuation (default: all)"
     )
     e.add_argument("--continuation", default=None, help="continuation model folder for that baseline")
     e.add_argument("--out", default=None, help="write report.json and report.txt here")

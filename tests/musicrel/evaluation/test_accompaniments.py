@@ -8,12 +8,14 @@ import pytest
 
 from musicrel.evaluation.accompaniments import (
     Song,
+    chord_symbol,
     clashes,
     describe,
     format_report,
     harmony,
     load_song,
     rule_accompaniment,
+    told_chords,
 )
 from tests.conftest import SHARED_MIDI
 
@@ -66,6 +68,23 @@ def test_the_rule_strikes_the_bars_melody_pitch_classes_on_every_beat():
     assert row["harmony"] == 1.0 and row["clashes"] == 0.0 and row["notes/s"] == 1.0
 
 
+def test_annotated_chords_become_the_chords_controls_text():
+    from musicrel.generation.controls import parse_chord, parse_chords
+
+    assert [chord_symbol(x) for x in ("G:min", "Eb:maj", "A:min7/b3", "D:7", "F#:hdim7", "C:sus4(9)")] == [
+        "Gm", "Eb", "Am7", "D7", "F#m7b5", "Csus4"
+    ]  # fmt: skip
+    assert parse_chord(chord_symbol("Bb:maj9")) == parse_chord("Bb")  # no such quality: the root's triad
+    s = two_bars()
+    # the excerpt starts inside an "N" stretch and its last chord runs past its end
+    s = Song(**{**s.__dict__, "chords": [(-1.0, 1.0, None), (1.0, 4.0, C_MAJOR), (4.0, 9.0, G_MAJOR)],
+                "chord_labels": ("N", "C:maj", "G:maj")})  # fmt: skip
+    text = told_chords(s)
+    assert text == "C:1.000 C:3.000 G:4.000"
+    assert sum(c.duration for c in parse_chords(text)) == 8.0  # the excerpt's 8 s, from its start
+    assert told_chords(Song(**{**s.__dict__, "chord_labels": ("N", "N", "N")})) is None
+
+
 def test_report_table_has_a_row_per_metric():
     from musicrel.evaluation.accompaniments import METRICS
 
@@ -85,3 +104,4 @@ def test_a_real_pop909_song_loads_with_its_annotations():
     assert all(0 <= n.start < 20.0 for n in s.melody + s.real)
     hit, total = harmony(s.real, s)
     assert total > 10 and hit / total > 0.5  # the song's own piano part mostly plays the annotated chords
+    assert len(s.chord_labels) == len(s.chords) and told_chords(s)  # its chords, as a control can take them

@@ -40,6 +40,7 @@ from musicrel.evaluation.metrics import (
     note_density,
     polyphony,
 )
+from musicrel.generation.controls import MAX_CHORDS, ControlError, Controls, parse_chord
 
 ONSET_SLACK = 0.05  # seconds: a note struck this soon after a beat sounds "at" it
 SYSTEMS = ("model", "chords", "real", "rule", "continuation")
@@ -166,8 +167,6 @@ def clashes(notes, song: Song) -> tuple[int, int]:
 def chord_symbol(label: str) -> str:
     """A chord_midi.txt label (mir_eval: "G:min7/b3") as the chords control spells it ("Gm7"); a quality the
     control lacks becomes its root's major triad, the bass is dropped."""
-    from musicrel.generation.controls import ControlError, parse_chord
-
     root, _, quality = label.partition(":")
     symbol = root + QUALITIES.get(quality.split("/")[0].split("(")[0], "")
     try:
@@ -182,8 +181,6 @@ def told_chords(song: Song) -> str | None:
     F:3.08 ..."); a stretch marked "N" keeps the chord before it (the first chord when it opens the excerpt).
     None when no chord is annotated. At most MAX_CHORDS chords (the control repeats its list: a longer
     excerpt would wrap around)."""
-    from musicrel.generation.controls import MAX_CHORDS
-
     named = [lab for lab in song.chord_labels if lab != "N"]
     if not named:
         return None
@@ -275,7 +272,6 @@ def evaluate_accompaniments(
 ) -> dict:
     """The report (see the module docstring) as a dict: per system, per metric, mean and interval."""
     from musicrel.generation.accompaniment import AccompanimentParams, accompany_notes
-    from musicrel.generation.controls import Controls
     from musicrel.model.checkpoint import load_codec, load_model
 
     unknown = sorted(set(systems) - set(SYSTEMS))

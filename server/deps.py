@@ -110,8 +110,8 @@ async def get_infill_params(
     request: Request,
 ) -> InfillParams:
     """The form, checked: 503 when there is no infill model (before anything is parsed), unknown fields
-    (422), the operator's limits, and the span's own rules that need no file (start < end, at most 30 s:
-    InfillError, 422 naming its field)."""
+    (422), the operator's limits, the span's own rules that need no file (start < end, at most 30 s:
+    InfillError, 422 naming its field) and controls that cannot be honoured whatever the file."""
     from musicrel.generation.span import check_span
 
     infill = service.infill
@@ -126,6 +126,7 @@ async def get_infill_params(
         message = limit_message("top_k", vocab_size)
         raise ApiError(422, "invalid_request", message, field="top_k")
     check_span(form.start, form.end)
+    form.controls()
     return form
 
 

@@ -142,6 +142,7 @@ async def answer(service: Service, request: Request, job: Job, result: Any) -> I
         removed=int(result.removed),
         prompt_tokens=int(result.prompt_tokens),
         samples=samples,
+        controls=result.controls,
         warnings=list(result.warnings),
         timings=InfillTimings(
             parse_ms=_ms(request.parsed - request.start),

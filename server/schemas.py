@@ -286,11 +286,31 @@ class InfillParams(MusicForm):
     num_samples: int = Field(
         _CP["num_samples"].default, ge=1, le=64, description="independent fillings of the same span"
     )
+    # A continuation's controls but program (the new notes join the file's own instrument), read against the
+    # music around the span (musicrel.generation.infill.around_gap).
+    key: str | None = Field(
+        None,
+        max_length=40,
+        description='keep the new notes in a key: "C:major", "A:minor", "Bb:dorian", "auto" (the key of '
+        "the music around the span)",
+    )
+    key_strength: str = _CP["key_strength"]
+    chords: str | None = Field(
+        None,
+        max_length=1000,
+        description='chords for the span, repeated from its start: "C:2 G:2 Am:2 F:2" (seconds) or "C:4b '
+        "G:4b\" (beats at the file's tempo)",
+    )
+    chord_strength: str = _CP["chord_strength"]
+    density: float | None = _CP["density"]
+    low_note: int | None = _CP["low_note"]
+    high_note: int | None = _CP["high_note"]
+    max_polyphony: int | None = _CP["max_polyphony"]
 
     def library_params(self) -> LibraryInfillParams:
-        """The form's sampling fields, as the library takes them."""
-        fields = {f.name for f in dataclasses.fields(LibraryInfillParams)}
-        return LibraryInfillParams(**self.model_dump(include=fields))
+        """The form's sampling fields and controls, whole, as the library takes them."""
+        fields = {f.name for f in dataclasses.fields(LibraryInfillParams)} - {"controls"}
+        return LibraryInfillParams(**self.model_dump(include=fields), controls=self.controls())
 
 
 class NewNote(BaseModel):
@@ -326,6 +346,9 @@ class InfillResponse(BaseModel):
     removed: int = Field(description="the upload's notes that started in the span (regenerated)")
     prompt_tokens: int = Field(description="tokens the model read: the music after the span, then before it")
     samples: list[InfillSample]
+    controls: dict[str, Any] | None = Field(
+        None, description="what the controls applied (the key `auto` found, ...); null when none was set"
+    )
     warnings: list[str] = Field(default_factory=list)
     timings: InfillTimings
 

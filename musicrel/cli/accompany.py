@@ -105,5 +105,5 @@ def register(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true")
-    add_control_arguments(p)
+    add_control_arguments(p, "the accompaniment", "the melody")
     p.set_defaults(func=_accompany)

@@ -20,17 +20,20 @@ CONTROL_FLAGS = ("program", "key", "key_strength", "chords", "chord_strength", "
                  "high_note", "max_polyphony")  # fmt: skip
 
 
-def add_control_arguments(p) -> None:
+def add_control_arguments(p, what: str = "the continuation", source: str = "the motif", program: bool = True):
+    """The control flags: they steer `what`, the key `auto` and chords in beats read `source`; `program`
+    False leaves --program out (an infill's new notes join the file's own instrument)."""
     g = p.add_argument_group(
-        "controls", "steer the continuation (musicrel.generation.controls; default: the model decides)"
+        "controls", f"steer {what} (musicrel.generation.controls; default: the model decides)"
     )
-    g.add_argument("--program", default=None, help="General MIDI program of the output: 0-127 or a name "
-                   "such as 'Acoustic Guitar (nylon)' (default: the motif's)")  # fmt: skip
+    if program:
+        g.add_argument("--program", default=None, help="General MIDI program of the output: 0-127 or a name "
+                       "such as 'Acoustic Guitar (nylon)' (default: the motif's)")  # fmt: skip
     g.add_argument("--key", default=None, help="keep new notes in a key: C:major, A:minor, Bb:dorian, ... or "
-                   "'auto' (detected from the motif)")  # fmt: skip
+                   f"'auto' (detected from {source})")  # fmt: skip
     g.add_argument("--key-strength", default=None, help="prefer (a bias), only (a mask) or a bias in nats")
     g.add_argument("--chords", default=None, help="chord progression, repeated: 'C:2 G:2 Am:2 F:2' "
-                   "(seconds) or 'C:4b G:4b' (beats at the motif's tempo)")  # fmt: skip
+                   f"(seconds) or 'C:4b G:4b' (beats at {source}'s tempo)")  # fmt: skip
     g.add_argument("--chord-strength", default=None, help="prefer (a bias), only (a mask) or a bias in nats")
     g.add_argument("--density", type=float, default=None, help="target notes per second (a feedback loop)")
     g.add_argument("--low-note", type=int, default=None, help="lowest MIDI pitch of a new note")

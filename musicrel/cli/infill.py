@@ -9,7 +9,15 @@ import json
 import sys
 from pathlib import Path
 
-from musicrel.cli.args import given, output_paths, positive_int, torch_setup, write_midi
+from musicrel.cli.args import (
+    add_control_arguments,
+    controls_from_args,
+    given,
+    output_paths,
+    positive_int,
+    torch_setup,
+    write_midi,
+)
 from musicrel.midi.files import find_midi_files
 
 SUMMARY_FILE = "summary.json"
@@ -22,7 +30,10 @@ def _infill(args) -> int:
     from musicrel.model.checkpoint import load_codec, load_model
 
     start, end = check_span(args.start, args.end)  # a bad span is every file's: one error, exit 2
-    params = InfillParams(**given(args, "temperature", "top_k", "top_p", "seed", "num_samples"))
+    params = InfillParams(
+        **given(args, "temperature", "top_k", "top_p", "seed", "num_samples"),
+        controls=controls_from_args(args),
+    )
     root, out = Path(args.input), Path(args.out)
     files = find_midi_files(root)
     if not files:
@@ -58,6 +69,7 @@ def _infill(args) -> int:
             notes=[len(n) for n in result.notes],
             prompt_tokens=result.prompt_tokens,
             decode_seconds=round(result.decode_seconds, 3),
+            controls=result.controls,
             warnings=result.warnings,
         )
         records.append(record)
@@ -91,4 +103,5 @@ def register(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true")
+    add_control_arguments(p, "the new notes", "the music around the span", program=False)
     p.set_defaults(func=_infill)

@@ -30,6 +30,7 @@ from musicrel.errors import InfillError
 from musicrel.generation.decode_batch import DecodeBatch, DecodeJob
 from musicrel.generation.fim import FUTURE_SHARE, FimSequence, fim_sequence
 from musicrel.generation.grammar import HOLD_FACTOR, MAX_HOLD_SECONDS, MIN_HOLD_SECONDS, Grammar
+from musicrel.generation.primer import Primer
 from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed
 from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-exported)
     INFILL_TRACK,
@@ -44,6 +45,10 @@ from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-e
     merge,
     past_velocity,
 )
+
+# The controls read the music this far either side of the gap: the key `auto` finds, the rate the density
+# loop starts from (as a continuation's read its motif).
+CONTROL_CONTEXT_SECONDS = 10.0
 
 
 def check_model(model, codec) -> None:
@@ -77,20 +82,38 @@ def _hold_steps(codec, notes) -> int:
     return round(seconds * 1000.0 / codec.config.step_ms)
 
 
+def around_gap(codec, seg: InfillSegments) -> Primer:
+    """What the controls read for a gap (a Primer as `Controls.resolve` takes one): the notes that start in
+    the CONTROL_CONTEXT_SECONDS before and after it, never the gap's own (they are what is replaced), and the
+    file's first tempo (chords in beats)."""
+    step_s, reach = codec.config.step_ms / 1000.0, CONTROL_CONTEXT_SECONDS
+    start, end = seg.start_step * step_s, seg.end_step * step_s
+    around = [n for n in seg.notes if start - reach <= n.start < start or end <= n.start < end + reach]
+    _, tempi = seg.pm.get_tempo_changes()
+    tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
+    return Primer(np.array([codec.bos_id]), start, start, tempo, 0, around, motif_notes=around)
+
+
 def infill_job(model, codec, seg: InfillSegments, params: InfillParams) -> DecodeJob:
     """The decode job (`decode_batch.DecodeJob`) that writes the gap of `seg`: num_samples rows that read the
     infill prompt (`infill_prompt`: future, past, [FILL]) for the model's window and sample under the
     continuation grammar, its state (sounding notes, recent pitches) the past's and its time limit the gap's
     length, so each row leaves the batch once its gap reaches `end`. Notes are closed for their length after
-    1.5 x the longest note around the gap (`_hold_steps`); a drawn seed when params has none."""
+    1.5 x the longest note around the gap (`_hold_steps`); a drawn seed when params has none. The controls
+    are resolved against the music around the gap (`around_gap`: the key `auto` is its key; chords start at
+    `start`)."""
     prompt = infill_prompt(codec, seg, model.cfg.max_seq_len)
     B = params.num_samples
+    resolved = None
+    if params.controls is not None:
+        resolved = params.controls.resolve(around_gap(codec, seg), codec.config.step_ms)
     grammar = Grammar(
         codec,
         [seg.past] * B,  # the grammar's state (sounding notes, recent pitches) is the past's
         [seg.gap_steps] * B,
         [_hold_steps(codec, seg.notes)] * B,
         device=next(model.parameters()).device,
+        controls=None if resolved is None else [resolved] * B,
     )
     return DecodeJob(
         tokens=np.asarray(prompt.tokens, dtype=np.int64),
@@ -100,6 +123,7 @@ def infill_job(model, codec, seg: InfillSegments, params: InfillParams) -> Decod
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
+        controls=resolved,
     )
 
 
@@ -143,7 +167,7 @@ def infill_steps(
     began = time.perf_counter()
     rows = yield from _gap_steps(model, codec, job)
     decode_seconds = time.perf_counter() - began
-    warnings = []
+    warnings = list(job.controls.warnings) if job.controls is not None else []
     longest = max((len(r) for r in rows), default=0)
     if prompt_tokens + longest > window:
         warnings.append(
@@ -167,6 +191,7 @@ def infill_steps(
         decode_seconds=decode_seconds,
         warnings=warnings,
         tokens=rows,
+        controls=job.controls.applied if job.controls is not None else None,
     )
 
 

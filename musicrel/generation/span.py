@@ -14,6 +14,7 @@ import numpy as np
 import pretty_midi
 
 from musicrel.errors import InfillError, is_number
+from musicrel.generation.controls import ControlError, Controls
 from musicrel.generation.fim import split_at
 from musicrel.generation.primer import motif_program
 from musicrel.generation.sampling import SamplingParams
@@ -33,8 +34,20 @@ class InfillParams:
     top_p: float = SamplingParams.top_p
     seed: int | None = SamplingParams.seed  # None: drawn and reported
     num_samples: int = SamplingParams.num_samples
+    # key, chords, density, range, polyphony (generation.controls), read against the music around the gap
+    # (infill.CONTROL_CONTEXT_SECONDS); not program: the new notes join the file's own track
+    controls: Controls | None = None
 
     def __post_init__(self) -> None:
+        if self.controls is not None and not isinstance(self.controls, Controls):
+            raise ControlError(f"controls must be a Controls, got {type(self.controls).__name__}")
+        if self.controls is not None and self.controls.program is not None:
+            raise ControlError(
+                "program does not apply to infilling: the new notes join the file's own instrument",
+                code="invalid_controls",
+            )
+        if self.controls is not None and self.controls.is_empty:
+            self.controls = None
         checked = SamplingParams(
             temperature=self.temperature,
             top_k=self.top_k,
@@ -58,6 +71,7 @@ class InfillResult:
     decode_seconds: float
     warnings: list = field(default_factory=list)
     tokens: list = field(default_factory=list)  # each sample's gap tokens (np.ndarray), as decoded
+    controls: dict | None = None  # what the controls applied (the key `auto` found, ...); None: none set
 
 
 @dataclass

@@ -16,6 +16,7 @@ import pretty_midi
 import pytest
 from fastapi.testclient import TestClient
 
+from musicrel.generation.controls import parse_key, scale_pitch_classes
 from tests.server.conftest import error_of, metric, serve, wait_for
 
 SPAN = {"start": "5", "end": "8"}
@@ -194,6 +195,20 @@ def test_the_stream_leaves_out_a_new_note_struck_under_a_kept_one():
     assert lines[2]["time"] == 7.0 and lines[2]["pitch"] == 50
 
 
+def test_controls_steer_the_span_and_the_answer_says_what_they_applied(client):
+    c, _ = client
+    r = post(c, json_=True, num_samples="2", key="auto", key_strength="only", high_note="66")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    # TUNE's line walks the twelve pitch classes in fourths: its key is whatever Krumhansl-Schmuckler finds
+    assert body["controls"]["key_detected"] is True and body["controls"]["high_note"] == 66
+    assert body["settings"]["key"] == "auto" and body["settings"]["high_note"] == 66
+    scale = scale_pitch_classes(parse_key(body["controls"]["key"]))
+    new = [n for s in body["samples"] for n in s["new_notes"]]
+    assert new and all(n["pitch"] % 12 in scale and n["pitch"] <= 66 for n in new)
+    assert post(c, json_=True).json()["controls"] is None
+
+
 # ---------------------------------------------------------------- errors: typed 4xx, never a 5xx
 @pytest.mark.parametrize(
     ("data", "fields", "status", "code", "field"),
@@ -216,6 +231,9 @@ def test_the_stream_leaves_out_a_new_note_struck_under_a_kept_one():
         (TUNE, {"temperature": "0"}, 422, "invalid_request", "temperature"),
         (TUNE, {"top_k": "100000"}, 422, "invalid_request", "top_k"),
         (TUNE, {"seed": "-1"}, 422, "invalid_request", "seed"),
+        (TUNE, {"program": "40"}, 422, "invalid_request", "program"),  # new notes join the file's own
+        (TUNE, {"key": "H:major"}, 422, "unknown_key", "key"),
+        (TUNE, {"low_note": "70", "high_note": "60"}, 422, "empty_range", "low_note"),
     ],
 )
 @pytest.mark.parametrize("path", ["/v1/infills", "/v1/infills/stream"])

@@ -92,3 +92,24 @@ def test_a_bad_span_and_a_model_without_infill_tokens_exit_2_with_one_line(setup
     assert run(tmp_path, good, tmp_path / "o3", checkpoint="plain") == 2
     assert "error [model_cannot_infill]" in capsys.readouterr().err
     assert run(tmp_path, songs / "short.mid", tmp_path / "o4") == 1  # every file failed
+
+
+def test_control_flags_steer_the_span_and_the_summary_says_what_they_applied(setup, capsys):
+    tmp_path, songs = setup
+    good = songs / "sub" / "good.mid"  # pitches 60-67 around the span: C major's notes and C#, D#, F#
+    out = tmp_path / "steered"
+    assert run(tmp_path, good, out, "--key", "C:major", "--key-strength", "only", "--low-note", "60") == 0
+    (record,) = json.loads((out / "summary.json").read_text())["files"]
+    assert record["controls"] == {"key": "C:major", "key_strength": "only", "low_note": 60, "high_note": 127}
+    for i in range(2):
+        (inst,) = pretty_midi.PrettyMIDI(str(out / f"good.sample{i}.mid")).instruments
+        new = [n for n in inst.notes if 3 <= n.start < 6]
+        assert new and all(n.pitch % 12 in {0, 2, 4, 5, 7, 9, 11} and n.pitch >= 60 for n in new)
+    capsys.readouterr()
+    assert run(tmp_path, good, tmp_path / "bad", "--chords", "X:2") == 2
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1].startswith("musicrel infill: error [unknown_chord]")
+    )
+    with pytest.raises(SystemExit) as exit_:  # no --program: the new notes join the file's instrument
+        run(tmp_path, good, tmp_path / "bad", "--program", "40")
+    assert exit_.value.code == 2

@@ -328,3 +328,49 @@ def test_infill_job_is_a_decode_job_of_the_prompt_under_the_pasts_grammar(model)
     assert np.array_equal(job.grammar.open[0].numpy(), open_pitches(CODEC, seg.past))
     drawn = infill_job(model, CODEC, seg, InfillParams(num_samples=1)).seed
     assert isinstance(drawn, int)
+
+
+def _in_key(pitch_classes, tonic_pcs) -> pretty_midi.PrettyMIDI:
+    """A piano part on `pitch_classes` around the span 10-14 s and on `tonic_pcs` inside it: 'auto' must read
+    the key of the music around the gap, not of the notes the gap replaces."""
+    pm = pretty_midi.PrettyMIDI()
+    piano = pretty_midi.Instrument(program=0)
+    for k in range(48):
+        t = 0.5 * k
+        pcs = tonic_pcs if 10.0 <= t < 14.0 else pitch_classes
+        piano.notes.append(pretty_midi.Note(80, 60 + pcs[k % len(pcs)], t, t + 0.45))
+    pm.instruments.append(piano)
+    return pm
+
+
+def test_controls_steer_the_new_notes_and_auto_reads_the_music_around_the_gap(model):
+    from musicrel.generation.controls import Controls, scale_pitch_classes
+
+    c_major = [0, 4, 7, 0, 2, 5, 9, 11]  # C major around the gap, F# major (its tritone) inside
+    source = _in_key(c_major, [6, 10, 1, 3, 5, 8])
+    params = InfillParams(seed=3, num_samples=3, controls=Controls(key="auto", key_strength="only"))
+    result = infill(model, source, 10.0, 14.0, codec=CODEC, params=params)
+    assert result.controls == {"key": "C:major", "key_strength": "only", "key_detected": True}
+    scale = scale_pitch_classes((0, "major"))
+    new = [n for notes in result.notes for n in notes]
+    assert new and all(n.pitch % 12 in scale for n in new)
+    free = infill(model, source, 10.0, 14.0, codec=CODEC, params=InfillParams(seed=3, num_samples=3))
+    assert free.controls is None  # and the random model, unsteered, strays outside the key
+    assert any(n.pitch % 12 not in scale for notes in free.notes for n in notes)
+
+    ranged = InfillParams(seed=4, num_samples=2, controls=Controls(low_note=60, high_note=64))
+    result = infill(model, source, 10.0, 14.0, codec=CODEC, params=ranged)
+    assert all(60 <= n.pitch <= 64 for notes in result.notes for n in notes)
+    assert result.controls == {"low_note": 60, "high_note": 64}
+    check_preserved(source, result.midis[0], 10.0, 14.0)
+
+
+def test_infill_controls_refuse_program_and_an_empty_controls_steers_nothing():
+    from musicrel.generation.controls import ControlError, Controls
+
+    with pytest.raises(ControlError) as err:
+        InfillParams(controls=Controls(program=40))
+    assert err.value.code == "invalid_controls" and "program" in str(err.value)
+    assert InfillParams(controls=Controls()).controls is None
+    with pytest.raises(ControlError):
+        InfillParams(controls={"key": "C:major"})

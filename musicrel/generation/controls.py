@@ -325,7 +325,11 @@ class Controls:
         if self.key is not None:
             found = find_key(primer.motif_notes) if self.key == "auto" else parse_key(self.key)
             if found is None:
-                raise ControlError("key 'auto': the motif gives no key to detect", code="unknown_key")
+                raise ControlError(
+                    "key 'auto': the notes it reads (the motif, the melody, the music around the span) give "
+                    "no key to detect",
+                    code="unknown_key",
+                )
             key = found
             bias = strength_bias(self.key_strength, "key_strength")
             outside = np.array([p % 12 not in scale_pitch_classes(key) for p in range(128)])

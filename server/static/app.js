@@ -1175,7 +1175,9 @@ function fillForm() {
   fd.append("start", $("fill_start").value.trim());
   fd.append("end", $("fill_end").value.trim());
   for (const id of ["temperature", "top_p", "num_samples"]) fd.append(id, $(id).value);
-  for (const id of ["top_k", "seed"]) if ($(id).value.trim() !== "") fd.append(id, $(id).value.trim());
+  // Steer's controls but the instrument (hidden in Fill: the span's new notes join the file's own)
+  const controls = CONTROL_FIELDS.filter((id) => id !== "program");
+  for (const id of ["top_k", "seed", ...controls]) if ($(id).value.trim() !== "") fd.append(id, $(id).value.trim());
   return fd;
 }
 

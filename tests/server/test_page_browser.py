@@ -599,7 +599,7 @@ def _fill_mode(page, tmp_path) -> Path:
     page.wait_for_function("!document.getElementById('mode-fill').disabled")
     page.check("#mode-fill")
     assert page.inner_text("#continue").strip() == "Fill"
-    assert not page.is_visible("#seconds") and not page.is_visible("#steer") and not page.is_visible("#track")
+    assert not page.is_visible("#seconds") and page.is_visible("#steer") and not page.is_visible("#track")
     path = _fill_file(tmp_path)
     page.set_input_files("#file", str(path))
     page.wait_for_function("!document.getElementById('continue').disabled")
@@ -668,6 +668,27 @@ def test_fill_mode_drags_a_span_fills_it_plays_it_in_place_and_rerolls(page, tmp
     page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
     assert page.inner_text("#info-seed").strip() not in ("7", "—", "")
     assert _span_notes(page)[0] == 30
+
+
+def test_fill_mode_steers_the_span_with_the_controls_but_the_instrument(page, tmp_path):
+    _fill_mode(page, tmp_path)
+    page.click("#steer summary")
+    assert page.is_visible("#key") and not page.is_visible("#program"), "new notes join the file's instrument"
+    page.select_option("#key", "C:major")
+    page.select_option("#key_strength", "only")
+    page.fill("#fill_start", "3")
+    page.fill("#fill_end", "6")
+    page.fill("#seed", "7")
+    page.fill("#num_samples", "1")
+    # An instrument chosen in Continue stays in its hidden field: Fill must not send it (the API refuses one).
+    page.evaluate("document.getElementById('program').value = '40'")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+    answer = page.evaluate("window.musicrel.state.response")
+    assert answer["controls"] == {"key": "C:major", "key_strength": "only"}, answer["controls"]
+    pitches = page.evaluate("window.musicrel.state.samples[0].contNotes.map(n => n.pitch)")
+    # the line around the span walks all twelve pitch classes; "only" C major keeps the new notes in it
+    assert pitches and all(p % 12 in {0, 2, 4, 5, 7, 9, 11} for p in pitches), pitches
 
 
 def test_fill_mode_shows_a_span_with_nothing_after_it_beside_the_end_input(page, tmp_path):

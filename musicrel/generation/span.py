@@ -39,23 +39,23 @@ class InfillParams:
     controls: Controls | None = None
 
     def __post_init__(self) -> None:
-        if self.controls is not None and not isinstance(self.controls, Controls):
-            raise ControlError(f"controls must be a Controls, got {type(self.controls).__name__}")
-        if self.controls is not None and self.controls.program is not None:
-            raise ControlError(
-                "program does not apply to infilling: the new notes join the file's own instrument",
-                code="invalid_controls",
-            )
-        if self.controls is not None and self.controls.is_empty:
-            self.controls = None
+        # One set of checks for every sampling field and the controls: SamplingParams' own (as an
+        # accompaniment's); then the one control an infill cannot honour.
         checked = SamplingParams(
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
             seed=self.seed,
             num_samples=self.num_samples,
+            controls=self.controls,
         )
         self.top_k, self.seed, self.num_samples = checked.top_k, checked.seed, checked.num_samples
+        self.controls = checked.controls
+        if self.controls is not None and self.controls.program is not None:
+            raise ControlError(
+                "program does not apply to infilling: the new notes join the file's own instrument",
+                code="invalid_controls",
+            )
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)
 
 

@@ -372,5 +372,8 @@ def test_infill_controls_refuse_program_and_an_empty_controls_steers_nothing():
         InfillParams(controls=Controls(program=40))
     assert err.value.code == "invalid_controls" and "program" in str(err.value)
     assert InfillParams(controls=Controls()).controls is None
-    with pytest.raises(ControlError):
-        InfillParams(controls={"key": "C:major"})
+    # as SamplingParams and AccompanimentParams take them: a dict is Controls' JSON form, nothing else
+    assert InfillParams(controls={"key": "C:major"}).controls == Controls(key="C:major")
+    with pytest.raises(MusicrelError) as err:
+        InfillParams(controls="C:major")
+    assert err.value.code == "invalid_params"

@@ -706,11 +706,11 @@ for (const id of ["fill_start", "fill_end"]) {
 
 const MODE_TEXT = {
   continue: { button: "Continue", motif: "motif", cont: "continuation", playMotif: "▶ Motif", playCont: "▶ Continuation",
-    program: "the motif's", ready: "Ready: press Continue.", empty: "Load a motif to start." },
+    program: "the motif's", key: "auto (the motif's key)", ready: "Ready: press Continue.", empty: "Load a motif to start." },
   accompany: { button: "Accompany", motif: "melody", cont: "accompaniment", playMotif: "▶ Melody", playCont: "▶ Accompaniment",
-    program: "piano (the default)", ready: "Ready: press Accompany.", empty: "Load a melody to start." },
+    program: "piano (the default)", key: "auto (the melody's key)", ready: "Ready: press Accompany.", empty: "Load a melody to start." },
   fill: { button: "Fill", motif: "kept", cont: "new notes", playMotif: "▶ Original", playCont: "▶ Span in place",
-    program: "the motif's", ready: "Ready: choose a span (drag on the roll) and press Fill.", empty: "Load a MIDI file to start." },
+    program: "the motif's", key: "auto (the key around the span)", ready: "Ready: choose a span (drag on the roll) and press Fill.", empty: "Load a MIDI file to start." },
 };
 
 // The sampling fields the modes share take each mode's own defaults from the server (the accompaniment
@@ -740,6 +740,7 @@ function setMode(mode) {
   $("play-motif").textContent = t.playMotif;
   $("play-cont").textContent = t.playCont;
   $("program").options[0].textContent = t.program;
+  $("key").querySelector('option[value="auto"]').textContent = t.key;
   $("reroll").hidden = true;
   if (mode === "fill") defaultFillSpan();
   clearError();

@@ -278,13 +278,15 @@ def _pack_gpu(args) -> int:
     from musicrel.errors import ConfigError
     from training.pack import pack_gpu
 
-    if not args.max_mib > 0:
+    if args.max_mib is not None and not args.max_mib > 0:
         raise ConfigError(f"--max-mib must be > 0, got {args.max_mib}")
-    info = pack_gpu(args.data, args.out, wheels=not args.no_wheels, limit_bytes=int(args.max_mib * 2**20))
+    limit = None if args.max_mib is None else int(args.max_mib * 2**20)
+    info = pack_gpu(args.data, args.out, wheels=not args.no_wheels, limit_bytes=limit)
     data = sum(n for f, n in info["files"].items() if f.startswith("data/"))
     wheels = sum(n for f, n in info["files"].items() if f.startswith("wheels/"))
+    beside = f", beside the checkout's {info['checkout_bytes'] / 2**20:.1f}" if info["checkout_bytes"] else ""
     print(
-        f"{args.out}: {info['total_bytes'] / 2**20:.1f} MiB of {args.max_mib:g} "
+        f"{args.out}: {info['total_bytes'] / 2**20:.1f} MiB of {info['limit_bytes'] / 2**20:.1f}{beside} "
         f"(data {data / 2**20:.1f} MiB, {len(info['wheels'])} wheels {wheels / 2**20:.1f} MiB)"
     )
     print(
@@ -302,12 +304,18 @@ def _add_pack_gpu(subparsers) -> None:
         description="Writes OUT/data (the split arrays xz-compressed, not the cache), OUT/wheels (pip "
         "download of what the GPU machine lacks, at the versions installed here, and musicrel's own wheel), "
         "OUT/run.sh (start, status, wait, collect) and OUT/README.md; refuses when the whole would exceed "
-        "--max-mib.",
+        "--max-mib: by default what a device command carries (64 MiB) less the checkout's own files, which "
+        "travel with it.",
     )
     p.add_argument("--data", default="data/default", help="prepared data folder (default: %(default)s)")
     p.add_argument("--out", default="gpu_pack", help="pack folder (default: %(default)s, git-ignored)")
     p.add_argument("--no-wheels", action="store_true", help="data and scripts only (no network)")
-    p.add_argument("--max-mib", type=float, default=PACK_LIMIT_BYTES / 2**20, help="size limit (%(default)g)")
+    p.add_argument(
+        "--max-mib",
+        type=float,
+        default=None,
+        help=f"size limit (default: {PACK_LIMIT_BYTES / 2**20:g} less the checkout's tracked files)",
+    )
     p.set_defaults(func=_pack_gpu)
 
 

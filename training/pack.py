@@ -1,4 +1,6 @@
-"""`musicrel pack-gpu`: what a training run on a bare GPU machine needs, in one folder of at most 64 MiB.
+"""`musicrel pack-gpu`: what a training run on a bare GPU machine needs, in one folder that travels with the
+checkout: a device command carries 64 MiB in all, the checkout's own files (the shipped checkpoints above all)
+included, so the pack gets what they leave (`carried_bytes`).
 
 Layout of OUT (git-ignored, carried to the GPU machine with the working tree):
     data/        manifest.json + train/val/test .npy and _offsets.npy of a prepared folder (not its cache/),
@@ -16,6 +18,7 @@ closure of musicrel's requirements (without the server's) minus the closure of w
 
 from __future__ import annotations
 
+import io
 import json
 import lzma
 import os
@@ -25,14 +28,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from musicrel.data.prepared import MANIFEST, SPLITS
 from musicrel.errors import ConfigError, MusicrelError
 
-# What one device command may carry along (the working tree's limit is the same).
+# What one device command may carry along: the checkout's files and the pack together.
 PACK_LIMIT_BYTES = 64 * 2**20
+REPO = Path(__file__).resolve().parents[1]
+# Wheel members training never reads, left out of the pack's copy of the wheel: pretty_midi's General MIDI
+# soundfont (fluidsynth's, for synthesising audio) is 5.7 of its wheel's 5.6 MiB (it barely compresses).
+WHEEL_DROPS = {"pretty_midi": ("pretty_midi/TimGM6mb.sf2",)}
 # The GPU machine's Python (KINDS.md: the 'cuda' image); pip installed each one's own requirements with it.
 # matplotlib too (the image has it; lightning's torchmetrics imports it when present): its wheels and their
 # image and font packages would take 24 MiB of the 64 that the data needs.
@@ -202,6 +210,48 @@ def download_wheels(dest: Path) -> None:
     build_musicrel_wheel(dest)
 
 
+def slim_wheel(path: Path, drop: Iterable[str]) -> None:
+    """Rewrite the wheel at `path` without the members `drop` and their rows in its RECORD (pip installs it as
+    before, less those files)."""
+    drop = set(drop)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as dst:
+        for item in src.infolist():
+            if item.filename in drop:
+                continue
+            data = src.read(item)
+            if item.filename.endswith(".dist-info/RECORD"):
+                rows = data.decode().splitlines(keepends=True)
+                data = "".join(r for r in rows if r.split(",", 1)[0] not in drop).encode()
+            dst.writestr(item, data)
+    path.write_bytes(buf.getvalue())
+
+
+def slim_wheels(wheel_dir: Path) -> None:
+    for wheel in wheel_dir.glob("*.whl"):
+        drop = WHEEL_DROPS.get(normalize(wheel.name.split("-", 1)[0]).replace("-", "_"))
+        if drop:
+            slim_wheel(wheel, drop)
+
+
+def carried_bytes(root: Path = REPO) -> int:
+    """What a device command carries from the checkout besides the pack: its tracked files and the untracked
+    ones git does not ignore (0 outside a git checkout)."""
+    try:
+        proc = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            cwd=root,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    if proc.returncode != 0:
+        return 0
+    paths = (root / p for p in proc.stdout.decode(errors="replace").split("\0") if p)
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
@@ -210,12 +260,17 @@ def pack_gpu(
     data_dir,
     out,
     wheels: bool = True,
-    limit_bytes: int = PACK_LIMIT_BYTES,
+    limit_bytes: int | None = None,
     downloader: Callable[[Path], None] = download_wheels,
 ) -> dict:
     """Write the pack (see the module docstring) and return pack.json's content. Refuses, writing nothing,
-    when the data is not a prepared folder or the whole would exceed `limit_bytes`."""
+    when the data is not a prepared folder or the whole would exceed `limit_bytes` (None: PACK_LIMIT_BYTES
+    less `carried_bytes()`, what the checkout leaves of a device command)."""
     from musicrel.data.prepared import load_manifest
+
+    carried = carried_bytes() if limit_bytes is None else 0
+    limit = limit_bytes if limit_bytes is not None else PACK_LIMIT_BYTES - carried
+    beside = f" ({_mib(PACK_LIMIT_BYTES)} less the checkout's {_mib(carried)})" if carried else ""
 
     data_dir, out = Path(data_dir), Path(out)
     manifest = load_manifest(data_dir)
@@ -234,9 +289,10 @@ def pack_gpu(
         for n in ARRAYS:
             compress(data_dir / n, data_tmp / f"{n}.xz")
         sizes = {f"data/{n}": (data_tmp / n).stat().st_size for n in PACKED_DATA}
-        _check_size(out, sizes, limit_bytes)  # before any download
+        _check_size(out, sizes, limit, beside)  # before any download
         if wheels:
             downloader(wheel_dir)
+            slim_wheels(wheel_dir)
         found = sorted(wheel_dir.glob("*.whl"))
         sizes.update({f"wheels/{w.name}": w.stat().st_size for w in found})
         info = {
@@ -251,14 +307,15 @@ def pack_gpu(
             },
             "wheels": [w.name for w in found],
             "gpu_python": GPU_PYTHON,
-            "limit_bytes": limit_bytes,
+            "limit_bytes": limit,
+            "checkout_bytes": carried,
         }
         texts = {"run.sh": RUN_SH, "README.md": readme(info, out)}
         sizes.update({n: len(t.encode()) for n, t in texts.items()})
         sizes[PACK_FILE] = 4096  # written last, with the total; a generous bound
         info["files"] = {n: s for n, s in sizes.items() if n != PACK_FILE}
         info["total_bytes"] = sum(sizes.values())
-        _check_size(out, sizes, limit_bytes)
+        _check_size(out, sizes, limit, beside)
 
         out.mkdir(parents=True, exist_ok=True)
         for sub in ("data", "wheels"):
@@ -278,13 +335,13 @@ def compress(src: Path, dest: Path) -> None:
         shutil.copyfileobj(f, z, length=2**22)
 
 
-def _check_size(out: Path, sizes: dict[str, int], limit: int) -> None:
+def _check_size(out: Path, sizes: dict[str, int], limit: int, beside: str = "") -> None:
     total = sum(sizes.values())
     if total > limit:
         largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
         what = ", ".join(f"{n} {_mib(s)}" for n, s in largest)
         raise PackError(
-            f"{out} would hold {_mib(total)}, over the {_mib(limit)} limit; largest: {what}",
+            f"{out} would hold {_mib(total)}, over the {_mib(limit)} limit{beside}; largest: {what}",
             code="pack_too_large",
         )
 

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,14 @@ from training.pack import (
     ARRAYS,
     MANIFEST,
     PACK_FILE,
+    PACK_LIMIT_BYTES,
     PACKED_DATA,
+    carried_bytes,
     closure,
     missing_on_gpu,
     normalize,
     pack_gpu,
+    slim_wheels,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,14 +42,17 @@ def _never(dest):
 def test_pack_holds_the_splits_and_the_scripts(tiny_data, tmp_path, capsys):
     out = tmp_path / "pack"
     assert main(["pack-gpu", "--data", str(tiny_data), "--out", str(out), "--no-wheels"]) == 0
-    assert "MiB of 64" in capsys.readouterr().out
+    info = json.loads((out / PACK_FILE).read_text())
+    # the pack gets what the checkout's own files leave of a device command's 64 MiB
+    assert info["limit_bytes"] + info["checkout_bytes"] == PACK_LIMIT_BYTES
+    said = f"MiB of {info['limit_bytes'] / 2**20:.1f}"
+    assert said in capsys.readouterr().out
     assert (tiny_data / "cache").is_dir() and not (out / "data" / "cache").exists()
     assert sorted(p.name for p in (out / "data").iterdir()) == sorted(PACKED_DATA)
     assert (out / "data" / MANIFEST).read_bytes() == (tiny_data / MANIFEST).read_bytes()
     for name in ARRAYS:  # xz-compressed, and exactly the arrays once unpacked
         assert lzma.decompress((out / "data" / f"{name}.xz").read_bytes()) == (tiny_data / name).read_bytes()
     assert os.access(out / "run.sh", os.X_OK) and list((out / "wheels").iterdir()) == []
-    info = json.loads((out / PACK_FILE).read_text())
     on_disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     assert on_disk <= info["total_bytes"] <= on_disk + 4096  # pack.json is counted at an upper bound
     readme = (out / "README.md").read_text()
@@ -80,6 +87,47 @@ def test_pack_refuses_what_would_not_travel(tiny_data, tmp_path, capsys):
     with pytest.raises(MusicrelError, match="not a pack"):
         pack_gpu(tiny_data, tmp_path / "mine", wheels=False)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_the_checkout_travels_beside_the_pack_and_counts_against_its_limit(tiny_data, tmp_path, monkeypatch):
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    paths = [REPO / p for p in listed.decode().split("\0") if p]
+    tracked = sum(p.stat().st_size for p in paths if p.is_file())
+    shipped = sum(p.stat().st_size for p in (REPO / "checkpoints").rglob("*") if p.is_file())
+    assert carried_bytes() >= tracked >= shipped > 0  # untracked files git does not ignore travel too
+    # a checkout that leaves less than the data needs: refused, saying why, before any download
+    monkeypatch.setattr("training.pack.carried_bytes", lambda: PACK_LIMIT_BYTES - 1024)
+    why = r"over the 0\.0 MiB limit \(64\.0 MiB less the checkout's 64\.0 MiB\)"
+    with pytest.raises(MusicrelError, match=why):
+        pack_gpu(tiny_data, tmp_path / "pack", downloader=_never)
+    assert not (tmp_path / "pack").exists()
+
+
+def test_wheels_lose_what_training_never_reads(tmp_path):
+    """pretty_midi's soundfont (5.7 MiB, for synthesis) stays out of the pack's copy; pip installs it."""
+    wheel = tmp_path / "wheels" / "pretty_midi-0.2.11-py3-none-any.whl"
+    wheel.parent.mkdir()
+    files = {"pretty_midi/__init__.py": b"VALUE = 7\n", "pretty_midi/TimGM6mb.sf2": b"\0" * 4096}
+    info = "pretty_midi-0.2.11.dist-info"
+    meta = {
+        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: pretty_midi\nVersion: 0.2.11\n",
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in {**files, **meta}.items():
+            z.writestr(name, data)
+        z.writestr(f"{info}/RECORD", "".join(f"{n},,\n" for n in [*files, *meta, f"{info}/RECORD"]))
+    slim_wheels(wheel.parent)
+    with zipfile.ZipFile(wheel) as z:
+        assert "pretty_midi/TimGM6mb.sf2" not in z.namelist() and "pretty_midi/__init__.py" in z.namelist()
+        assert "TimGM6mb" not in z.read(f"{info}/RECORD").decode()
+    site = tmp_path / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site)]
+    subprocess.run([*cmd, str(wheel)], check=True, capture_output=True)
+    assert (site / "pretty_midi" / "__init__.py").read_bytes() == b"VALUE = 7\n"
+    assert not (site / "pretty_midi" / "TimGM6mb.sf2").exists()
 
 
 def test_the_pack_folder_is_git_ignored():
@@ -264,8 +312,9 @@ def test_run_sh_wait_fails_on_a_failed_run(tiny_data, tmp_path):
 
 def test_the_shared_corpora_pack_under_the_limit(tmp_path):
     """At the corpora's real size (every shared corpus, as the shipped model's recipe prepares them): the data
-    fits with room for the wheels (6.8 MiB when last packed) and for music21's export, which this test does
-    not run (1.1 M of the recipe's 21.5 M training tokens)."""
+    fits beside the checkout's files with room for the wheels (1.6 MiB when last packed, pretty_midi's
+    soundfont left out) and for music21's export, which this test does not run (1.1 M of the recipe's 21.5 M
+    training tokens)."""
     from tests.conftest import SHARED_MIDI
     from training.prepare import prepare
 
@@ -286,4 +335,4 @@ def test_the_shared_corpora_pack_under_the_limit(tmp_path):
     unpacked = info["data"]["unpacked_bytes"]
     assert data < unpacked / 2.5  # xz shrinks the token streams (45 MiB -> about 15 here)
     music21 = data * 1.2e6 / m["splits"]["train"]["stream_tokens"]
-    assert data + music21 + 16 * 2**20 <= 64 * 2**20  # 16 MiB left for the wheels
+    assert data + music21 + 2 * 2**20 <= info["limit_bytes"]  # 2 MiB left for the wheels

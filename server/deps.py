@@ -110,10 +110,9 @@ async def get_infill_params(
     request: Request,
 ) -> InfillParams:
     """The form, checked: 503 when there is no infill model (before anything is parsed), unknown fields
-    (422), the operator's limits, the span's own rules that need no file (start < end, at most 30 s:
-    InfillError, 422 naming its field) and controls that cannot be honoured whatever the file."""
-    from musicrel.generation.span import check_span
-
+    (422), the operator's limits, the span's own rules that need no file (given once, in seconds or in bars;
+    start < end, at most 30 s: InfillError, 422 naming its field) and controls that cannot be honoured
+    whatever the file."""
     infill = service.infill
     if infill is None:
         raise ApiError(503, "infill_unavailable", service.infill_unavailable)
@@ -125,9 +124,32 @@ async def get_infill_params(
     if form.top_k is not None and form.top_k > vocab_size:
         message = limit_message("top_k", vocab_size)
         raise ApiError(422, "invalid_request", message, field="top_k")
-    check_span(form.start, form.end)
+    _check_span_fields(form)
     form.controls()
     return form
+
+
+def _check_span_fields(form: InfillParams) -> None:
+    """The span given once and whole: start and end (seconds, checked here as far as no file is needed), or
+    first_bar and last_bar (in order; the file says what seconds they are). 422 naming the missing field."""
+    from musicrel.generation.span import check_span
+
+    seconds = {"start": form.start, "end": form.end}
+    bars = {"first_bar": form.first_bar, "last_bar": form.last_bar}
+    given = [name for name, value in {**seconds, **bars}.items() if value is not None]
+    if any(name in bars for name in given) and any(name in seconds for name in given):
+        message = "give the span in seconds (start, end) or in bars (first_bar, last_bar), not both"
+        raise ApiError(422, "invalid_request", message, field=next(n for n in given if n in bars))
+    pair = bars if any(name in bars for name in given) else seconds
+    missing = [name for name, value in pair.items() if value is None]
+    if missing:
+        message = f"{missing[0]} is missing: give the span as start and end, or as first_bar and last_bar"
+        raise ApiError(422, "invalid_request", message, field=missing[0])
+    if pair is seconds:
+        check_span(form.start, form.end)
+    elif form.first_bar > form.last_bar:
+        message = f"the bars must satisfy first_bar <= last_bar, got {form.first_bar}-{form.last_bar}"
+        raise ApiError(422, "invalid_span", message, field="first_bar")
 
 
 InfillParamsDep = Annotated[InfillParams, Depends(get_infill_params)]

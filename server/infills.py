@@ -29,9 +29,11 @@ import anyio
 from fastapi import UploadFile
 from fastapi.responses import Response
 
+from musicrel.errors import InfillError
 from musicrel.generation.sampling import draw_seed
 from musicrel.generation.span import (
     InfillSegments,
+    bar_span,
     infill_segments,
     past_velocity,
     sounding_into,
@@ -81,10 +83,38 @@ async def parse_upload(service: Service, file: UploadFile, params: InfillParams)
     data = await read_upload(file)
     assert service.infill is not None  # deps.get_infill_params refuses first
     codec = service.infill.codec
-    segments = await parse_on_thread(service, infill_segments, codec, data, params.start, params.end)
+    try:
+        segments, span = await parse_on_thread(service, _cut, codec, data, params)
+    except InfillError as exc:
+        if params.start is not None:
+            raise
+        # the span's fault, in the bars the client sent rather than in seconds it never wrote
+        raise ApiError(422, exc.code, str(exc), field=_BAR_FIELDS.get(exc.code)) from exc
+    if params.start is None:  # bars: from here on the span is the seconds they came to
+        params = params.model_copy(update=dict(zip(("start", "end"), span, strict=True)))
     parsed = time.monotonic()
     service.metrics.parse_seconds.observe(parsed - start)
     return Request(params, segments, start, parsed, start + settings.request_timeout_s)
+
+
+_BAR_FIELDS = {
+    "invalid_span": "first_bar",
+    "nothing_before": "first_bar",
+    "span_too_long": "last_bar",
+    "span_outside_music": "last_bar",
+    "nothing_after": "last_bar",
+}
+
+
+def _cut(codec, data: bytes, params: InfillParams) -> tuple[InfillSegments, tuple[float, float]]:
+    """The upload cut at the span, and the span in seconds: as given, or its bars read against the file
+    (`bar_span`: the downbeats' own times, so a note struck on one is in or out exactly)."""
+    if params.start is not None:
+        span = (params.start, params.end)
+        return infill_segments(codec, data, *span), span
+    pm = codec.read(data)
+    span = bar_span(pm, params.first_bar, params.last_bar)
+    return infill_segments(codec, pm, *span), span
 
 
 def submit(

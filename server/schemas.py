@@ -266,18 +266,31 @@ class AccompanimentResponse(BaseModel):
 
 # ---------------------------------------------------------------- POST /v1/infills
 class InfillParams(MusicForm):
-    """The form fields that go with the uploaded `file`: the span to regenerate, and sampling as a
-    continuation's (same bounds, same meaning). The span's own rules (start < end, at most MAX_SPAN_SECONDS,
-    inside the music, with notes before and after it) are the library's (InfillError codes, 422)."""
+    """The form fields that go with the uploaded `file`: the span to regenerate, in seconds (`start`, `end`)
+    or in bars (`first_bar`, `last_bar`), and sampling as a continuation's (same bounds, same meaning). The
+    span's own rules (start < end, at most MAX_SPAN_SECONDS, inside the music, with notes before and after
+    it) are the library's (InfillError codes, 422); bars become seconds once the file is read."""
 
-    start: float = Field(
-        ge=0, le=CodecConfig.max_seconds, description="where the span to regenerate starts, in seconds"
+    start: float | None = Field(
+        None, ge=0, le=CodecConfig.max_seconds, description="where the span to regenerate starts, in seconds"
     )
-    end: float = Field(
+    end: float | None = Field(
+        None,
         gt=0,
         le=CodecConfig.max_seconds,
         description=f"where it ends, in seconds (after start, at most {MAX_SPAN_SECONDS:g} s after it); the "
         "notes that start in [start, end) are regenerated, every other note comes back unchanged",
+    )
+    first_bar: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="the span in bars instead of seconds: its first bar, counted from 1 at the file's start "
+        "by its tempo and time signatures (4/4 at 120 bpm without them); the answer's start and end say the "
+        "seconds they came to",
+    )
+    last_bar: int | None = Field(
+        None, ge=1, le=100_000, description="its last bar (included); the span ends where the next begins"
     )
     temperature: float = _CP["temperature"]
     top_k: int | None = _CP["top_k"]

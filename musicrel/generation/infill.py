@@ -39,6 +39,7 @@ from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-e
     InfillParams,
     InfillResult,
     InfillSegments,
+    bar_span,
     check_span,
     gap_notes,
     infill_segments,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pretty_midi
 
-from musicrel.errors import InfillError, is_number
+from musicrel.errors import InfillError, is_int, is_number
 from musicrel.generation.controls import ControlError, Controls
 from musicrel.generation.fim import split_at
 from musicrel.generation.primer import motif_program
@@ -109,6 +109,29 @@ def check_span(start, end) -> tuple[float, float]:
             code="span_too_long",
         )
     return start, end
+
+
+def bar_span(pm: pretty_midi.PrettyMIDI, first_bar, last_bar) -> tuple[float, float]:
+    """The seconds of bars `first_bar` to `last_bar` of a file (1-based, both included, as a sequencer counts
+    them from the file's start): from the downbeat of the first to the downbeat after the last, by the file's
+    tempo and time-signature changes (a file without them is 4/4 at 120 bpm, as MIDI says). InfillError
+    `invalid_span` for bars that are not whole numbers >= 1 in order, `span_outside_music` when the file's
+    music has no bar after the last (a span must leave music after it)."""
+    for name, value in (("first_bar", first_bar), ("last_bar", last_bar)):
+        if not is_int(value) or value < 1:
+            raise InfillError(f"{name} must be a whole number >= 1, got {value!r}", code="invalid_span")
+    if first_bar > last_bar:
+        raise InfillError(
+            f"the bars must satisfy first_bar <= last_bar, got {first_bar}-{last_bar}", code="invalid_span"
+        )
+    downbeats = pm.get_downbeats()  # every bar's start up to the file's end
+    if last_bar >= len(downbeats):
+        raise InfillError(
+            f"bars {first_bar}-{last_bar}: the file has {len(downbeats)} bars by its tempo and time "
+            "signatures, and a span must end before its last one begins",
+            code="span_outside_music",
+        )
+    return float(downbeats[first_bar - 1]), float(downbeats[last_bar])
 
 
 def infill_segments(codec, midi, start: float, end: float) -> InfillSegments:

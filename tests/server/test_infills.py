@@ -20,6 +20,7 @@ from musicrel.generation.controls import parse_key, scale_pitch_classes
 from tests.server.conftest import error_of, metric, serve, wait_for
 
 SPAN = {"start": "5", "end": "8"}
+NO_SECONDS = {"start": None, "end": None}  # post() leaves a None field out of the form
 
 
 def tune(seconds: float = 20.0, step: float = 0.25, tracks: int = 1) -> bytes:
@@ -48,7 +49,7 @@ def post(
     return client.post(
         path,
         files={"file": ("tune.mid", data, "audio/midi")},
-        data={**SPAN, "seed": "7", **fields},
+        data={k: v for k, v in {**SPAN, "seed": "7", **fields}.items() if v is not None},
         headers=headers,
     )
 
@@ -117,6 +118,37 @@ def test_json_answer_has_every_sample_and_a_seed_that_repeats(client):
     # Sample 0 of a batch is the single answer of the same seed (per-row seeds, as a continuation's).
     single = post(c, seed="11", temperature="0.9", top_k="40", top_p="0.9")
     assert single.content == files[0]
+
+
+BAR = 4 * 60 / 110  # TUNE is 4/4 at 110 bpm
+
+
+@pytest.mark.parametrize("path", ["/v1/infills", "/v1/infills/stream"])
+def test_a_span_in_bars_is_the_seconds_of_those_bars(client, path):
+    """Bars 3-4 of the tune: from bar 3's downbeat to bar 5's, as a sequencer counts them; the answer says
+    the seconds, and the same seconds given as such fill the same notes."""
+    c, _ = client
+    bars = {"first_bar": "3", "last_bar": "4"}
+    r = c.post(
+        path,
+        files={"file": ("t.mid", TUNE)},
+        data={**bars, "seed": "5"},
+        headers={"accept": "application/json"},
+    )
+    body = r.json() if path == "/v1/infills" else stream_events(r)[-1]
+    assert r.status_code == 200, r.text
+    start, end = body["start"], body["end"]
+    assert abs(start - 2 * BAR) < 1e-4 and abs(end - 4 * BAR) < 1e-4, (start, end)  # the file's tempo in µs
+    assert body["settings"]["first_bar"] == 3 and body["settings"]["start"] == start
+    data = base64.b64decode(body["samples"][0]["midi_base64"])
+    check_span_filled(TUNE, data, start, end)
+    assert body["removed"] == sum(1 for k in range(80) if start <= k * 0.25 < end)
+    seconds = c.post(
+        "/v1/infills",
+        files={"file": ("t.mid", TUNE)},
+        data={"start": repr(start), "end": repr(end), "seed": "5"},
+    )
+    assert seconds.content == data
 
 
 def test_a_file_with_several_tracks_gets_the_new_notes_on_a_track_of_their_own(client):
@@ -234,12 +266,37 @@ def test_controls_steer_the_span_and_the_answer_says_what_they_applied(client):
         (TUNE, {"program": "40"}, 422, "invalid_request", "program"),  # new notes join the file's own
         (TUNE, {"key": "H:major"}, 422, "unknown_key", "key"),
         (TUNE, {"low_note": "70", "high_note": "60"}, 422, "empty_range", "low_note"),
+        (TUNE, {"first_bar": "3", "last_bar": "4"}, 422, "invalid_request", "first_bar"),  # and seconds
+        (TUNE, {**NO_SECONDS, "first_bar": "3"}, 422, "invalid_request", "last_bar"),
+        (
+            TUNE,
+            {**NO_SECONDS, "first_bar": "4", "last_bar": "3"},
+            422,
+            "invalid_span",
+            "first_bar",
+        ),
+        (
+            TUNE,
+            {**NO_SECONDS, "first_bar": "3", "last_bar": "10"},
+            422,
+            "span_outside_music",
+            "last_bar",
+        ),
+        (
+            TUNE,
+            {**NO_SECONDS, "first_bar": "0", "last_bar": "3"},
+            422,
+            "invalid_request",
+            "first_bar",
+        ),
+        (TUNE, {**NO_SECONDS, "first_bar": "1", "last_bar": "2"}, 422, "nothing_before", "first_bar"),
+        (tune(60.0), {**NO_SECONDS, "first_bar": "2", "last_bar": "16"}, 422, "span_too_long", "last_bar"),
     ],
 )
 @pytest.mark.parametrize("path", ["/v1/infills", "/v1/infills/stream"])
 def test_a_bad_request_is_a_typed_4xx(client, path, data, fields, status, code, field):
     c, _ = client
-    r = post(c, data, path=path, **fields)
+    r = post(c, data, path=path, **fields)  # a field set to None is left out of the form
     assert r.status_code == status, r.text
     error = error_of(r)
     assert error["code"] == code
@@ -319,7 +376,7 @@ def test_openapi_documents_the_form(client):
         body = document["components"]["schemas"][ref]
         assert body["additionalProperties"] is False
         assert {"file", "start", "end", "seed", "temperature", "top_k", "top_p"} <= set(body["properties"])
-        assert {"start", "end", "file"} <= set(body["required"])
+        assert {"first_bar", "last_bar"} <= set(body["properties"]) and body["required"] == ["file"]
         assert body["properties"]["num_samples"]["maximum"] == 4
 
 

@@ -94,6 +94,58 @@ def test_a_bad_span_and_a_model_without_infill_tokens_exit_2_with_one_line(setup
     assert run(tmp_path, songs / "short.mid", tmp_path / "o4") == 1  # every file failed
 
 
+def test_bars_are_read_at_each_files_tempo(setup, capsys):
+    """--bars 2-3: the span each file's own bars take (good.mid is 4/4 at 110 bpm, fast.mid at 150, both with
+    notes every 0.3 s); the summary says the seconds; the notes outside come back unchanged."""
+    tmp_path, songs = setup
+    folder = tmp_path / "bars"
+    folder.mkdir()
+    for name, bpm in (("good.mid", 110), ("fast.mid", 150)):
+        pm = pretty_midi.PrettyMIDI(str(songs / "sub" / "good.mid"))
+        if bpm != 110:  # same notes, another tempo
+            fast = pretty_midi.PrettyMIDI(initial_tempo=bpm)
+            fast.instruments = pm.instruments
+            pm = fast
+        pm.write(str(folder / name))
+    out = tmp_path / "bars-out"
+    argv = ["infill", str(folder), "--checkpoint", str(tmp_path / "ckpt"), "--bars", "2-3", "--out", str(out),
+            "--seed", "3", "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    assert "filled bars 2-3 in 2 of 2 files" in capsys.readouterr().out
+    records = {
+        r["input"].rsplit("/", 1)[-1]: r for r in json.loads((out / "summary.json").read_text())["files"]
+    }
+    for name, bpm in (("good.mid", 110), ("fast.mid", 150)):
+        bar = 4 * 60 / bpm
+        r = records[name]
+        assert r["bars"] == [2, 3] and abs(r["start"] - bar) < 1e-3 and abs(r["end"] - 3 * bar) < 1e-3, r
+        source = pretty_midi.PrettyMIDI(str(folder / name)).instruments[0].notes
+        got = pretty_midi.PrettyMIDI(str(out / name.replace(".mid", ".sample0.mid"))).instruments[0].notes
+        kept = {(n.pitch, round(n.start, 3)) for n in source if not r["start"] <= n.start < r["end"]}
+        new = {(n.pitch, round(n.start, 3)) for n in got} - kept
+        assert kept <= {(n.pitch, round(n.start, 3)) for n in got}
+        assert all(r["start"] <= s < r["end"] for _, s in new)
+    # a bar past a file's music is that file's error; --bars with seconds, or backwards, is every file's
+    past = [
+        "infill",
+        str(folder / "good.mid"),
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(out / "x"),
+    ]
+    assert main([*past, "--bars", "5-40"]) == 1
+    assert "error [span_outside_music]" in capsys.readouterr().err
+    assert main([*past, "--bars", "3-2"]) == 2
+    assert (
+        capsys.readouterr().err.strip() == "musicrel infill: --bars 3-2: the first bar comes after the last"
+    )
+    assert main([*past, "--bars", "2-3", "--start", "1"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(past) == 2
+    assert "--start and --end (seconds) or as --bars" in capsys.readouterr().err
+
+
 def test_control_flags_steer_the_span_and_the_summary_says_what_they_applied(setup, capsys):
     tmp_path, songs = setup
     good = songs / "sub" / "good.mid"  # pitches 60-67 around the span: C major's notes and C#, D#, F#

@@ -17,6 +17,7 @@ from musicrel.generation.infill import (
     INFILL_TRACK,
     MAX_SPAN_SECONDS,
     InfillParams,
+    bar_span,
     infill,
     infill_midi,
     infill_prompt,
@@ -377,3 +378,23 @@ def test_infill_controls_refuse_program_and_an_empty_controls_steers_nothing():
     with pytest.raises(MusicrelError) as err:
         InfillParams(controls="C:major")
     assert err.value.code == "invalid_params"
+
+
+def test_bar_span_counts_bars_by_the_files_tempo_and_time_signatures():
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)  # a 4/4 bar is 2.4 s, a 3/4 bar 1.8 s
+    inst = pretty_midi.Instrument(program=0)
+    inst.notes = [pretty_midi.Note(80, 60, 0.5 * k, 0.5 * k + 0.4) for k in range(40)]  # to 19.9 s
+    pm.instruments.append(inst)
+    assert bar_span(pm, 2, 3) == pytest.approx((2.4, 7.2), abs=1e-4)
+    assert bar_span(pm, 4, 4) == pytest.approx((7.2, 9.6), abs=1e-4)
+    # the last bar that starts in the music (9, at 19.2 s) has no bar after it: nothing left to end on
+    assert bar_span(pm, 5, 8)[1] == pytest.approx(19.2, abs=1e-4)
+    with pytest.raises(InfillError, match="has 9 bars") as exc:
+        bar_span(pm, 5, 9)
+    assert exc.value.code == "span_outside_music"
+    pm.time_signature_changes = [pretty_midi.TimeSignature(4, 4, 0.0), pretty_midi.TimeSignature(3, 4, 4.8)]
+    assert bar_span(pm, 3, 4) == pytest.approx((4.8, 8.4), abs=1e-4)  # bars 3 and 4 are in 3/4
+    for first, last in ((0, 2), (3, 2), (1.5, 2), ("2", 3)):
+        with pytest.raises(InfillError) as exc:
+            bar_span(pm, first, last)
+        assert exc.value.code == "invalid_span", (first, last)

@@ -133,9 +133,11 @@ def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]
         body = components[content["schema"]["$ref"].rsplit("/", 1)[1]]
         body.pop("allOf", None)
         body["properties"] = {**params, **body["properties"]}
-        required = [*components[model].get("required", []), *body.get("required", [])]  # /v1/infills' span
+        required = [*components[model].get("required", []), *body.get("required", [])]
         if required:
             body["required"] = list(dict.fromkeys(required))
+        if "oneOf" in components[model]:  # /v1/infills' span: in seconds or in bars
+            body["oneOf"] = components[model]["oneOf"]
         body["additionalProperties"] = False  # deps.refuse_unknown_fields
     return document
 

@@ -271,6 +271,21 @@ class InfillParams(MusicForm):
     span's own rules (start < end, at most MAX_SPAN_SECONDS, inside the music, with notes before and after
     it) are the library's (InfillError codes, 422); bars become seconds once the file is read."""
 
+    # The span once and whole, in seconds or in bars (deps.get_infill_params says which field is missing): the
+    # schema says so too, so that a client built from it sends one of the two.
+    model_config = ConfigDict(
+        **MusicForm.model_config,
+        json_schema_extra={
+            "oneOf": [
+                {"required": [*pair], "not": {"anyOf": [{"required": [name]} for name in other]}}
+                for pair, other in (
+                    (("start", "end"), ("first_bar", "last_bar")),
+                    (("first_bar", "last_bar"), ("start", "end")),
+                )
+            ]
+        },
+    )
+
     start: float | None = Field(
         None, ge=0, le=CodecConfig.max_seconds, description="where the span to regenerate starts, in seconds"
     )

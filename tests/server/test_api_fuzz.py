@@ -67,6 +67,10 @@ def with_motif(case):
             case.body["track"] = 0
         # Nor which spans it has music before and after (422 span_outside_music, nothing_before, ...): an
         # infill's span is one the motif (3.2 s of notes) can fill.
+        # Bars too (which bars a file has is the file's): a span in bars becomes that one in seconds.
+        if "first_bar" in case.body and "last_bar" in case.body:
+            del case.body["first_bar"], case.body["last_bar"]
+            case.body["start"], case.body["end"] = 1.0, 2.0
         if "start" in case.body and "end" in case.body:
             case.body["start"], case.body["end"] = 1.0, 2.0
         if isinstance(case.body.get("tracks"), str):

@@ -377,6 +377,7 @@ def test_openapi_documents_the_form(client):
         assert body["additionalProperties"] is False
         assert {"file", "start", "end", "seed", "temperature", "top_k", "top_p"} <= set(body["properties"])
         assert {"first_bar", "last_bar"} <= set(body["properties"]) and body["required"] == ["file"]
+        assert [way["required"] for way in body["oneOf"]] == [["start", "end"], ["first_bar", "last_bar"]]
         assert body["properties"]["num_samples"]["maximum"] == 4
 
 

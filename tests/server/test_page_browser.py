@@ -670,6 +670,28 @@ def test_fill_mode_drags_a_span_fills_it_plays_it_in_place_and_rerolls(page, tmp
     assert _span_notes(page)[0] == 30
 
 
+def test_fill_mode_takes_the_span_in_bars(page, tmp_path):
+    """Bars typed: the seconds inputs follow the file's downbeats (4/4 at 100 bpm: 2.4 s a bar), the request
+    sends the bars and the server's seconds come back; typing seconds again leaves the bars."""
+    _fill_mode(page, tmp_path)
+    page.fill("#fill_first_bar", "2")
+    page.fill("#fill_last_bar", "3")
+    assert float(page.input_value("#fill_start")) == 2.4 and float(page.input_value("#fill_end")) == 7.2
+    assert page.evaluate("window.musicrel.roll.span.end") == 7.2
+    page.fill("#seed", "7")
+    page.fill("#num_samples", "1")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+    answer = page.evaluate("window.musicrel.state.response")
+    assert answer["settings"]["first_bar"] == 2 and answer["settings"]["last_bar"] == 3, answer["settings"]
+    assert abs(answer["start"] - 2.4) < 1e-3 and abs(answer["end"] - 7.2) < 1e-3
+    kept, new = _span_notes(page)
+    assert kept == 24, "the notes outside bars 2-3 (2.4-7.2 s) come back"  # 40 notes, 16 in [2.4, 7.2)
+    assert all(2.4 - 1e-3 <= s < 7.2 for s, _ in new), new
+    page.fill("#fill_start", "3")
+    assert page.input_value("#fill_first_bar") == "" and page.input_value("#fill_last_bar") == ""
+
+
 def test_fill_mode_steers_the_span_with_the_controls_but_the_instrument(page, tmp_path):
     _fill_mode(page, tmp_path)
     page.click("#steer summary")

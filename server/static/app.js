@@ -191,6 +191,7 @@ class PianoRoll {
     this.boundary = null; // seconds where the continuation starts
     this.playhead = null;
     this.span = null; // Fill: {start, end} seconds, drawn as a band
+    this.bars = null; // Fill: every bar's start in seconds (the file's downbeats), ticked and numbered on top
     new ResizeObserver(() => this.draw()).observe(canvas);
   }
 
@@ -274,6 +275,17 @@ class PianoRoll {
       ctx.fillRect(Math.round(x(t)), top, 1, ph);
       ctx.fillStyle = color("--muted");
       ctx.fillText(`${+t.toFixed(2)} s`, x(t), top + ph + 5);
+    }
+    // Bars (Fill, where a span can be typed in bars): a tick at each downbeat, numbered as often as fits.
+    if (this.bars && this.bars.length > 1) {
+      const every = Math.max(1, Math.ceil(24 / (pw * (this.bars[1] - this.bars[0]) / tEnd)));
+      ctx.textAlign = "left";
+      this.bars.forEach((t, i) => {
+        if (t > tEnd) return;
+        ctx.fillStyle = color("--muted");
+        ctx.fillRect(Math.round(x(t)), top, 1, 6);
+        if (i % every === 0) ctx.fillText(String(i + 1), Math.round(x(t)) + 2, top);
+      });
     }
     ctx.save();
     ctx.translate(10, top + ph / 2);
@@ -602,6 +614,7 @@ function rollLabel(motifNotes, contNotes, boundary) {
 
 function drawMotifOnly() {
   roll.span = state.mode === "fill" ? fillSpan() : null;
+  roll.bars = state.mode === "fill" && state.motif ? state.motif.downbeats : null;
   if (!state.motif) { roll.set([], null); return; }
   if (state.mode === "accompany") { drawMelodyOnly(); return; }
   if (state.mode === "fill") { drawFillSpan(); return; }
@@ -1583,6 +1596,7 @@ function selectSample(i, keepPlaying = false) {
   a.download = s.filename;
   const accompanied = state.kind === "accompany", filled = state.kind === "fill";
   roll.span = filled ? { start: state.response.start, end: state.response.end } : null;
+  roll.bars = filled && state.motif ? state.motif.downbeats : null;
   roll.draw();
   a.textContent = `Download ${state.samples.length > 1 ? `sample ${i + 1}` : accompanied ? "melody + accompaniment" : filled ? "filled file" : "continuation"} (.mid)`;
   a.hidden = false;

@@ -674,6 +674,8 @@ def test_fill_mode_takes_the_span_in_bars(page, tmp_path):
     """Bars typed: the seconds inputs follow the file's downbeats (4/4 at 100 bpm: 2.4 s a bar), the request
     sends the bars and the server's seconds come back; typing seconds again leaves the bars."""
     _fill_mode(page, tmp_path)
+    bars = page.evaluate("window.musicrel.roll.bars")  # ticked on the roll
+    assert bars[:4] == pytest.approx([0.0, 2.4, 4.8, 7.2], abs=1e-6) and len(bars) == 5, bars  # to 11.95 s
     page.fill("#fill_first_bar", "2")
     page.fill("#fill_last_bar", "3")
     assert float(page.input_value("#fill_start")) == 2.4 and float(page.input_value("#fill_end")) == 7.2

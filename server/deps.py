@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Form, Request
 from pydantic import BaseModel
 
-from server.errors import ApiError, limit_message
+from server.errors import INFILL_BAR_FIELDS, ApiError, limit_message
 from server.openapi import form_limits
 from server.schemas import AccompanimentParams, ContinuationParams, InfillParams, MotifParams
 from server.service import Service
@@ -132,7 +132,8 @@ async def get_infill_params(
 def _check_span_fields(form: InfillParams) -> None:
     """The span given once and whole: start and end (seconds, checked here as far as no file is needed), or
     first_bar and last_bar (in order; the file says what seconds they are). 422 naming the missing field."""
-    from musicrel.generation.span import check_span
+    from musicrel.errors import InfillError
+    from musicrel.generation.span import check_bars, check_span
 
     seconds = {"start": form.start, "end": form.end}
     bars = {"first_bar": form.first_bar, "last_bar": form.last_bar}
@@ -147,9 +148,11 @@ def _check_span_fields(form: InfillParams) -> None:
         raise ApiError(422, "invalid_request", message, field=missing[0])
     if pair is seconds:
         check_span(form.start, form.end)
-    elif form.first_bar > form.last_bar:
-        message = f"the bars must satisfy first_bar <= last_bar, got {form.first_bar}-{form.last_bar}"
-        raise ApiError(422, "invalid_span", message, field="first_bar")
+        return
+    try:
+        check_bars(form.first_bar, form.last_bar)
+    except InfillError as exc:  # named by the bar fields the client sent
+        raise ApiError(422, exc.code, str(exc), field=INFILL_BAR_FIELDS[exc.code]) from exc
 
 
 InfillParamsDep = Annotated[InfillParams, Depends(get_infill_params)]

@@ -89,6 +89,14 @@ _INFILL_CODE_FIELDS = {
     "nothing_before": "start",
     "nothing_after": "end",
 }
+# The same for a span given in bars (`first_bar`, `last_bar`): the fields the client sent, not the seconds.
+INFILL_BAR_FIELDS = {
+    "invalid_span": "first_bar",
+    "nothing_before": "first_bar",
+    "span_too_long": "last_bar",
+    "span_outside_music": "last_bar",
+    "nothing_after": "last_bar",
+}
 
 
 def library_field(exc: MusicrelError) -> str | None:

@@ -41,7 +41,7 @@ from musicrel.generation.span import (
 )
 from musicrel.generation.streaming import NoteStream
 from server.admission import Ticket
-from server.errors import ApiError, describe
+from server.errors import INFILL_BAR_FIELDS, ApiError, describe
 from server.jobs import Infill, Job, WorkerStoppedError
 from server.schemas import InfillParams, InfillResponse, InfillSample, InfillTimings, NewNote
 from server.service import Service
@@ -89,21 +89,12 @@ async def parse_upload(service: Service, file: UploadFile, params: InfillParams)
         if params.start is not None:
             raise
         # the span's fault, in the bars the client sent rather than in seconds it never wrote
-        raise ApiError(422, exc.code, str(exc), field=_BAR_FIELDS.get(exc.code)) from exc
+        raise ApiError(422, exc.code, str(exc), field=INFILL_BAR_FIELDS.get(exc.code)) from exc
     if params.start is None:  # bars: from here on the span is the seconds they came to
         params = params.model_copy(update=dict(zip(("start", "end"), span, strict=True)))
     parsed = time.monotonic()
     service.metrics.parse_seconds.observe(parsed - start)
     return Request(params, segments, start, parsed, start + settings.request_timeout_s)
-
-
-_BAR_FIELDS = {
-    "invalid_span": "first_bar",
-    "nothing_before": "first_bar",
-    "span_too_long": "last_bar",
-    "span_outside_music": "last_bar",
-    "nothing_after": "last_bar",
-}
 
 
 def _cut(codec, data: bytes, params: InfillParams) -> tuple[InfillSegments, tuple[float, float]]:

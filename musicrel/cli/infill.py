@@ -44,7 +44,14 @@ def _refuse(message: str) -> int:
 
 def _infill(args) -> int:
     from musicrel.errors import MusicrelError
-    from musicrel.generation.infill import InfillParams, bar_span, check_model, check_span, infill
+    from musicrel.generation.infill import (
+        InfillParams,
+        bar_span,
+        check_bars,
+        check_model,
+        check_span,
+        infill,
+    )
     from musicrel.generation.sampling import SEED_RANGE
     from musicrel.model.checkpoint import load_codec, load_model
 
@@ -53,10 +60,11 @@ def _infill(args) -> int:
         return _refuse("give the span as --start and --end (seconds) or as --bars A-B")
     if args.bars is not None and seconds:
         return _refuse("give the span in seconds (--start, --end) or in bars (--bars), not both")
-    if args.bars is not None and args.bars[0] > args.bars[1]:
-        return _refuse("--bars {}-{}: the first bar comes after the last".format(*args.bars))
+    # a bad span is every file's: one error, exit 2
     if args.bars is None:
-        start, end = check_span(args.start, args.end)  # a bad span is every file's: one error, exit 2
+        start, end = check_span(args.start, args.end)
+    else:
+        check_bars(*args.bars)
     params = InfillParams(
         **given(args, "temperature", "top_k", "top_p", "seed", "num_samples"),
         controls=controls_from_args(args),

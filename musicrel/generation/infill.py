@@ -40,6 +40,7 @@ from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-e
     InfillResult,
     InfillSegments,
     bar_span,
+    check_bars,
     check_span,
     gap_notes,
     infill_segments,

@@ -111,12 +111,9 @@ def check_span(start, end) -> tuple[float, float]:
     return start, end
 
 
-def bar_span(pm: pretty_midi.PrettyMIDI, first_bar, last_bar) -> tuple[float, float]:
-    """The seconds of bars `first_bar` to `last_bar` of a file (1-based, both included, as a sequencer counts
-    them from the file's start): from the downbeat of the first to the downbeat after the last, by the file's
-    tempo and time-signature changes (a file without them is 4/4 at 120 bpm, as MIDI says). InfillError
-    `invalid_span` for bars that are not whole numbers >= 1 in order, `span_outside_music` when the file's
-    music has no bar after the last (a span must leave music after it)."""
+def check_bars(first_bar, last_bar) -> tuple[int, int]:
+    """(first_bar, last_bar), or InfillError `invalid_span`: whole numbers >= 1, the first not after the last.
+    What a span in bars must be before any file says what seconds it is."""
     for name, value in (("first_bar", first_bar), ("last_bar", last_bar)):
         if not is_int(value) or value < 1:
             raise InfillError(f"{name} must be a whole number >= 1, got {value!r}", code="invalid_span")
@@ -124,6 +121,16 @@ def bar_span(pm: pretty_midi.PrettyMIDI, first_bar, last_bar) -> tuple[float, fl
         raise InfillError(
             f"the bars must satisfy first_bar <= last_bar, got {first_bar}-{last_bar}", code="invalid_span"
         )
+    return int(first_bar), int(last_bar)
+
+
+def bar_span(pm: pretty_midi.PrettyMIDI, first_bar, last_bar) -> tuple[float, float]:
+    """The seconds of bars `first_bar` to `last_bar` of a file (1-based, both included, as a sequencer counts
+    them from the file's start): from the downbeat of the first to the downbeat after the last, by the file's
+    tempo and time-signature changes (a file without them is 4/4 at 120 bpm, as MIDI says). InfillError
+    `invalid_span` for bars that are not whole numbers >= 1 in order, `span_outside_music` when the file's
+    music has no bar after the last (a span must leave music after it)."""
+    first_bar, last_bar = check_bars(first_bar, last_bar)
     downbeats = pm.get_downbeats()  # every bar's start up to the file's end
     if last_bar >= len(downbeats):
         raise InfillError(

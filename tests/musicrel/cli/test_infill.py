@@ -137,9 +137,8 @@ def test_bars_are_read_at_each_files_tempo(setup, capsys):
     assert main([*past, "--bars", "5-40"]) == 1
     assert "error [span_outside_music]" in capsys.readouterr().err
     assert main([*past, "--bars", "3-2"]) == 2
-    assert (
-        capsys.readouterr().err.strip() == "musicrel infill: --bars 3-2: the first bar comes after the last"
-    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("musicrel infill: error [invalid_span]: the bars must"), err
     assert main([*past, "--bars", "2-3", "--start", "1"]) == 2
     assert "not both" in capsys.readouterr().err
     assert main(past) == 2

@@ -692,6 +692,18 @@ def test_fill_mode_takes_the_span_in_bars(page, tmp_path):
     assert all(2.4 - 1e-3 <= s < 7.2 for s, _ in new), new
     page.fill("#fill_start", "3")
     assert page.input_value("#fill_first_bar") == "" and page.input_value("#fill_last_bar") == ""
+    # Bars past the music: the server's error, in words, beside the last bar's input (the page sends them as
+    # typed; the file has 5 bars, so bar 5 has no bar after it).
+    page.fill("#fill_first_bar", "3")
+    page.fill("#fill_last_bar", "5")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=error]", timeout=GENERATION_TIMEOUT_MS)
+    assert "span_outside_music" in page.inner_text("#error")
+    note = page.inner_text("#last_bar-error")
+    assert "5 bars" in note, note
+    assert page.evaluate(
+        "document.getElementById('last_bar-error').closest('.field').contains(document.getElementById('fill_last_bar'))"
+    )
 
 
 def test_fill_mode_steers_the_span_with_the_controls_but_the_instrument(page, tmp_path):

@@ -194,7 +194,8 @@ def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit
         if limit is not None and len(pieces) >= limit:
             break
         try:
-            notes = codec.to_notes(codec.read(path))
+            # the truth (and the real music and the motif) as the codec renders the model's notes
+            notes = codec.heard(codec.to_notes(codec.read(path)))
         except (MusicrelError, OSError) as exc:
             code = getattr(exc, "code", "unreadable")
             skipped[code] = skipped.get(code, 0) + 1

@@ -337,7 +337,8 @@ def load_infill_pieces(codec, files, options: InfillEvaluationOptions):
             break
         try:
             pm = codec.read(path)
-            notes = codec.to_notes(pm)
+            # the truth, the bars copied and the music around the gap as the codec renders the fillings
+            notes = codec.heard(codec.to_notes(pm))
         except (MusicrelError, OSError) as exc:
             code = getattr(exc, "code", "unreadable")
             skipped[code] = skipped.get(code, 0) + 1

@@ -41,6 +41,7 @@ from musicrel.evaluation.metrics import (
     DURATION_EDGES,
     IOI_EDGES,
     VELOCITY_EDGES,
+    durations,
     histogram_overlap,
     inter_onset_intervals,
     polyphony,
@@ -135,7 +136,7 @@ def features(notes, context, seconds: float, key_notes=None) -> np.ndarray:
     cols: list[float] = list(np.roll(pitch_class_histogram(notes), -tonic))
     cols += list(_hist(_intervals(notes), INTERVAL_EDGES))
     cols += list(_hist(inter_onset_intervals(notes), IOI_EDGES))
-    cols += list(_hist([n.end - n.start for n in notes], DURATION_EDGES))
+    cols += list(_hist(durations(notes), DURATION_EDGES))
     cols += list(_hist(velocity, VELOCITY_EDGES))
     cols += [velocity.mean() if len(notes) else nan, velocity.std() if len(notes) else nan]
     cols += list(polyphony(notes))

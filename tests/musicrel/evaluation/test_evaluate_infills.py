@@ -157,7 +157,7 @@ def test_the_classifier_sees_the_gap_s_end_as_a_family(report):
 def test_the_copy_baseline_is_what_it_says(report):
     assert len(report["examples"]) == 3
     for ex in report["examples"]:
-        notes = CODEC.to_notes(CODEC.read(ex["file"]))
+        notes = CODEC.heard(CODEC.to_notes(CODEC.read(ex["file"])))  # as the codec renders the fillings
         copied = copy_before(notes, ex["start"], ex["end"] - ex["start"])
         assert ex["systems"]["copy-before"] == [
             [n.pitch, round(n.start, 3), round(n.end, 3), n.velocity] for n in copied

@@ -551,3 +551,26 @@ def test_fewer_compositions_fewer_folds_and_too_few_are_left_out():
     assert section["sections"]["all"]["left_out"]["drone"] == (
         f"3 compositions with continuations (< {MIN_PIECES}) in 8 files: too few to fold"
     )
+
+
+def test_a_score_and_its_notes_through_the_codec_read_alike():
+    """The features see the music, not the codec's rounding: a score's notes (an eighth of 0.25 s sits on a
+    duration bin's edge) read as the codec renders them, and again, give the same features; and a length
+    read as the difference of two 10 ms steps (0.25 +- 1e-16) falls in the bin of its exact value."""
+    from musicrel.midi.codec import EventCodec
+
+    codec = EventCodec()
+    rng = np.random.default_rng(0)
+    lengths = [0.25, 0.5, 0.125, 1 / 6, 1.0, 0.375]
+    notes, t = [], 0.0
+    for _ in range(60):
+        d = float(rng.choice(lengths))
+        notes.append(pretty_midi.Note(int(rng.integers(30, 120)), int(rng.integers(48, 80)), t, t + d))
+        t += d
+    heard = codec.heard(notes)
+    context = [pretty_midi.Note(80, 60, -1.0, -0.5)]
+    assert np.array_equal(features(heard, context, 10.0), features(codec.heard(heard), context, 10.0))
+    steps = [pretty_midi.Note(80, 60, k * 0.01, (k + 25) * 0.01) for k in range(100, 200)]
+    exact = [pretty_midi.Note(80, 60, 1.0, 1.25)] * len(steps)
+    assert {round(n.end - n.start, 20) for n in steps} != {0.25}  # the float noise is there
+    assert np.array_equal(features(steps, context, 10.0)[35:49], features(exact, context, 10.0)[35:49])

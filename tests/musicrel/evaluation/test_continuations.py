@@ -406,3 +406,25 @@ def test_cli_writes_report_and_pictures(world, tmp_path, capsys):
     assert "report.json" in out and "ngram" in out
     assert main([*argv[:-3], "--systems", "bogus", "--quiet"]) == 2
     assert "[unknown_system]" in capsys.readouterr().err
+
+
+def test_the_truth_is_read_as_the_codec_renders_a_models_notes(world, tmp_path):
+    """A velocity between the codec's bins and an onset off its 10 ms step come back, in the motif, the truth
+    and the real music, as the model's notes could be: the classifier compares music, not rounding."""
+    import pretty_midi
+
+    from musicrel.evaluation.continuations import load_pieces
+    from musicrel.model.checkpoint import load_model
+
+    pm = pretty_midi.PrettyMIDI()
+    inst = pretty_midi.Instrument(program=0)
+    inst.notes = [pretty_midi.Note(101, 60 + i % 5, 0.2503 * i, 0.2503 * i + 0.2) for i in range(40)]
+    pm.instruments.append(inst)
+    pm.write(str(tmp_path / "off-grid.mid"))
+    model = load_model(world / "ckpt")
+    (piece,), _ = load_pieces(model, CODEC, [tmp_path / "off-grid.mid"], 3.0, 2.0, None)
+    heard = CODEC.heard(inst.notes)
+    assert {n.velocity for n in piece.reference} == {heard[0].velocity} != {101}
+    step = CODEC.config.step_ms / 1000
+    for notes in (piece.motif, piece.reference, piece.after):
+        assert all(abs(n.start / step - round(n.start / step)) < 1e-6 for n in notes)

@@ -379,9 +379,10 @@ def engine_main(conn: Any, settings: Settings) -> None:
             conn.send(message)
 
     try:
-        loaded = LoadedModel.load(settings.checkpoint, device=settings.device)
-        accompanist = load_accompanist(settings.accompany_checkpoint)  # on the CPU, as in one process
-        infiller = load_infiller(settings.infill_checkpoint)  # on the CPU too
+        loaded = LoadedModel.load(settings.checkpoint, device=settings.device, weights=settings.weights)
+        # the other two on the CPU, as in one process
+        accompanist = load_accompanist(settings.accompany_checkpoint, weights=settings.weights)
+        infiller = load_infiller(settings.infill_checkpoint, weights=settings.weights)
     except Exception as exc:
         log.exception("loading the checkpoint failed")
         send(EngineFailed(f"loading the checkpoint failed: {exc}"))

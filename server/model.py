@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS
+
 if TYPE_CHECKING:
     from musicrel.midi.codec import EventCodec
     from musicrel.model.transformer import MusicTransformer
@@ -86,20 +88,25 @@ class LoadedModel:
     card: ModelCard
 
     @classmethod
-    def load(cls, folder: str | Path, device: str = "cpu") -> LoadedModel:
-        """Load the checkpoint in `folder` (CheckpointError when it holds none) in eval mode on `device`."""
+    def load(
+        cls, folder: str | Path, device: str = "cpu", weights: str = DEFAULT_DECODE_WEIGHTS
+    ) -> LoadedModel:
+        """Load the checkpoint in `folder` (CheckpointError when it holds none) in eval mode on `device`, its
+        weights held as `weights` (musicrel.model.quantize)."""
         from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
+        from musicrel.model.quantize import is_quantized
         from musicrel.threads import loading_threads
 
         loading_threads()  # only a decoding thread runs a team of threads
         folder = Path(folder)
-        model = load_model(folder, device=device).eval()
+        model = load_model(folder, device=device, weights=weights)
         codec = load_codec(folder)
         card = folder / CARD_FILE
         info = {
             "checkpoint": str(folder),
             "sha256": weights_sha256(folder),
             "parameters": model.num_parameters(),
+            "weights": "int8" if is_quantized(model) else "float32",
             "vocab_size": codec.vocab_size,
             "model": model.cfg.to_dict(),
             "codec": codec.config.to_dict(),
@@ -109,15 +116,19 @@ class LoadedModel:
         return cls(model, codec, ModelCard(info))
 
 
-def load_accompanist(folder: str | Path, device: str = "cpu") -> LoadedModel | None:
+def load_accompanist(
+    folder: str | Path, device: str = "cpu", weights: str = DEFAULT_DECODE_WEIGHTS
+) -> LoadedModel | None:
     """The accompaniment model in `folder`, or None when there is none there or it has no melody tokens
     (`view_accompanist` says why)."""
     view, _ = view_accompanist(folder)
-    return None if view is None else LoadedModel.load(folder, device=device)
+    return None if view is None else LoadedModel.load(folder, device=device, weights=weights)
 
 
-def load_infiller(folder: str | Path, device: str = "cpu") -> LoadedModel | None:
+def load_infiller(
+    folder: str | Path, device: str = "cpu", weights: str = DEFAULT_DECODE_WEIGHTS
+) -> LoadedModel | None:
     """The infill model in `folder`, or None when there is none there or it has no infill tokens
     (`view_infiller` says why)."""
     view, _ = view_infiller(folder)
-    return None if view is None else LoadedModel.load(folder, device=device)
+    return None if view is None else LoadedModel.load(folder, device=device, weights=weights)

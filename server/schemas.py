@@ -4,7 +4,7 @@ operator's tighter limits (MUSICREL_MAX_SECONDS, ...) are checked on top in deps
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -15,6 +15,7 @@ from musicrel.generation.sampling import MAX_SEED, SamplingParams
 from musicrel.generation.span import MAX_SPAN_SECONDS
 from musicrel.generation.span import InfillParams as LibraryInfillParams
 from musicrel.midi.codec import CodecConfig
+from musicrel.model.checkpoint import DECODE_WEIGHTS
 
 # The defaults are the library's (SamplingParams, PRIMER_SECONDS, Controls); the bounds are the server's own.
 _D = SamplingParams
@@ -509,6 +510,10 @@ class ModelInfo(BaseModel):
         description="sha256 of model.safetensors (of a sharded checkpoint: of its shards in index order)"
     )
     parameters: int
+    weights: Literal[DECODE_WEIGHTS] = Field(
+        description="how the model holds its weights while decoding: int8 where the CPU's int8 kernel takes "
+        "its layers (MUSICREL_WEIGHTS, docs/BENCHMARKS.md), else float32 as trained"
+    )
     vocab_size: int
     model: dict[str, Any]
     codec: dict[str, Any]

@@ -86,7 +86,7 @@ class Service:
         self.view = CheckpointView.read(folder)
         self.codec = self.view.codec
         if not self.uses_engine_process:
-            self.loaded = LoadedModel.load(folder, device=self.settings.device)
+            self.loaded = LoadedModel.load(folder, device=self.settings.device, weights=self.settings.weights)
         # What a sample copied from the training data is reported when the checkpoint ships the index.
         self.novelty = load_index(folder) if (folder / INDEX_FILE).is_file() else None
         self.admission.calibrate(self.codec)
@@ -101,7 +101,7 @@ class Service:
             why = self.accompaniment_unavailable
             (log.warning if "melody tokens" in why else log.info)("accompaniment: %s", why)
         elif not self.uses_engine_process:
-            self.accompanist = load_accompanist(folder)
+            self.accompanist = load_accompanist(folder, weights=self.settings.weights)
 
     def _load_infill(self) -> None:
         """No folder is no error: the service runs without POST /v1/infills (503 infill_unavailable)."""
@@ -111,7 +111,7 @@ class Service:
             why = self.infill_unavailable
             (log.warning if "infill tokens" in why else log.info)("infill: %s", why)
         elif not self.uses_engine_process:
-            self.infiller = load_infiller(folder)
+            self.infiller = load_infiller(folder, weights=self.settings.weights)
 
     def infill_info(self) -> dict[str, Any] | None:
         """What /v1/model says of the infill model: null when the route is unavailable."""

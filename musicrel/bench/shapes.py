@@ -2,14 +2,15 @@
 
 Per shape (by default the model shapes of configs/gpu-default.yaml, gpu-2m.yaml, gpu-8m.yaml and gpu-20m.yaml
 layered over configs/gpu.yaml, with random weights: speed does not depend on what a model learned; plus any
-trained model folder given):
+trained model folder given), and per way of holding the weights while decoding (`--weights`: int8 as served,
+and float32 as trained, side by side, with the ratio):
 - the real-time factor at batch 1 and batch 8: events per second / 40, decoding through the service's path
   (`generate_batch`: a DecodeBatch, the grammar and every control on) after a primer of real notes; the decode
   only (admitted to done), as the prefill is in the first-note latency. At batch 8 all rows together;
 - the first-note latency at batch 1: from the call (a fresh DecodeBatch, the primer's prefill included) to
   the first NOTE_ON token sampled (how many tokens come before it is the model's own choice: a trained
   model's says something, random weights' only that the grammar and controls let a note through);
-- memory: the weights (float32, as served), the KV cache at full context (`new_cache`) for 1 and 8 rows,
+- memory: the weights (as held while decoding), the KV cache at full context (`new_cache`) for 1 and 8 rows,
   and the peak growth of the resident set (VmHWM) while a job decodes into the full window: a primer as long
   as the service takes (3/4 of the window), then a few tokens, which grow the cache to the whole window. In a
   fresh process per shape, where freed memory leaves the process (bench/rss.py).
@@ -26,13 +27,14 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from musicrel.bench.generate import EVENTS_PER_SECOND_OF_MUSIC, every_control, set_threads
 from musicrel.bench.rss import fresh_process_env, reset_peak, status_kb
 from musicrel.bench.timing import medians, side_by_side
 from musicrel.errors import ConfigError
+from musicrel.model.checkpoint import DECODE_WEIGHTS, check_decode_weights
 
 SHAPES = ("default", "2m", "8m", "20m")  # configs/gpu-<shape>.yaml, each layered over configs/gpu.yaml
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -75,6 +77,12 @@ def register(bench_sub) -> None:
         default=None,
         help="torch CPU threads (default: chosen as musicrel generate does for 8 rows)",
     )
+    parser.add_argument(
+        "--weights",
+        default=",".join(DECODE_WEIGHTS),
+        help="how the weights are held while decoding, a comma list measured side by side (default: "
+        f"{','.join(DECODE_WEIGHTS)})",
+    )
     parser.add_argument("--tokens", type=int, default=128, help="tokens each row decodes per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (the median counts)")
     parser.set_defaults(func=run)
@@ -85,11 +93,17 @@ def register(bench_sub) -> None:
 
 @dataclass(frozen=True)
 class Shape:
-    """A model to measure: ModelConfig fields for random weights (`config`), or a trained model folder."""
+    """A model to measure: ModelConfig fields for random weights (`config`), or a trained model folder; its
+    weights held as `weights` while it decodes (DECODE_WEIGHTS)."""
 
     name: str
     config: dict | None = None
     checkpoint: str | None = None
+    weights: str = "float32"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.weights}"
 
 
 def config_shape(name: str, config_dir: Path = CONFIG_DIR) -> Shape:
@@ -113,20 +127,22 @@ def config_shape(name: str, config_dir: Path = CONFIG_DIR) -> Shape:
 
 
 def build(shape: Shape):
-    """The model (eval mode, float32, CPU) and its codec."""
+    """The model (eval mode, CPU, its weights held as `shape.weights`) and its codec."""
     import torch
 
     from musicrel.midi.codec import EventCodec
     from musicrel.model.checkpoint import load_codec, load_model
     from musicrel.model.config import ModelConfig
+    from musicrel.model.quantize import quantize_int8
     from musicrel.model.transformer import MusicTransformer
 
     if shape.checkpoint is not None:
-        return load_model(shape.checkpoint), load_codec(shape.checkpoint)
+        return load_model(shape.checkpoint, weights=shape.weights), load_codec(shape.checkpoint)
     codec = EventCodec()
     torch.manual_seed(0)
     cfg = ModelConfig.from_dict({**shape.config, "vocab_size": codec.vocab_size})
-    return MusicTransformer(cfg).eval(), codec
+    model = MusicTransformer(cfg).eval()
+    return (quantize_int8(model) if shape.weights == "int8" else model), codec
 
 
 def motif_primer(codec, events: int):
@@ -151,7 +167,7 @@ def motif_primer(codec, events: int):
 
 
 def weights_bytes(model) -> int:
-    """Bytes of the parameters and buffers as they are served (float32; tied weights counted once)."""
+    """Bytes of the parameters and buffers as they decode (int8 or float32; tied weights counted once)."""
     import itertools
 
     tensors = {t.data_ptr(): t for t in itertools.chain(model.parameters(), model.buffers())}
@@ -239,7 +255,7 @@ def measure_memory(shape: Shape, threads: int) -> dict:
     )
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"memory of {shape.name} not measured: {tail}")
+        raise RuntimeError(f"memory of {shape.label} not measured: {tail}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return {key: {int(r): v for r, v in value.items()} if isinstance(value, dict) else value
             for key, value in out.items()}  # fmt: skip
@@ -248,6 +264,7 @@ def measure_memory(shape: Shape, threads: int) -> dict:
 @dataclass
 class ShapeResult:
     name: str
+    weights: str
     layers: int
     d_model: int
     params: int
@@ -270,7 +287,7 @@ def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]
 
     from musicrel.generation.primer import default_max_primer_tokens
 
-    built = {shape.name: build(shape) for shape in shapes}
+    built = {shape.label: build(shape) for shape in shapes}
     primers = {
         name: motif_primer(codec, min(PRIMER_EVENTS, default_max_primer_tokens(model)))
         for name, (model, codec) in built.items()
@@ -285,20 +302,21 @@ def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]
     results = []
     threads = torch.get_num_threads()
     for shape in shapes:
-        model, codec = built[shape.name]
-        rates = medians({rows: [e / s for e, s in runs[shape.name, rows]] for rows in ROWS})
-        firsts = runs[shape.name, "first"]
+        model, codec = built[shape.label]
+        rates = medians({rows: [e / s for e, s in runs[shape.label, rows]] for rows in ROWS})
+        firsts = runs[shape.label, "first"]
         first_s = [s for s, _ in firsts]
         memory = measure_memory(shape, threads)
         results.append(
             ShapeResult(
                 name=shape.name,
+                weights=shape.weights,
                 layers=model.cfg.n_layers,
                 d_model=model.cfg.d_model,
                 params=model.num_parameters(),
                 context=model.cfg.max_seq_len,
-                primer_events=len(primers[shape.name].tokens),
-                events={rows: runs[shape.name, rows][-1][0] for rows in ROWS},
+                primer_events=len(primers[shape.label].tokens),
+                events={rows: runs[shape.label, rows][-1][0] for rows in ROWS},
                 rtf={rows: rate / EVENTS_PER_SECOND_OF_MUSIC for rows, rate in rates.items()},
                 first_note_s=None if None in first_s else statistics.median(first_s),
                 first_note_tokens=firsts[-1][1],
@@ -318,7 +336,7 @@ def verdict(results: list[ShapeResult]) -> ShapeResult | None:
 
 
 def table(results: list[ShapeResult]) -> list[str]:
-    header = ("shape", "params", "context", "RTF b1", "RTF b8", "first note ms", "weights MiB",
+    header = ("shape", "weights", "params", "context", "RTF b1", "RTF b8", "first note ms", "weights MiB",
               "KV MiB b1/b8", "peak RSS MiB b1/b8")  # fmt: skip
     rows = []
     for r in results:
@@ -326,6 +344,7 @@ def table(results: list[ShapeResult]) -> list[str]:
         rows.append(
             (
                 f"{r.name} ({r.layers}x{r.d_model})",
+                r.weights,
                 f"{r.params / 1e6:.2f} M",
                 str(r.context),
                 f"{r.rtf[1]:.1f}x",
@@ -343,15 +362,31 @@ def table(results: list[ShapeResult]) -> list[str]:
     ]
 
 
+def ratios(results: list[ShapeResult]) -> list[str]:
+    """Per shape measured both ways: int8's real-time factors over float32's (same run, interleaved)."""
+    by = {(r.name, r.weights): r for r in results}
+    lines = []
+    for name in dict.fromkeys(r.name for r in results):
+        q, f = by.get((name, "int8")), by.get((name, "float32"))
+        if q is not None and f is not None:
+            lines.append(
+                f"int8 / float32, {name}: RTF b1 {q.rtf[1] / f.rtf[1]:.2f}x, b8 {q.rtf[8] / f.rtf[8]:.2f}x, "
+                f"weights {q.weights_bytes / f.weights_bytes:.2f}x the bytes"
+            )
+    return lines
+
+
 def run(args) -> int:
     import torch
 
     for name, value in (("--tokens", args.tokens), ("--repeats", args.repeats)):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
+    weights = [check_decode_weights(w.strip()) for w in dict.fromkeys(args.weights.split(","))]
     names = dict.fromkeys(args.shape or SHAPES)  # each shape once, in the order given
-    shapes = [config_shape(name, args.configs) for name in names]
-    shapes += [Shape(str(folder), checkpoint=str(folder)) for folder in dict.fromkeys(args.checkpoint)]
+    models = [config_shape(name, args.configs) for name in names]
+    models += [Shape(str(folder), checkpoint=str(folder)) for folder in dict.fromkeys(args.checkpoint)]
+    shapes = [replace(shape, weights=w) for shape in models for w in weights]
     chosen = set_threads(args.threads)
     results = measure(shapes, args.tokens, args.repeats)
 
@@ -360,7 +395,7 @@ def run(args) -> int:
         f"per row per measurement, median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} CPUs, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'default')}"
     )
-    for line in table(results):
+    for line in table(results) + ratios(results):
         print(line)
     primers = sorted({r.primer_events for r in results})
     for note in (
@@ -369,7 +404,8 @@ def run(args) -> int:
         f"{'/'.join(map(str, primers))} events of real notes; b8: the 8 rows together (each gets 1/8).",
         "First note: batch 1, from the call to the first NOTE_ON sampled (prefill included; tokens up to "
         "it).",
-        "Weights: float32, as served. KV: the cache at the whole context. Peak RSS: its growth while a job "
+        "Weights: as held while decoding (int8: every layer the CPU's int8 kernel takes; the service's "
+        "default). KV: the cache at the whole context. Peak RSS: its growth while a job "
         "with a 3/4-window primer decodes into the whole window (prefill included), in a fresh process.",
     ):
         print(textwrap.fill(note, width=110, subsequent_indent="  "))
@@ -379,6 +415,7 @@ def run(args) -> int:
     else:
         print(
             f"serve: {best.name} ({best.layers}x{best.d_model}, {best.params / 1e6:.2f} M parameters, "
+            f"{best.weights} weights, "
             f"context {best.context}): the largest shape >= {SERVE_RTF:g}x real time at batch 1 "
             f"({best.rtf[1]:.1f}x)"
         )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from musicrel.cli.args import (
     add_control_arguments,
+    add_weights_argument,
     controls_from_args,
     given,
     output_paths,
@@ -39,7 +40,7 @@ def _accompany(args) -> int:
         print(f"musicrel accompany: no .mid/.midi file in {root}", file=sys.stderr)
         return 2
     torch_setup(args, rows=params.num_samples)
-    model, codec = load_model(args.checkpoint), load_codec(args.checkpoint)
+    model, codec = load_model(args.checkpoint, weights=args.weights), load_codec(args.checkpoint)
     records, failed = [], 0
     for i, melody in enumerate(files):
         paths = output_paths(melody, root, out, params.num_samples)
@@ -95,6 +96,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--checkpoint", required=True, help="an accompaniment model folder (checkpoints/accompany)"
     )
+    add_weights_argument(p)
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--track", type=int, default=None, help="instrument index of the melody")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from musicrel.cli.args import positive_int, torch_setup
+from musicrel.cli.args import add_weights_argument, positive_int, torch_setup
 
 
 def _evaluate(args) -> int:
@@ -22,6 +22,7 @@ def _evaluate(args) -> int:
         seconds=args.seconds,
         continuation=args.continuation,
         limit=args.limit,
+        weights=args.weights,
         progress=None if args.quiet else lambda k, n: print(f"{k}/{n} songs", file=sys.stderr, flush=True),
         **systems,
     )
@@ -41,6 +42,7 @@ def register(subparsers) -> None:
         "(musicrel.evaluation.accompaniments).",
     )
     e.add_argument("--checkpoint", required=True, help="the accompaniment model folder")
+    add_weights_argument(e)
     e.add_argument("--data", required=True, help="a folder of `musicrel prepare ... --melody` (POP909)")
     e.add_argument("--split", default="test")
     e.add_argument("--seeds", type=positive_int, default=3)

@@ -6,7 +6,7 @@ Torch is imported inside the handler so that `musicrel --help` stays fast.
 
 from __future__ import annotations
 
-from musicrel.cli.args import given, positive_int, torch_setup
+from musicrel.cli.args import add_weights_argument, given, positive_int, torch_setup
 
 
 def _evaluate(args) -> int:
@@ -31,6 +31,7 @@ def _evaluate(args) -> int:
         "systems",
         "ngram_data",
         "source",
+        "weights",
     )
     options = EvaluationOptions(**options)
     report = evaluate_continuations(args.checkpoint, args.input, options, progress=not args.quiet)
@@ -56,6 +57,7 @@ def register(subparsers) -> None:
         "musicrel.evaluation.continuations.evaluate_continuations, and for sampling those of SamplingParams.",
     )
     e.add_argument("--checkpoint", required=True)
+    add_weights_argument(e)
     e.add_argument(
         "--input",
         required=True,

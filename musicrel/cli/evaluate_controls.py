@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from musicrel.cli.args import add_weights_argument
+
 
 def _evaluate_controls(args) -> int:
     from musicrel.evaluation.continuations import held_out_files, load_pieces
@@ -15,7 +17,8 @@ def _evaluate_controls(args) -> int:
 
     if args.threads:
         set_torch_threads(args.threads)
-    model, codec = load_model(args.checkpoint, device=args.device), load_codec(args.checkpoint)
+    model = load_model(args.checkpoint, device=args.device, weights=args.weights)
+    codec = load_codec(args.checkpoint)
     files = held_out_files(Path(args.input), args.split)
     pieces, skipped = load_pieces(model, codec, files, args.motif_seconds, args.seconds, args.limit)
     if not pieces:
@@ -44,6 +47,7 @@ def register(subparsers) -> None:
         "figure beside its target and beside the same figure with no control. Exit 1 if a target is missed.",
     )
     e.add_argument("--checkpoint", required=True)
+    add_weights_argument(e)
     e.add_argument("--input", required=True, help="a prepared data folder (its --split) or a folder of MIDI")
     e.add_argument("--split", default="test")
     e.add_argument("--limit", type=int, default=10, help="motifs (10)")

@@ -6,7 +6,7 @@ Torch is imported inside the handler so that `musicrel --help` stays fast.
 
 from __future__ import annotations
 
-from musicrel.cli.args import given, positive_int, torch_setup
+from musicrel.cli.args import add_weights_argument, given, positive_int, torch_setup
 
 
 def _evaluate(args) -> int:
@@ -27,6 +27,7 @@ def _evaluate(args) -> int:
         "temperature",
         "top_k",
         "top_p",
+        "weights",
     )
     options = InfillEvaluationOptions(**options)
     checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
@@ -49,6 +50,7 @@ def register(subparsers) -> None:
         "batch 1 on the CPU is reported. Figures per source with 95%% bootstrap intervals over pieces.",
     )
     e.add_argument("--checkpoint", default=None, help="an infill model (default: checkpoints/infill)")
+    add_weights_argument(e)
     e.add_argument(
         "--input",
         required=True,

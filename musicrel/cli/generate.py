@@ -13,6 +13,7 @@ from pathlib import Path
 
 from musicrel.cli.args import (
     add_control_arguments,
+    add_weights_argument,
     controls_from_args,
     output_paths,
     positive_int,
@@ -167,7 +168,7 @@ def _generate(args) -> int:
         return 2
     started = time.perf_counter()
     threads = torch_setup(args, rows=min(len(motifs), args.batch_size) * args.num_samples)
-    model = load_model(args.checkpoint)
+    model = load_model(args.checkpoint, weights=args.weights)
     codec = load_codec(args.checkpoint)
     novelty = _novelty_index(args)
     out.mkdir(parents=True, exist_ok=True)
@@ -204,6 +205,7 @@ def _generate(args) -> int:
     counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "exists", "error")}
     summary = {
         "checkpoint": str(args.checkpoint),
+        "weights": args.weights,
         "input": str(root),
         "settings": {
             **dataclasses.asdict(params),
@@ -236,6 +238,7 @@ def register(subparsers) -> None:
         "summary.json to --out. Outputs that already exist are skipped, so an interrupted run resumes.",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + model.safetensors)")
+    add_weights_argument(p)
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
     p.add_argument("--out", required=True, help="output folder")
     # Sampling options default to SamplingParams' (left out: not passed), but for two samples per motif.

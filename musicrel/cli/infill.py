@@ -13,6 +13,7 @@ from pathlib import Path
 
 from musicrel.cli.args import (
     add_control_arguments,
+    add_weights_argument,
     controls_from_args,
     given,
     output_paths,
@@ -75,7 +76,7 @@ def _infill(args) -> int:
         print(f"musicrel infill: no .mid/.midi file in {root}", file=sys.stderr)
         return 2
     torch_setup(args, rows=params.num_samples)
-    model, codec = load_model(args.checkpoint), load_codec(args.checkpoint)
+    model, codec = load_model(args.checkpoint, weights=args.weights), load_codec(args.checkpoint)
     check_model(model, codec)
     records, failed = [], 0
     for i, path in enumerate(files):
@@ -138,6 +139,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("input", help="a MIDI file or a folder of them")
     p.add_argument("--checkpoint", required=True, help="an infill model folder")
+    add_weights_argument(p)
     p.add_argument("--start", type=float, default=None, help="start of the span, seconds")
     p.add_argument("--end", type=float, default=None, help="end of the span, seconds (at most 30 s later)")
     p.add_argument(

@@ -41,6 +41,7 @@ from musicrel.evaluation.metrics import (
     polyphony,
 )
 from musicrel.generation.controls import MAX_CHORDS, ControlError, Controls, parse_chord
+from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS
 
 ONSET_SLACK = 0.05  # seconds: a note struck this soon after a beat sounds "at" it
 SYSTEMS = ("model", "chords", "real", "rule", "continuation")
@@ -269,11 +270,14 @@ def evaluate_accompaniments(
     continuation: str | None = None,
     limit: int | None = None,
     progress=None,
+    weights: str = DEFAULT_DECODE_WEIGHTS,
 ) -> dict:
-    """The report (see the module docstring) as a dict: per system, per metric, mean and interval."""
+    """The report (see the module docstring) as a dict: per system, per metric, mean and interval. `weights`:
+    how the models hold their weights while they decode (DECODE_WEIGHTS)."""
     from musicrel.generation.accompaniment import AccompanimentParams, accompany_notes
-    from musicrel.model.checkpoint import load_codec, load_model
+    from musicrel.model.checkpoint import check_decode_weights, load_codec, load_model
 
+    check_decode_weights(weights)
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
         raise ConfigError(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}", code="bad_systems")
@@ -283,9 +287,9 @@ def evaluate_accompaniments(
     songs = [load_song(f, seconds) for f in folders]
     songs = [s for s in songs if s.melody and s.real]
     needs_model = {"model", "chords"} & set(systems)
-    model = load_model(checkpoint) if needs_model else None
+    model = load_model(checkpoint, weights=weights) if needs_model else None
     codec = load_codec(checkpoint) if needs_model else None
-    cont_model = load_model(continuation) if "continuation" in systems else None
+    cont_model = load_model(continuation, weights=weights) if "continuation" in systems else None
     cont_codec = load_codec(continuation) if "continuation" in systems else None
     per_song: dict[str, list[dict]] = {s: [] for s in systems}
     timing = {s: 0.0 for s in systems}
@@ -316,6 +320,7 @@ def evaluate_accompaniments(
         "seeds": seeds,
         "seconds": seconds,
         "split": split,
+        "weights": weights,
         "systems": list(systems),
         "song_names": [s.name for s in songs],
         "metrics": {},

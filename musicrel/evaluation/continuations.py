@@ -55,7 +55,7 @@ from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut,
 from musicrel.generation.sampling import SamplingParams, derived_seed, row_seed
 from musicrel.midi.codec import open_pitches
 from musicrel.midi.files import find_midi_files
-from musicrel.model.checkpoint import load_codec, load_model
+from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, check_decode_weights, load_codec, load_model
 from musicrel.model.transformer import MusicTransformer
 
 SYSTEMS = ("model", "model-no-grammar", "untrained", "ngram", "repeat-motif", "real-music")
@@ -388,7 +388,8 @@ class EvaluationOptions:
     that source's pieces of a multi-source one. temperature/top_k/top_p/shift_temperature: the model's
     sampling (None: SamplingParams' defaults). systems: names from SYSTEMS (None: all). ngram_data: the
     prepared folder whose train split the n-gram is fitted on (None: the input when it is one; else the
-    n-gram is left out and the report says why).
+    n-gram is left out and the report says why). weights: how the model holds its weights while it decodes
+    (DECODE_WEIGHTS; the service's default).
     """
 
     motif_seconds: float = 10.0
@@ -405,8 +406,10 @@ class EvaluationOptions:
     systems: Sequence[str] | None = None
     ngram_data: str | Path | None = None
     source: str | None = None
+    weights: str = DEFAULT_DECODE_WEIGHTS
 
     def __post_init__(self) -> None:
+        check_decode_weights(self.weights)
         if not (self.motif_seconds > 0 and self.seconds > 0):
             raise EvaluationError("motif_seconds and seconds must be > 0", code="invalid_params")
         for name in ("seeds", "batch_size"):
@@ -525,7 +528,7 @@ def evaluate_continuations(
     Returns the report (see docs/EVALUATION.md: layout)."""
     options = options or EvaluationOptions()
     input_dir = Path(input_dir)
-    model = load_model(checkpoint)
+    model = load_model(checkpoint, weights=options.weights)
     codec = load_codec(checkpoint)
     systems = _systems(model, codec, input_dir, options)
     files = held_out_files(input_dir, options.split, options.source)
@@ -534,7 +537,12 @@ def evaluate_continuations(
         raise EvaluationError(f"no usable pieces in {input_dir} (skipped: {skipped})", code="no_input")
     runs, timings, example_system, examples, heard = _run(codec, pieces, systems, options, progress)
     split = options.split if is_prepared(input_dir) else None
-    head = {"checkpoint": str(checkpoint), "input": str(input_dir), "split": split}
+    head = {
+        "checkpoint": str(checkpoint),
+        "weights": options.weights,
+        "input": str(input_dir),
+        "split": split,
+    }
     ran = (timings, example_system, examples, heard)
     return {**head, **_report(codec, pieces, skipped, systems, options, runs, ran, input_dir)}
 

@@ -69,7 +69,7 @@ from musicrel.generation.keys import find_key, pitch_class_histogram
 from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut, render_result
 from musicrel.generation.sampling import SamplingParams, derived_seed
 from musicrel.midi.codec import open_pitches
-from musicrel.model.checkpoint import load_codec, load_model
+from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, check_decode_weights, load_codec, load_model
 
 DEFAULT_CHECKPOINT = "checkpoints/infill"
 SYSTEMS = ("infill", "continuation", "copy-before")
@@ -198,7 +198,8 @@ class InfillEvaluationOptions:
     gap_seconds: each gap's length is drawn uniformly in [shortest, longest] ("4,8"); cuts: gaps per piece
     (one in each of `cuts` equal stretches of where a gap fits); seeds: samples per gap and system; seed: the
     base seed every gap's place and every sample derive theirs from; split/source: as evaluate-continuations
-    reads a prepared folder; temperature/top_k/top_p: the model's sampling (None: SamplingParams')."""
+    reads a prepared folder; temperature/top_k/top_p: the model's sampling (None: SamplingParams'); weights:
+    how the model holds its weights while it decodes and reads the gaps' NLL (DECODE_WEIGHTS)."""
 
     gap_seconds: tuple | str = (4.0, 8.0)
     cuts: int = 3
@@ -210,8 +211,10 @@ class InfillEvaluationOptions:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    weights: str = DEFAULT_DECODE_WEIGHTS
 
     def __post_init__(self) -> None:
+        check_decode_weights(self.weights)
         object.__setattr__(self, "gap_seconds", parse_gap_seconds(self.gap_seconds))
         for name in ("cuts", "seeds", "limit"):
             value = getattr(self, name)
@@ -528,7 +531,7 @@ def evaluate_infills(checkpoint, input_dir, options: InfillEvaluationOptions | N
     Evidence)."""
     options = options or InfillEvaluationOptions()
     input_dir = Path(input_dir)
-    model, codec = load_model(checkpoint), load_codec(checkpoint)
+    model, codec = load_model(checkpoint, weights=options.weights), load_codec(checkpoint)
     check_model(model, codec)
     files = held_out_files(input_dir, options.split, options.source)
     pieces, gaps, skipped = load_infill_pieces(codec, files, options)
@@ -557,7 +560,12 @@ def evaluate_infills(checkpoint, input_dir, options: InfillEvaluationOptions | N
         bar.update()
     bar.close()
     split = options.split if is_prepared(input_dir) else None
-    head = {"checkpoint": str(checkpoint), "input": str(input_dir), "split": split}
+    head = {
+        "checkpoint": str(checkpoint),
+        "weights": options.weights,
+        "input": str(input_dir),
+        "split": split,
+    }
     return {**head, **_report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, speed)}
 
 

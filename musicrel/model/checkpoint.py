@@ -31,6 +31,10 @@ CARD_FILE = "MODEL_CARD.md"
 MAX_SHARD_BYTES = 16 * 2**20
 # Storage dtypes: bfloat16 halves the files (a bf16-mixed run computed in bf16 anyway); loading upcasts.
 WEIGHT_DTYPES = ("float32", "bfloat16")
+# How a loaded model holds its weights while it decodes (musicrel.model.quantize says why int8 by default;
+# training, fine-tuning and NLL figures load float32).
+DECODE_WEIGHTS = ("int8", "float32")
+DEFAULT_DECODE_WEIGHTS = "int8"
 # Room in a shard for its JSON header: per tensor its name plus ~80 bytes of dtype/shape/offsets, and the
 # metadata (format, tied-weight aliases).
 _HEADER_BYTES_PER_TENSOR = 128
@@ -56,6 +60,10 @@ def save_model(
         raise ConfigError(f"weights dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
     if not is_int(max_shard_bytes) or max_shard_bytes < 1:
         raise ConfigError(f"max_shard_bytes must be a positive integer, got {max_shard_bytes!r}")
+    from musicrel.model.quantize import is_quantized
+
+    if is_quantized(model):  # its int8 weights are a decoding copy; the float32 ones are gone
+        raise CheckpointError("a model loaded with int8 weights cannot be saved; load its float32 weights")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config: dict[str, Any] = {
@@ -214,12 +222,14 @@ def read_config(folder) -> dict[str, Any]:
     return config
 
 
-def load_model(folder, device="cpu"):
+def load_model(folder, device="cpu", weights: str = "float32"):
     """Rebuild the model saved in `folder` (one file or shards, float32 or bfloat16 storage), on `device`, in
-    eval mode, with the model's own float32 parameters."""
+    eval mode, with the model's own float32 parameters; `weights="int8"` then quantizes it for decoding
+    (musicrel.model.quantize)."""
     from musicrel.model.config import ModelConfig
     from musicrel.model.transformer import MusicTransformer
 
+    check_decode_weights(weights)
     config = read_config(folder)
     try:
         cfg = ModelConfig.from_dict(config["model"])
@@ -231,7 +241,21 @@ def load_model(folder, device="cpu"):
         _load_shards(model, Path(folder), files)
     else:
         _load_single(model, files[0], device)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if weights == "int8":
+        from musicrel.model.quantize import quantize_int8
+
+        quantize_int8(model)
+    return model
+
+
+def check_decode_weights(weights) -> str:
+    """`weights` if it is one of DECODE_WEIGHTS, else ConfigError `invalid_weights`."""
+    if weights not in DECODE_WEIGHTS:
+        raise ConfigError(
+            f"weights must be one of {', '.join(DECODE_WEIGHTS)}, got {weights!r}", code="invalid_weights"
+        )
+    return weights
 
 
 def _load_single(model, weights: Path, device) -> None:

@@ -78,6 +78,18 @@ def test_model_info(client, tiny_checkpoint):
     assert info["model"]["max_seq_len"] == L
 
 
+def test_model_info_says_how_the_weights_are_held(client, tiny_checkpoint):
+    import pydantic
+
+    # by default int8 wherever the kernel takes a layer: here the feed-forward's output (64 inputs)
+    assert Settings().weights == "int8" and client.get("/v1/model").json()["weights"] == "int8"
+    with serve(tiny_checkpoint, weights="float32") as (as_trained, _):
+        assert as_trained.get("/v1/model").json()["weights"] == "float32"
+        assert post(as_trained, seconds="0.5").status_code == 200
+    with pytest.raises(pydantic.ValidationError):
+        Settings(weights="int4")
+
+
 def test_examples_are_served_midi(client):
     examples = client.get("/v1/examples").json()
     assert examples, "server/static/examples holds the bundled motifs"

@@ -104,7 +104,7 @@ def test_the_service_batch_holds_the_reported_cache_once_its_window_is_full(resu
 def test_the_verdict_is_the_largest_shape_at_4x():
     def shape(name, params, rtf1):
         return ShapeResult(
-            name, 1, 8, params, 128, 10, {1: 1, 8: 8}, {1: rtf1, 8: 8 * rtf1}, 0.1, 1, 4 * params
+            name, "int8", 1, 8, params, 128, 10, {1: 1, 8: 8}, {1: rtf1, 8: 8 * rtf1}, 0.1, 1, 4 * params
         )
 
     small, mid, big = shape("small", 10, 9.0), shape("mid", 20, 4.0), shape("big", 30, 3.9)
@@ -115,20 +115,26 @@ def test_the_verdict_is_the_largest_shape_at_4x():
 def test_bench_shapes_prints_a_row_per_shape_and_the_verdict(configs, tmp_path, capsys):
     ckpt = random_checkpoint(tmp_path / "ckpt", n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=64)
     argv = ["bench", "shapes", "--configs", str(configs), "--shape", "default", "--checkpoint", str(ckpt),
-            "--tokens", str(TOKENS), "--repeats", "1", "--threads", "1"]  # fmt: skip
+            "--tokens", str(TOKENS), "--repeats", "1", "--threads", "1"]  # fmt: skip (both weights: default)
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     header = [c.strip() for c in lines[1].split("|")]
-    assert header == ["shape", "params", "context", "RTF b1", "RTF b8", "first note ms", "weights MiB",
-                      "KV MiB b1/b8", "peak RSS MiB b1/b8"]  # fmt: skip
-    rows = [[c.strip() for c in line.split("|")] for line in lines[3:5]]
-    assert [r[0] for r in rows] == ["default (2x64)", f"{ckpt} (1x32)"]
-    assert [r[2] for r in rows] == ["256", "64"]
+    assert header == ["shape", "weights", "params", "context", "RTF b1", "RTF b8", "first note ms",
+                      "weights MiB", "KV MiB b1/b8", "peak RSS MiB b1/b8"]  # fmt: skip
+    rows = [[c.strip() for c in line.split("|")] for line in lines[3:7]]  # each model both ways
+    names = ["default (2x64)", "default (2x64)", f"{ckpt} (1x32)", f"{ckpt} (1x32)"]
+    assert [(r[0], r[1]) for r in rows] == list(zip(names, ["int8", "float32"] * 2, strict=True))
+    assert [r[3] for r in rows] == ["256", "256", "64", "64"]
     for r in rows:
-        rtf1, rtf8 = float(r[3].rstrip("x")), float(r[4].rstrip("x"))
-        assert rtf1 > 0 and rtf8 > 0 and float(r[1].split()[0]) > 0 and float(r[5].split()[0]) > 0
-        assert all(float(x) >= 0 for col in (6, 7, 8) for x in r[col].split("/"))  # MiB, rounded
-    assert f"/ {EVENTS_PER_SECOND_OF_MUSIC:g}" in lines[5]
+        rtf1, rtf8 = float(r[4].rstrip("x")), float(r[5].rstrip("x"))
+        assert rtf1 > 0 and rtf8 > 0 and float(r[2].split()[0]) > 0 and float(r[6].split()[0]) > 0
+        assert all(float(x) >= 0 for col in (7, 8, 9) for x in r[col].split("/"))  # MiB, rounded
+    # int8 holds the 2x64 model's linear layers in a quarter of the bytes; the 1x32 one's stay float32
+    # (rows of 32 inputs are not a shape the kernel takes)
+    assert float(rows[0][7]) < float(rows[1][7]) and rows[2][7] == rows[3][7]
+    ratio = [line for line in lines if line.startswith("int8 / float32, default:")]
+    assert len(ratio) == 1 and "RTF b1" in ratio[0] and "the bytes" in ratio[0]
+    assert any(f"/ {EVENTS_PER_SECOND_OF_MUSIC:g}" in line for line in lines)
     assert lines[-1].startswith("serve: ")
 
 

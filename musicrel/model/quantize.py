@@ -1,0 +1,91 @@
+"""Weight-only int8 for decoding on a CPU: `load_model(..., weights="int8")`, what the service and the
+commands that generate use by default.
+
+A decoding step at batch 1 multiplies one row of activations by every weight matrix once: it is bound by
+reading the weights, not by arithmetic. The shipped 9.5 M model's float32 weights are 38 MB, more than this
+machine's caches keep close, so every step streams them from memory: its matrix products took 2.8 of a step's
+5.0 ms, where the same products on weights already in cache take 0.7. int8 reads a quarter of the bytes. Every
+Linear but the output head keeps its weights as int8 with one scale per output row (absmax) and multiplies
+them with bfloat16 activations (`aten._weight_int8pack_mm`, the kernel gpt-fast's int8 mode uses); the product
+is float32 again before the bias, so the residual stream, attention, layer norms, the embedding and the head
+(tied to the embedding) stay float32. Measured in docs/BENCHMARKS.md: held-out NLL moves by under 0.001
+nats/token; a step at batch 1 is ~1.9x faster on two threads.
+
+Only for a loaded model that decodes: training, fine-tuning and the NLL figures keep float32 weights, and a
+quantized model is never saved (a checkpoint folder stays what it always was).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+INT8_MAX = 127
+# aten._weight_int8pack_mm reads its rows in blocks: on this machine a row of 8 gave wrong sums and rows of
+# other lengths not a multiple of 16 crashed the process. A layer is quantized only where its shape is one
+# PyTorch's own tests give the kernel and the kernel agrees with the plain product at load; any other stays
+# float32 (multiplying dequantized weights on every call would be slower than float32).
+KERNEL_IN_MULTIPLE = 64
+KERNEL_OUT_MULTIPLE = 16
+
+
+class Int8Linear(nn.Module):
+    """An nn.Linear whose weight is int8 (out, in) times a bfloat16 scale per output row. `kernel`: whether
+    the int8 kernel takes this shape here (quantize_int8 keeps the float32 layer where it does not)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()  # (out, in)
+        scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / INT8_MAX  # (out,)
+        # Parameters (without gradients) so that num_parameters() still counts them.
+        self.weight = nn.Parameter(torch.round(w / scales[:, None]).to(torch.int8), requires_grad=False)
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.kernel = self._kernel_agrees()
+
+    def dequantized(self, x: Tensor) -> Tensor:
+        """x (N, in) -> (N, out) through the dequantized weights: the product the kernel stands for."""
+        return F.linear(x.to(torch.bfloat16).float(), self.weight.float() * self.scales.float()[:, None])
+
+    def _kernel_agrees(self) -> bool:
+        if self.weight.device.type != "cpu" or self.in_features % KERNEL_IN_MULTIPLE:
+            return False
+        if self.out_features % KERNEL_OUT_MULTIPLE:
+            return False
+        x = torch.randn(2, self.in_features, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            got = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scales).float()
+            want = self.dequantized(x)
+        return bool((got - want).abs().max() <= 0.02 * want.abs().max() + 1e-6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)  # (N, in)
+        if x.device.type == "cpu":
+            y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight, self.scales)
+        else:  # moved off the CPU after quantizing: the same product, dequantized
+            y = F.linear(rows, self.weight.to(x.dtype) * self.scales.to(x.dtype)[:, None])
+        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Replace every nn.Linear of `model` but its output head by an Int8Linear where the int8 kernel takes
+    its shape on this CPU (KERNEL_IN_MULTIPLE, KERNEL_OUT_MULTIPLE), in place; returns `model`."""
+    head = getattr(model, "head", None)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear) and child is not head:
+                quantized = Int8Linear(child)
+                if quantized.kernel:
+                    setattr(module, name, quantized)
+    return model
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, Int8Linear) for m in model.modules())

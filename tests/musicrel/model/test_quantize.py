@@ -1,0 +1,98 @@
+"""Weight-only int8 decoding (musicrel.model.quantize): what is replaced, how close it stays to float32, that
+the cached decode still matches a full forward, and how a checkpoint loads and refuses to be saved."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from musicrel.errors import CheckpointError, ConfigError
+from musicrel.generation.decode import decode_one_token, prefill
+from musicrel.midi.codec import EventCodec
+from musicrel.model.checkpoint import DECODE_WEIGHTS, load_model, save_model
+from musicrel.model.quantize import Int8Linear, is_quantized, quantize_int8
+from tests.musicrel.model.conftest import make, tokens
+
+# The kernel's shapes (KERNEL_IN_MULTIPLE): d_model and d_ff multiples of 64
+SHAPE = dict(d_model=64, n_heads=4, d_ff=128)
+
+
+def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    p, q = torch.log_softmax(p_logits, -1), torch.log_softmax(q_logits, -1)
+    return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+def test_int8_linear_is_the_float_product_within_rounding():
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 64)
+    q = Int8Linear(linear)
+    assert q.kernel and q.weight.dtype == torch.int8 and q.weight.shape == (64, 128)
+    x = torch.randn(3, 5, 128)
+    with torch.no_grad():
+        want, got = linear(x), q(x)
+    assert got.shape == want.shape == (3, 5, 64) and got.dtype == torch.float32
+    # int8 weights (1/254 of each row's range) and bfloat16 activations: about 1 % of the output's scale
+    assert (got - want).abs().max() < 0.02 * want.abs().max()
+    assert not torch.equal(got, want)  # it is not the float32 layer under another name
+    # the kernel computes the dequantized product
+    assert torch.allclose(got - linear.bias, q.dequantized(x.reshape(-1, 128)).view(3, 5, 64), atol=1e-2)
+
+
+def test_a_shape_the_kernel_does_not_take_stays_float32():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 64), nn.Linear(64, 64), nn.Linear(64, 40))
+    quantize_int8(model)
+    assert isinstance(model[0], nn.Linear)  # 48 inputs: not a multiple of 64
+    assert isinstance(model[1], Int8Linear)
+    assert isinstance(model[2], nn.Linear)  # 40 outputs: not a multiple of 16
+
+
+@pytest.mark.parametrize("attention", ["skew", "t5"])
+def test_quantized_model_stays_close_and_keeps_its_head_tied(attention):
+    model = make(attention, **SHAPE)
+    x = tokens(2, 40)
+    with torch.inference_mode():
+        want = model(x)
+    n = model.num_parameters()
+    quantize_int8(model)
+    linears = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert len(linears) == 4 * model.cfg.n_layers  # qkv, proj and the two of the feed-forward block
+    assert isinstance(model.head, nn.Linear) and model.head.weight is model.tok_emb.weight
+    assert model.num_parameters() == n and is_quantized(model)
+    with torch.inference_mode():
+        got = model(x)
+    assert _kl(want, got) < 1e-3
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95
+
+
+def test_quantized_cached_decoding_matches_its_full_forward():
+    model = quantize_int8(make("skew", **SHAPE))
+    x = tokens(2, 30)
+    with torch.inference_mode():
+        full = model(x)
+        cache = model.new_cache(2, 30)
+        steps = [prefill(model, x[:, :20], cache)]
+        steps += [decode_one_token(model, x[:, t], cache) for t in range(20, 30)]
+    cached = torch.stack(steps, dim=1)  # (B, 11, vocab): positions 19..29
+    assert torch.allclose(cached, full[:, 19:], atol=0.05)
+
+
+def test_load_model_int8_and_the_refusals(tmp_path):
+    codec = EventCodec()
+    torch.manual_seed(0)
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+
+    cfg = ModelConfig(vocab_size=codec.vocab_size, n_layers=1, max_seq_len=64, **SHAPE)
+    save_model(MusicTransformer(cfg).eval(), tmp_path / "m", codec=codec)
+    assert set(DECODE_WEIGHTS) == {"int8", "float32"}
+    assert not is_quantized(load_model(tmp_path / "m"))  # float32 unless asked: training and NLL
+    model = load_model(tmp_path / "m", weights="int8")
+    assert is_quantized(model) and not model.training
+    with pytest.raises(ConfigError) as err:
+        load_model(tmp_path / "m", weights="int4")
+    assert err.value.code == "invalid_weights"
+    with pytest.raises(CheckpointError, match="int8"):
+        save_model(model, tmp_path / "again", codec=codec)
+    assert not (tmp_path / "again" / "config.json").exists()

@@ -10,6 +10,8 @@ import argparse
 import shlex
 import sys
 
+from musicrel.model.checkpoint import DECODE_WEIGHTS
+
 
 def register(subparsers) -> None:
     """The training commands, in the order `musicrel --help` lists them; each is added beside its handler."""
@@ -351,6 +353,7 @@ def _evaluate(args) -> int:
         batch_size=args.batch_size,
         max_windows=args.max_windows,
         seq_len=args.seq_len,
+        weights=args.weights,
     )
     print(format_nll_table(result))
     return 0
@@ -366,6 +369,13 @@ def _add_evaluate(subparsers) -> None:
         "--seq-len", type=int, default=None, help="window length (default: the model's max_seq_len)"
     )
     p.add_argument("--max-windows", type=int, default=None, help="score at most this many windows")
+    p.add_argument(
+        "--weights",
+        choices=DECODE_WEIGHTS,
+        default="float32",
+        help="float32 (default): the model as trained; int8: as the service and the generating commands "
+        "decode with it (musicrel.model.quantize)",
+    )
     p.set_defaults(func=_evaluate)
 
 

@@ -52,12 +52,13 @@ def evaluate(
     batch_size: int = 8,
     max_windows: int | None = None,
     seq_len: int | None = None,
+    weights: str = "float32",
 ) -> dict:
     from musicrel.data.prepared import load_manifest, load_split, source_ranges
     from musicrel.midi.codec import CodecConfig
     from musicrel.model.checkpoint import load_codec, load_model
 
-    model, codec = load_model(checkpoint), load_codec(checkpoint)
+    model, codec = load_model(checkpoint, weights=weights), load_codec(checkpoint)
     manifest = load_manifest(data)
     # fields added since: their defaults; infill markers add tokens, never change the prepared ones
     if CodecConfig.from_dict({**manifest["codec"], "infill": codec.config.infill}) != codec.config:
@@ -83,6 +84,7 @@ def evaluate(
         raise ConfigError(f"split {split!r} of {data} has no tokens to score", code="no_data")
     result = {
         "split": split,
+        "weights": weights,
         "pieces": info["pieces"],
         **_figures(total),
         "uniform_nll": math.log(codec.vocab_size),
@@ -109,6 +111,7 @@ def _figures(s: dict) -> dict:
 def format_nll_table(r: dict) -> str:
     rows = [
         ("split", r["split"]),
+        ("weights", r["weights"]),
         ("pieces", r["pieces"]),
         ("windows", r["windows"]),
         ("tokens", r["tokens"]),

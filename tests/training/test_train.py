@@ -125,6 +125,13 @@ def test_evaluate_prints_the_table(runs, tmp_path, tiny_data, capsys):
     out = capsys.readouterr().out
     nll = float(next(line.split()[-1] for line in out.splitlines() if line.startswith("NLL")))
     assert 0 < nll < 5.0 and "perplexity" in out and "accuracy" in out
+    assert any(line.split() == ["weights", "float32"] for line in out.splitlines())  # the model as trained
+    argv = ["evaluate", "--checkpoint", str(tmp_path / "m"), "--data", str(tiny_data), "--split", "val"]
+    assert main([*argv, "--weights", "int8"]) == 0  # as the service decodes: the same NLL within rounding
+    out = capsys.readouterr().out
+    assert any(line.split() == ["weights", "int8"] for line in out.splitlines())
+    nll_int8 = float(next(line.split()[-1] for line in out.splitlines() if line.startswith("NLL")))
+    assert abs(nll_int8 - nll) < 0.05
 
 
 def test_train_help_is_lightning_cli_help(capsys, monkeypatch):

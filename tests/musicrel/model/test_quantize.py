@@ -11,7 +11,7 @@ from musicrel.errors import CheckpointError, ConfigError
 from musicrel.generation.decode import decode_one_token, prefill
 from musicrel.midi.codec import EventCodec
 from musicrel.model.checkpoint import DECODE_WEIGHTS, load_model, save_model
-from musicrel.model.quantize import Int8Linear, is_quantized, quantize_int8
+from musicrel.model.quantize import DEQUANTIZE_ROWS, Int8Linear, is_quantized, quantize_int8
 from tests.musicrel.model.conftest import make, tokens
 
 # The kernel's shapes (KERNEL_IN_MULTIPLE): d_model and d_ff multiples of 64
@@ -37,6 +37,16 @@ def test_int8_linear_is_the_float_product_within_rounding():
     assert not torch.equal(got, want)  # it is not the float32 layer under another name
     # the kernel computes the dequantized product
     assert torch.allclose(got - linear.bias, q.dequantized(x.reshape(-1, 128)).view(3, 5, 64), atol=1e-2)
+
+
+def test_a_prefill_multiplies_the_same_weights_dequantized():
+    torch.manual_seed(0)
+    q = Int8Linear(nn.Linear(64, 32))
+    x = torch.randn(DEQUANTIZE_ROWS, 64)  # a prefill's rows: float32's GEMM on the dequantized weights
+    with torch.no_grad():
+        long, short = q(x), q(x[:8])  # the first 8 rows again, through the int8 kernel
+    assert not torch.equal(long[:8], short)  # two paths: bfloat16 activations in the kernel only
+    assert (long[:8] - short).abs().max() < 0.02 * short.abs().max()
 
 
 def test_a_shape_the_kernel_does_not_take_stays_float32():

@@ -69,8 +69,8 @@ def add_weights_argument(p) -> None:
         "--weights",
         choices=DECODE_WEIGHTS,
         default=DEFAULT_DECODE_WEIGHTS,
-        help="int8 (default): ~1.9x faster decoding on a CPU, held-out NLL within 0.001 nats/token of "
-        "float32, the weights as trained (what a GPU wants)",
+        help="int8 (default): every layer the CPU's int8 kernel takes holds int8 weights, decoding ~1.7x "
+        "faster at batch 1 with held-out NLL within 0.001 nats/token; float32: the weights as trained",
     )
 
 

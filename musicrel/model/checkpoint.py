@@ -32,7 +32,7 @@ MAX_SHARD_BYTES = 16 * 2**20
 # Storage dtypes: bfloat16 halves the files (a bf16-mixed run computed in bf16 anyway); loading upcasts.
 WEIGHT_DTYPES = ("float32", "bfloat16")
 # How a loaded model holds its weights while it decodes (musicrel.model.quantize says why int8 by default;
-# training, fine-tuning and NLL figures load float32).
+# training, fine-tuning and `musicrel evaluate` load float32).
 DECODE_WEIGHTS = ("int8", "float32")
 DEFAULT_DECODE_WEIGHTS = "int8"
 # Room in a shard for its JSON header: per tensor its name plus ~80 bytes of dtype/shape/offsets, and the

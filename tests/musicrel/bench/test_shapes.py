@@ -114,8 +114,9 @@ def test_the_verdict_is_the_largest_shape_at_4x():
 
 def test_bench_shapes_prints_a_row_per_shape_and_the_verdict(configs, tmp_path, capsys):
     ckpt = random_checkpoint(tmp_path / "ckpt", n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=64)
+    # no --weights: both ways, side by side
     argv = ["bench", "shapes", "--configs", str(configs), "--shape", "default", "--checkpoint", str(ckpt),
-            "--tokens", str(TOKENS), "--repeats", "1", "--threads", "1"]  # fmt: skip (both weights: default)
+            "--tokens", str(TOKENS), "--repeats", "1", "--threads", "1"]  # fmt: skip
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     header = [c.strip() for c in lines[1].split("|")]

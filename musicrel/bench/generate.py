@@ -104,6 +104,8 @@ def run(args) -> int:
     import numpy as np
     import torch
 
+    from musicrel.model.quantize import is_quantized
+
     chosen = set_threads(args.threads)
     device = torch.device(args.device)
     model, codec, source = _load(args.checkpoint, device)
@@ -124,7 +126,8 @@ def run(args) -> int:
         f"musicrel bench generate: {source}; {cfg.n_layers} layers, d_model {cfg.d_model}, "
         f"{cfg.n_heads} heads, "
         f"attention {cfg.attention}, max_seq_len {cfg.max_seq_len}, {model.num_parameters() / 1e6:.1f} M "
-        f"params; device {device}, torch threads {torch.get_num_threads()} ({chosen}), {bench.tokens} tokens "
+        f"params, {'int8' if is_quantized(model) else 'float32'} weights (as served); device {device}, "
+        f"torch threads {torch.get_num_threads()} ({chosen}), {bench.tokens} tokens "
         "per measurement, "
         f"median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
         f"OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}"
@@ -144,19 +147,21 @@ def _load(checkpoint: Path | None, device) -> tuple[Any, Any, str]:
     import torch
 
     from musicrel.midi.codec import EventCodec
-    from musicrel.model.checkpoint import load_codec, load_model
+    from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, load_codec, load_model
     from musicrel.model.config import ModelConfig
+    from musicrel.model.quantize import hold_weights
     from musicrel.model.transformer import MusicTransformer
 
     checkpoint = checkpoint or (
         DEFAULT_CHECKPOINT if (DEFAULT_CHECKPOINT / "config.json").is_file() else None
     )
     if checkpoint is not None:
-        return load_model(checkpoint, device=device), load_codec(checkpoint), str(checkpoint)
+        model = load_model(checkpoint, device=device, weights=DEFAULT_DECODE_WEIGHTS)  # as served
+        return model, load_codec(checkpoint), str(checkpoint)
     codec = EventCodec()
     torch.manual_seed(0)
     model = MusicTransformer(ModelConfig(vocab_size=codec.vocab_size)).to(device).eval()
-    return model, codec, "random init (no checkpoint)"
+    return hold_weights(model, DEFAULT_DECODE_WEIGHTS), codec, "random init (no checkpoint)"
 
 
 def _long_window(bench: _Bench, rng) -> tuple[Any, Any]:
@@ -165,7 +170,9 @@ def _long_window(bench: _Bench, rng) -> tuple[Any, Any]:
     with a 1024 window (random weights)."""
     import torch
 
+    from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS
     from musicrel.model.config import ModelConfig
+    from musicrel.model.quantize import hold_weights
     from musicrel.model.transformer import MusicTransformer
 
     cfg = bench.model.cfg
@@ -173,7 +180,7 @@ def _long_window(bench: _Bench, rng) -> tuple[Any, Any]:
         return bench.model, bench.stream
     torch.manual_seed(0)
     long_cfg = ModelConfig.from_dict({**cfg.to_dict(), "max_seq_len": 1024})
-    long_model = MusicTransformer(long_cfg).to(bench.device).eval()
+    long_model = hold_weights(MusicTransformer(long_cfg).to(bench.device).eval(), DEFAULT_DECODE_WEIGHTS)
     long_stream = torch.as_tensor(rng.integers(0, bench.codec.pad_id, size=(1, 1024)), device=bench.device)
     return long_model, long_stream
 

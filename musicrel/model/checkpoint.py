@@ -241,12 +241,9 @@ def load_model(folder, device="cpu", weights: str = "float32"):
         _load_shards(model, Path(folder), files)
     else:
         _load_single(model, files[0], device)
-    model = model.to(device).eval()
-    if weights == "int8":
-        from musicrel.model.quantize import quantize_int8
+    from musicrel.model.quantize import hold_weights
 
-        quantize_int8(model)
-    return model
+    return hold_weights(model.to(device).eval(), weights)
 
 
 def check_decode_weights(weights) -> str:

@@ -92,5 +92,10 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     return model
 
 
+def hold_weights(model: nn.Module, weights: str) -> nn.Module:
+    """`model` with its weights held as `weights` (DECODE_WEIGHTS) while it decodes; returns it."""
+    return quantize_int8(model) if weights == "int8" else model
+
+
 def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, Int8Linear) for m in model.modules())

@@ -168,6 +168,8 @@ def _generate(args) -> int:
         return 2
     started = time.perf_counter()
     threads = torch_setup(args, rows=min(len(motifs), args.batch_size) * args.num_samples)
+    if args.accelerator not in (None, "cpu"):
+        args.weights = "float32"  # int8 is a CPU's; Lightning moves the model to the accelerator after this
     model = load_model(args.checkpoint, weights=args.weights)
     codec = load_codec(args.checkpoint)
     novelty = _novelty_index(args)

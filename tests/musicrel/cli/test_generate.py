@@ -87,7 +87,11 @@ def test_generate_with_lightning_predict_matches_single_process(setup):
     for i in range(2):
         name = f"sub/good.sample{i}.mid"
         assert (tmp_path / "pl" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
-    assert json.loads((tmp_path / "pl" / "summary.json").read_text())["counts"]["ok"] == 1
+    summary = json.loads((tmp_path / "pl" / "summary.json").read_text())
+    assert summary["counts"]["ok"] == 1 and summary["weights"] == "int8"  # the default on a CPU
+    # an accelerator that is not the CPU gets the weights as trained (Lightning moves the model after loading)
+    assert run(tmp_path, motifs, tmp_path / "auto", "--devices", "1", "--accelerator", "auto") == 0
+    assert json.loads((tmp_path / "auto" / "summary.json").read_text())["weights"] == "float32"
 
 
 def test_bench_generate_smoke(setup, capsys, monkeypatch):

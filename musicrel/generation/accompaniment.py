@@ -14,7 +14,6 @@ sample out, holding the melody track unchanged and the accompaniment on a track 
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Generator
@@ -37,6 +36,7 @@ from musicrel.generation.melody import (
 )
 from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed
 from musicrel.midi.codec import EventCodec, shift_steps
+from musicrel.midi.files import copy_midi
 
 # The model hears the melody up to now; the grammar lets it hear LOOKAHEAD_SECONDS ahead: note-ons of the
 # pitch classes the melody sounds in that window gain TUNE_BIAS nats, their semitone neighbours lose
@@ -272,10 +272,10 @@ def accompany_notes_steps(
 def render(pm: pretty_midi.PrettyMIDI, track: int, notes: list, program: int = 0) -> pretty_midi.PrettyMIDI:
     """The answer file: the input's tempo map and signatures, its melody track unchanged, the accompaniment on
     a track of its own."""
-    out = copy.deepcopy(pm)
+    out = copy_midi(pm, instruments=[track])
     inst = pretty_midi.Instrument(program=program, name=ACCOMPANIMENT_NAME)
     inst.notes = list(notes)
-    out.instruments = [out.instruments[track], inst]
+    out.instruments.append(inst)
     return out
 
 

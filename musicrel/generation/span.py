@@ -6,7 +6,6 @@ upload's span with it before the job goes to the engine, without loading torch.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ from musicrel.generation.controls import ControlError, Controls
 from musicrel.generation.fim import split_at
 from musicrel.generation.primer import motif_program
 from musicrel.generation.sampling import SamplingParams
+from musicrel.midi.files import copy_midi
 
 MAX_SPAN_SECONDS = 30.0
 INFILL_TRACK = "infill"
@@ -218,7 +218,7 @@ def merge(codec, pm, start: float, end: float, new_notes: list) -> tuple[pretty_
     `new_notes` added (the edge rules of docs/INFILL.md); how many notes were removed; and the new notes
     as they stand in the copy (a new note struck while a kept note of its pitch sounds is dropped). New notes
     end by `end`, kept ones after the gap start at or after it: no other overlap can arise."""
-    out = copy.deepcopy(pm)
+    out = copy_midi(pm)
     read = _read_instruments(codec, out)
     removed = 0
     for i in read:

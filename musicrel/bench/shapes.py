@@ -133,7 +133,7 @@ def build(shape: Shape):
     from musicrel.midi.codec import EventCodec
     from musicrel.model.checkpoint import load_codec, load_model
     from musicrel.model.config import ModelConfig
-    from musicrel.model.quantize import quantize_int8
+    from musicrel.model.quantize import hold_weights
     from musicrel.model.transformer import MusicTransformer
 
     if shape.checkpoint is not None:
@@ -141,8 +141,7 @@ def build(shape: Shape):
     codec = EventCodec()
     torch.manual_seed(0)
     cfg = ModelConfig.from_dict({**shape.config, "vocab_size": codec.vocab_size})
-    model = MusicTransformer(cfg).eval()
-    return (quantize_int8(model) if shape.weights == "int8" else model), codec
+    return hold_weights(MusicTransformer(cfg).eval(), shape.weights), codec
 
 
 def motif_primer(codec, events: int):

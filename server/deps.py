@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Form, Request
 from pydantic import BaseModel
 
-from server.errors import INFILL_BAR_FIELDS, ApiError, limit_message
+from server.errors import ApiError, in_bars, limit_message
 from server.openapi import form_limits
 from server.schemas import AccompanimentParams, ContinuationParams, InfillParams, MotifParams
 from server.service import Service
@@ -152,7 +152,7 @@ def _check_span_fields(form: InfillParams) -> None:
     try:
         check_bars(form.first_bar, form.last_bar)
     except InfillError as exc:  # named by the bar fields the client sent
-        raise ApiError(422, exc.code, str(exc), field=INFILL_BAR_FIELDS[exc.code]) from exc
+        raise in_bars(exc) from exc
 
 
 InfillParamsDep = Annotated[InfillParams, Depends(get_infill_params)]

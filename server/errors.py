@@ -90,13 +90,18 @@ _INFILL_CODE_FIELDS = {
     "nothing_after": "end",
 }
 # The same for a span given in bars (`first_bar`, `last_bar`): the fields the client sent, not the seconds.
-INFILL_BAR_FIELDS = {
+_INFILL_BAR_FIELDS = {
     "invalid_span": "first_bar",
     "nothing_before": "first_bar",
     "span_too_long": "last_bar",
     "span_outside_music": "last_bar",
     "nothing_after": "last_bar",
 }
+
+
+def in_bars(exc: InfillError) -> ApiError:
+    """A span's InfillError when the client gave the span in bars: 422 naming the bar field it is about."""
+    return ApiError(422, exc.code, str(exc), field=_INFILL_BAR_FIELDS.get(exc.code))
 
 
 def library_field(exc: MusicrelError) -> str | None:

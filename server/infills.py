@@ -41,7 +41,7 @@ from musicrel.generation.span import (
 )
 from musicrel.generation.streaming import NoteStream
 from server.admission import Ticket
-from server.errors import INFILL_BAR_FIELDS, ApiError, describe
+from server.errors import ApiError, describe, in_bars
 from server.jobs import Infill, Job, WorkerStoppedError
 from server.schemas import InfillParams, InfillResponse, InfillSample, InfillTimings, NewNote
 from server.service import Service
@@ -89,7 +89,7 @@ async def parse_upload(service: Service, file: UploadFile, params: InfillParams)
         if params.start is not None:
             raise
         # the span's fault, in the bars the client sent rather than in seconds it never wrote
-        raise ApiError(422, exc.code, str(exc), field=INFILL_BAR_FIELDS.get(exc.code)) from exc
+        raise in_bars(exc) from exc
     if params.start is None:  # bars: from here on the span is the seconds they came to
         params = params.model_copy(update=dict(zip(("start", "end"), span, strict=True)))
     parsed = time.monotonic()

@@ -50,9 +50,13 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.kernel = self._kernel_agrees()
 
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The weight the int8 values and scales stand for, (out, in)."""
+        return self.weight.to(dtype) * self.scales.to(dtype)[:, None]
+
     def dequantized(self, x: Tensor) -> Tensor:
         """x (N, in) -> (N, out) through the dequantized weights: the product the kernel stands for."""
-        return F.linear(x.to(torch.bfloat16).float(), self.weight.float() * self.scales.float()[:, None])
+        return F.linear(x.to(torch.bfloat16).float(), self.dequantized_weight())
 
     def _kernel_agrees(self) -> bool:
         if self.weight.device.type != "cpu" or self.in_features % KERNEL_IN_MULTIPLE:
@@ -71,7 +75,7 @@ class Int8Linear(nn.Module):
         if x.device.type == "cpu" and rows.size(0) < DEQUANTIZE_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight, self.scales)
         else:  # a prefill, or moved off the CPU after quantizing: the same product, dequantized
-            y = F.linear(rows, self.weight.to(x.dtype) * self.scales.to(x.dtype)[:, None])
+            y = F.linear(rows, self.dequantized_weight(x.dtype))
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

@@ -743,8 +743,7 @@ $("roll").addEventListener("pointerup", () => {
   if (!spanDrag) return;
   const moved = spanDrag.moved;
   spanDrag = null;
-  if (moved && !state.samples.length) drawMotifOnly();
-  else if (moved) { roll.span = fillSpan(); roll.draw(); }
+  if (moved) redrawFillSpan();
 });
 function redrawFillSpan() {
   if (!state.samples.length) drawMotifOnly();

@@ -95,7 +95,7 @@ class LoadedModel:
         weights held as `weights` (musicrel.model.quantize)."""
         from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
         from musicrel.model.quantize import is_quantized
-        from musicrel.threads import loading_threads
+        from musicrel.runtime.threads import loading_threads
 
         loading_threads()  # only a decoding thread runs a team of threads
         folder = Path(folder)

@@ -59,7 +59,7 @@ def every_control():
 def set_threads(threads: int | None, rows: int = 8) -> str:
     """Torch threads: `threads` (--threads), else what `musicrel generate` would choose for `rows` rows (the
     largest batch measured). Returns how the count was chosen, for the benchmark's header."""
-    from musicrel.threads import set_torch_threads
+    from musicrel.runtime.threads import set_torch_threads
 
     choice = set_torch_threads(threads, rows)
     return "--threads" if threads else f"chosen: {choice}"

@@ -83,7 +83,7 @@ def _neighbours(n: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from musicrel.threads import cpu_budget
+    from musicrel.runtime.threads import cpu_budget
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     # server over HTTP only: it does not import it.)
     threads = args.torch_threads or os.environ.get("MUSICREL_TORCH_THREADS", "auto")
     if threads == "auto":
-        from musicrel.threads import choose_threads, request_reserve
+        from musicrel.runtime.threads import choose_threads, request_reserve
 
         threads = choose_threads(args.concurrency, reserve=request_reserve()).threads
     threads = int(threads) if str(threads).isdigit() else None

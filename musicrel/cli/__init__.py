@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from musicrel.threads import set_spin_count
+from musicrel.runtime.threads import set_spin_count
 
 set_spin_count()  # before torch starts OpenMP (an explicit GOMP_SPINCOUNT wins)
 

@@ -50,10 +50,10 @@ def controls_from_args(args):
 
 
 def torch_setup(args, rows: int = 8) -> str:
-    """Threads for torch (musicrel.threads.set_torch_threads): --threads, else the choice for `rows` decoding
+    """Threads for torch (musicrel.runtime.threads.set_torch_threads): --threads, else the choice for `rows` decoding
     rows. Says what it chose (on stderr unless --quiet). The OpenMP spin count is set by musicrel.cli
     before torch loads."""
-    from musicrel.threads import set_torch_threads
+    from musicrel.runtime.threads import set_torch_threads
 
     said = str(set_torch_threads(args.threads, rows))
     if not getattr(args, "quiet", False):

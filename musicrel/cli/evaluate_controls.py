@@ -13,7 +13,7 @@ def _evaluate_controls(args) -> int:
     from musicrel.evaluation.continuations import held_out_files, load_pieces
     from musicrel.evaluation.control_evidence import evaluate_controls, format_checks
     from musicrel.model.checkpoint import load_codec, load_model
-    from musicrel.threads import set_torch_threads
+    from musicrel.runtime.threads import set_torch_threads
 
     if args.threads:
         set_torch_threads(args.threads)

@@ -1,4 +1,4 @@
-"""musicrel.threads: the torch thread count from the CPUs this process may use, what other processes keep
+"""musicrel.runtime.threads: the torch thread count from the CPUs this process may use, what other processes keep
 busy, and the rows decoded."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-import musicrel.threads as threads
-from musicrel.threads import CpuSampler, choose_threads, cpu_budget
+import musicrel.runtime.threads as threads
+from musicrel.runtime.threads import CpuSampler, choose_threads, cpu_budget
 
 
 class Busy:

@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     # 2-core machine (in the engine process too: 752 vs 1,004 tokens/s at concurrency 8, the same serially),
     # as they compete with request handling for the cores (`musicrel bench serve --torch-threads N` measures
     # yours). "auto": the CPUs other processes leave free, less one for request handling, at most one per two
-    # rows (musicrel.runtime.threads; re-checked every few seconds while decoding, so a neighbour that starts later
+    # rows (runtime.threads; re-checked every few seconds while decoding, so a neighbour that starts later
     # is met): 1 on that machine, more on one with free cores. A number fixes it; None keeps torch's
     # default (one per core, whatever else runs).
     torch_threads: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] | None = Field(

@@ -66,7 +66,7 @@ def generation_threads(
     threads: int | str | None, rows: int, sampler: CpuSampler | None = None
 ) -> ThreadChoice | None:
     """Set the calling thread's torch threads as MUSICREL_TORCH_THREADS says (None: leave torch alone): a
-    count, or under "auto" musicrel.runtime.threads' choice for `rows` rows keeping a CPU for request handling."""
+    count, or under "auto" runtime.threads' choice for `rows` rows keeping a CPU for request handling."""
     if threads is None:
         return None
     return set_torch_threads(threads, rows, reserve=request_reserve(), sampler=sampler)

@@ -409,7 +409,7 @@ class MusicCLI(LightningCLI):
 
 
 def _choose_threads() -> None:
-    """torch's threads for training (musicrel.runtime.threads): OMP_NUM_THREADS if set, else the CPUs other processes
+    """torch's threads for training (runtime.threads): OMP_NUM_THREADS if set, else the CPUs other processes
     leave free. On the shared 2-core machine a step of two threads took 3.5x as long as one whenever
     anything else ran (3.78 s vs 1.06 s, 8 x 512 tokens, bf16): a team waits at every barrier for the thread
     the scheduler parked."""

@@ -50,7 +50,7 @@ def controls_from_args(args):
 
 
 def torch_setup(args, rows: int = 8) -> str:
-    """Threads for torch (musicrel.runtime.threads.set_torch_threads): --threads, else the choice for `rows` decoding
+    """Threads for torch (runtime.threads.set_torch_threads): --threads, else the choice for `rows` decoding
     rows. Says what it chose (on stderr unless --quiet). The OpenMP spin count is set by musicrel.cli
     before torch loads."""
     from musicrel.runtime.threads import set_torch_threads

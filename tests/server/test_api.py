@@ -497,7 +497,7 @@ def test_torch_threads_apply_in_the_generation_thread(tiny_checkpoint, threads):
 
 
 def test_auto_torch_threads_are_chosen_in_the_generation_thread(tiny_checkpoint, monkeypatch):
-    """The default: the worker asks musicrel.runtime.threads, for its batch's rows, keeping a CPU for requests."""
+    """The default: the worker asks runtime.threads, for its batch's rows, keeping a CPU for requests."""
     import torch
 
     import musicrel.runtime.threads as policy

@@ -1,4 +1,4 @@
-"""musicrel.runtime.threads: the torch thread count from the CPUs this process may use, what other processes keep
+"""runtime.threads: the torch thread count from the CPUs this process may use, what other processes keep
 busy, and the rows decoded."""
 
 from __future__ import annotations

@@ -1,0 +1,115 @@
+"""Notes -> event tokens: the order of the events at one step, SET_VELOCITY on a bin change, the TIME_SHIFTs
+between steps, and a melody's MELODY tokens interleaved with its part. The conventions are in
+`musicrel.midi.codec`'s docstring; `codec` here is an `EventCodec` (its ids and step)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from musicrel.errors import ConfigError
+from musicrel.midi.notes import Notes
+
+
+def to_steps(codec, seconds) -> np.ndarray:
+    """Round (not truncate) to the step grid."""
+    return np.floor(np.asarray(seconds, dtype=np.float64) / codec.step + 0.5).astype(np.int64)
+
+
+def events(codec, notes: Notes) -> tuple[np.ndarray, np.ndarray]:
+    """(step, token) of every non-shift token, in stream order."""
+    qs = np.maximum(to_steps(codec, notes.start), 0)
+    qe = np.maximum(to_steps(codec, notes.end), qs + 1)  # a note shorter than a step still sounds one step
+    pitch = np.asarray(notes.pitch, dtype=np.int64)
+    vel = np.clip(np.asarray(notes.velocity, dtype=np.int64), 0, 127)
+    keep = (pitch >= 0) & (pitch <= 127)
+    qs, qe, pitch, vel = qs[keep], qe[keep], pitch[keep], vel[keep]
+    if not len(qs):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    # quantisation can make same-pitch notes collide: keep the longest, end each at the next onset
+    order = np.lexsort((-qe, qs, pitch))
+    qs, qe, pitch, vel = qs[order], qe[order], pitch[order], vel[order]
+    same = pitch[1:] == pitch[:-1]
+    dup = np.concatenate(([False], same & (qs[1:] == qs[:-1])))
+    qs, qe, pitch, vel = qs[~dup], qe[~dup], pitch[~dup], vel[~dup]
+    never = np.iinfo(np.int64).max
+    nxt = np.concatenate((np.where(pitch[1:] == pitch[:-1], qs[1:], never), [never]))
+    qe = np.minimum(qe, nxt)
+
+    n = len(qs)
+    times = [qe, qs]
+    kinds = [np.full(n, 1), np.full(n, 2)]  # at one step: pedal (0), note-off (1), note-on (2)
+    toks = [codec.note_off_offset + pitch, codec.note_on_offset + pitch]
+    keys = [pitch, pitch]
+    bins = [np.full(n, -1), vel * codec.config.velocity_bins // 128]
+    if codec.pedal_on_id is not None and len(notes.pedal_time):
+        pt = np.maximum(to_steps(codec, notes.pedal_time), 0)
+        down = notes.pedal_down
+        last = np.concatenate((pt[1:] != pt[:-1], [True]))  # the state at the end of each step counts
+        pt, down = pt[last], down[last]
+        change = down != np.concatenate(([False], down[:-1]))
+        pt, down = pt[change], down[change]
+        times.append(pt)
+        kinds.append(np.zeros(len(pt), dtype=np.int64))
+        toks.append(np.where(down, codec.pedal_on_id, codec.pedal_off_id))
+        keys.append(np.zeros(len(pt), dtype=np.int64))
+        bins.append(np.full(len(pt), -1))
+    time, kind, tok, key, vbin = (np.concatenate(x) for x in (times, kinds, toks, keys, bins))
+    order = np.lexsort((key, kind, time))
+    time, kind, tok, vbin = time[order], kind[order], tok[order], vbin[order]
+    # SET_VELOCITY only when the bin differs from the previous note-on's
+    on = np.flatnonzero(kind == 2)
+    on_bins = vbin[on]
+    changed = on[on_bins != np.concatenate(([-1], on_bins[:-1]))]
+    tok = np.insert(tok, changed, codec.velocity_offset + vbin[changed])
+    time = np.insert(time, changed, time[changed])
+    return time, tok
+
+
+def with_shifts(codec, time: np.ndarray, tok: np.ndarray, end_time: int | None = None) -> np.ndarray:
+    """Interleave TIME_SHIFT tokens so that token i happens at step time[i] (non-decreasing)."""
+    if end_time is not None:
+        time = np.append(time, max(end_time, time[-1] if len(time) else 0))
+    delta = np.diff(time, prepend=0)
+    m = codec.config.max_shift_steps
+    full, rem = delta // m, delta % m
+    nshift = full + (rem > 0)
+    count = nshift + 1
+    if end_time is not None:
+        count[-1] -= 1  # the end marker itself emits no token
+    pos = np.cumsum(count) - count  # where each event's shifts begin
+    out = np.empty(int(count.sum()), dtype=np.int32)
+    # full shifts: pos[i] + 0 .. full[i]-1
+    total_full = int(full.sum())
+    if total_full:
+        first = np.repeat(pos, full)
+        within = np.arange(total_full) - np.repeat(np.cumsum(full) - full, full)
+        out[first + within] = codec.time_shift_offset + m - 1
+    r = rem > 0
+    out[(pos + full)[r]] = codec.time_shift_offset + rem[r] - 1
+    ev = pos + nshift
+    out[ev[:-1] if end_time is not None else ev] = tok
+    return out
+
+
+def melody_events(codec, melody: Notes) -> tuple[np.ndarray, np.ndarray]:
+    """A melody -> (step, MELODY token) of its events in stream order (velocities dropped)."""
+    if codec.melody_on_offset is None:
+        raise ConfigError("this codec has no melody tokens (CodecConfig.melody is false)", code="no_melody")
+    mt, mtok = events(codec, melody)
+    keep = codec.is_note_on(mtok) | codec.is_note_off(mtok)  # a melody carries no velocity
+    mt, mtok = mt[keep], mtok[keep]
+    lead = codec.melody_lead_steps
+    if lead:  # ahead of time; order kept (a stable sort later merges them with the part)
+        mt = np.maximum(mt - lead, 0)
+    on = codec.is_note_on(mtok)
+    melody_off = codec.melody_off_offset + mtok - codec.note_off_offset
+    return mt, np.where(on, codec.melody_on_offset + mtok, melody_off)
+
+
+def melody_stream(codec, melody: Notes, part: Notes) -> np.ndarray:
+    """The melody's events first at each step, then the part's, with the shifts between steps."""
+    mt, mtok = melody_events(codec, melody)
+    time, tok = events(codec, part)
+    both_t, both = np.concatenate((mt, time)), np.concatenate((mtok, tok))
+    order = np.argsort(both_t, kind="stable")
+    return with_shifts(codec, both_t[order], both[order])

@@ -1,0 +1,159 @@
+"""A MIDI file's notes as the codec reads them: the bytes pre-scanned against the caps, each instrument's
+notes and sustain changes, then tracks selected or merged, the pedal policy applied and one sounding note per
+pitch left (`collect`). The codec's conventions are in `musicrel.midi.codec`'s docstring."""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import pretty_midi
+
+from musicrel.errors import InvalidMidiError
+from musicrel.midi.config import CodecConfig
+from musicrel.midi.scan import RawInstrument, instruments_from_scan, scan
+
+
+@dataclass
+class Notes:
+    """Notes as parallel arrays (seconds), the codec's working form."""
+
+    start: np.ndarray
+    end: np.ndarray
+    pitch: np.ndarray
+    velocity: np.ndarray
+    pedal_time: np.ndarray = field(default_factory=lambda: np.zeros(0))  # pedal="events": transition times
+    pedal_down: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def notes_array(notes) -> Notes:
+    """Anything with start/end/pitch/velocity -> Notes."""
+    arr = np.array([(n.start, n.end, n.pitch, n.velocity) for n in notes], dtype=np.float64).reshape(-1, 4)
+    return Notes(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int64), arr[:, 3].astype(np.int64))
+
+
+def midi_bytes(config: CodecConfig, midi) -> bytes:
+    if isinstance(midi, (bytes, bytearray, memoryview)):
+        return bytes(midi)
+    if isinstance(midi, (str, os.PathLike)):
+        with open(midi, "rb") as f:  # OSError (missing file, ...) is the caller's to report
+            data = f.read(config.max_bytes + 1)  # never read a huge upload whole
+        return data
+    raise TypeError(f"midi must be a path, bytes or pretty_midi.PrettyMIDI, not {type(midi).__name__}")
+
+
+def read(config: CodecConfig, midi) -> pretty_midi.PrettyMIDI:
+    """Path, bytes or PrettyMIDI -> PrettyMIDI, pre-scanned against the caps; else InvalidMidiError."""
+    if isinstance(midi, pretty_midi.PrettyMIDI):
+        return midi
+    data = midi_bytes(config, midi)
+    scan(data, config)
+    import mido
+
+    try:
+        mf = mido.MidiFile(file=io.BytesIO(data))
+        # pretty_midi crashes on an empty track chunk; it carries nothing, so drop it
+        mf.tracks = [t for t in mf.tracks if len(t)]
+        if not mf.tracks:
+            raise InvalidMidiError("the file has no events", code="no_notes")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tempo on non-zero tracks: pretty_midi's choice is documented
+            return pretty_midi.PrettyMIDI(mido_object=mf)
+    except InvalidMidiError:
+        raise
+    except Exception as exc:  # the parser stack raises OSError/ValueError/KeyError/...: one typed error
+        raise InvalidMidiError(f"MIDI parser rejected the file: {exc}", code="not_midi") from None
+
+
+def raw_instruments(config: CodecConfig, midi) -> list[RawInstrument]:
+    """Each instrument's notes and sustain changes, as pretty_midi builds its instruments."""
+    if isinstance(midi, pretty_midi.PrettyMIDI):
+        out = []
+        for inst in midi.instruments:
+            notes = np.array(
+                [(n.start, n.end, n.pitch, n.velocity) for n in inst.notes], dtype=np.float64
+            ).reshape(-1, 4)
+            cc = np.array(
+                [(c.time, c.value) for c in inst.control_changes if c.number == 64], dtype=np.float64
+            ).reshape(-1, 2)
+            out.append(RawInstrument(int(inst.program), bool(inst.is_drum), notes, cc))
+        return out
+    # fast path: the pre-scan already walked every event; build pretty_midi's instruments from it
+    data = midi_bytes(config, midi)
+    result = scan(data, config, collect=True)
+    if not result.tracks:
+        raise InvalidMidiError("the file has no events", code="no_notes")
+    return instruments_from_scan(result)
+
+
+def collect(config: CodecConfig, instruments: list[RawInstrument], tracks=None) -> Notes:
+    """Select/merge tracks, drop drums, apply the pedal policy, leave one sounding note per pitch."""
+    tracks = config.tracks if tracks is None else tracks
+    if tracks != "merge":
+        bad = [i for i in tracks if i >= len(instruments)]
+        if bad:
+            raise InvalidMidiError(
+                f"track index {bad[0]} out of range: the file has {len(instruments)} instruments",
+                code="no_such_track",
+            )
+        instruments = [instruments[i] for i in tracks]
+    instruments = [inst for inst in instruments if not inst.is_drum]
+    parts, transitions = [], []
+    for inst in instruments:
+        notes = inst.notes
+        if not len(notes):
+            continue
+        cc = inst.sustain[np.argsort(inst.sustain[:, 0], kind="stable")]
+        if config.pedal == "extend":
+            notes = notes.copy()
+            notes[:, 1] = extend_by_pedal(notes[:, 1], cc[:, 0], cc[:, 1] >= 64)
+        elif len(cc):
+            down = cc[:, 1] >= 64
+            change = down != np.concatenate(([False], down[:-1]))
+            transitions.append(np.stack([cc[change, 0], np.where(down[change], 1.0, -1.0)], axis=1))
+        parts.append(notes)
+    if not parts:
+        raise InvalidMidiError("no notes (after dropping drums and unselected tracks)", code="no_notes")
+    notes = np.concatenate(parts)
+    start, pitch, velocity = notes[:, 0], notes[:, 2].astype(np.int64), notes[:, 3].astype(np.int64)
+    end = np.maximum(notes[:, 1], start)
+    keep = (pitch >= 0) & (pitch <= 127)
+    if not keep.any():
+        raise InvalidMidiError("no notes with a pitch in 0..127", code="no_notes")
+    start, end, pitch, velocity = start[keep], end[keep], pitch[keep], velocity[keep]
+    # one sounding note per pitch: same-pitch duplicates keep the longest, overlaps end at the next onset
+    order = np.lexsort((-end, start, pitch))
+    start, end, pitch, velocity = start[order], end[order], pitch[order], velocity[order]
+    same = pitch[1:] == pitch[:-1]
+    dup = np.concatenate(([False], same & (start[1:] == start[:-1])))
+    start, end, pitch, velocity = start[~dup], end[~dup], pitch[~dup], velocity[~dup]
+    nxt = np.concatenate((np.where(pitch[1:] == pitch[:-1], start[1:], np.inf), [np.inf]))
+    end = np.minimum(end, nxt)
+    order = np.lexsort((pitch, start))
+    out = Notes(start[order], end[order], pitch[order], velocity[order])
+    if transitions:
+        tr = np.concatenate(transitions)
+        tr = tr[np.argsort(tr[:, 0], kind="stable")]
+        out.pedal_time = tr[:, 0]
+        out.pedal_down = np.cumsum(tr[:, 1]) > 0  # merged pedal: down while any instrument holds it
+    return out
+
+
+def extend_by_pedal(end: np.ndarray, cc_time: np.ndarray, cc_down: np.ndarray) -> np.ndarray:
+    """Magenta's sustain: a note whose release falls while the pedal is down (a pedal change at the very
+    same time counts first) sounds until the next pedal release, or the instrument's last event if none."""
+    if not len(cc_time):
+        return end
+    idx = np.searchsorted(cc_time, end, side="right") - 1
+    held = (idx >= 0) & cc_down[np.maximum(idx, 0)]
+    ups = np.flatnonzero(~cc_down)
+    k = np.searchsorted(ups, idx, side="right")
+    last = max(float(end.max()), float(cc_time.max()))
+    release = np.where(k < len(ups), cc_time[ups[np.minimum(k, len(ups) - 1)]] if len(ups) else last, last)
+    return np.where(held, np.maximum(end, release), end)

@@ -13,8 +13,7 @@ import numpy as np
 import pretty_midi
 
 from musicrel.errors import InvalidMidiError
-from musicrel.generation.controls import Controls
-from musicrel.generation.sampling import SamplingParams
+from musicrel.generation.sampling import Sampling
 
 MAX_MELODY_SECONDS = 600.0
 # A melody's notes start one at a time: notes struck within CHORD_SECONDS of another count as a chord, and a
@@ -26,38 +25,15 @@ MAX_CHORD_SHARE = 0.25
 ACCOMPANIMENT_NAME = "accompaniment"  # the answer file's accompaniment track
 
 
-@dataclass
-class AccompanimentParams:
-    """How to accompany one melody. Validated on construction like SamplingParams (GenerationError)."""
+@dataclass(kw_only=True)
+class AccompanimentParams(Sampling):
+    """How to accompany one melody: the shared sampling fields and their checks (Sampling). `controls`:
+    key, chords, density, range, polyphony, program (of the accompaniment)."""
 
-    # A continuation's sampling fields, with SamplingParams' defaults (their one source), but for top-p: the
-    # accompaniment model was measured without the nucleus too (37 validation songs x 3 seeds, 2026-11-25):
-    # harmony 0.526 -> 0.502, clashes 0.016 -> 0.028 (real 0.025), 3.8 -> 2.9 notes/s (real 3.6): it keeps
-    # the nucleus.
-    temperature: float = SamplingParams.temperature
-    top_k: int | None = SamplingParams.top_k
+    # Sampling's defaults (their one source) but for top-p: the accompaniment model was measured without the
+    # nucleus too (37 validation songs x 3 seeds, 2026-11-25): harmony 0.526 -> 0.502, clashes 0.016 -> 0.028
+    # (real 0.025), 3.8 -> 2.9 notes/s (real 3.6): it keeps the nucleus.
     top_p: float = 0.95
-    seed: int | None = SamplingParams.seed  # None: drawn and reported
-    num_samples: int = SamplingParams.num_samples
-    controls: Controls | None = None  # key, chords, density, range, polyphony, program (of the accompaniment)
-
-    def __post_init__(self) -> None:
-        # One set of checks for every sampling field: SamplingParams' own.
-        checked = SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=self.seed,
-            num_samples=self.num_samples,
-            controls=self.controls,
-        )
-        self.top_k, self.seed, self.num_samples, self.controls = (
-            checked.top_k,
-            checked.seed,
-            checked.num_samples,
-            checked.controls,
-        )
-        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
 
 
 @dataclass

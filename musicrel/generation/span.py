@@ -13,10 +13,10 @@ import numpy as np
 import pretty_midi
 
 from musicrel.errors import InfillError, is_int, is_number
-from musicrel.generation.controls import ControlError, Controls
+from musicrel.generation.controls import ControlError
 from musicrel.generation.fim import split_at
 from musicrel.generation.primer import motif_program
-from musicrel.generation.sampling import SamplingParams
+from musicrel.generation.sampling import Sampling
 from musicrel.midi.files import copy_midi
 
 MAX_SPAN_SECONDS = 30.0
@@ -25,38 +25,19 @@ INFILL_TRACK = "infill"
 PROGRAM_WINDOW_SECONDS = 10.0
 
 
-@dataclass
-class InfillParams:
-    """How to fill one gap. Validated on construction like SamplingParams (GenerationError)."""
-
-    temperature: float = SamplingParams.temperature
-    top_k: int | None = SamplingParams.top_k
-    top_p: float = SamplingParams.top_p
-    seed: int | None = SamplingParams.seed  # None: drawn and reported
-    num_samples: int = SamplingParams.num_samples
-    # key, chords, density, range, polyphony (generation.controls), read against the music around the gap
-    # (infill.CONTROL_CONTEXT_SECONDS); not program: the new notes join the file's own track
-    controls: Controls | None = None
+@dataclass(kw_only=True)
+class InfillParams(Sampling):
+    """How to fill one gap: the shared sampling fields and their checks (Sampling), and none of its own.
+    `controls`: key, chords, density, range, polyphony (generation.controls), read against the music around
+    the gap (infill.CONTROL_CONTEXT_SECONDS); not program: the new notes join the file's own track."""
 
     def __post_init__(self) -> None:
-        # One set of checks for every sampling field and the controls: SamplingParams' own (as an
-        # accompaniment's); then the one control an infill cannot honour.
-        checked = SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=self.seed,
-            num_samples=self.num_samples,
-            controls=self.controls,
-        )
-        self.top_k, self.seed, self.num_samples = checked.top_k, checked.seed, checked.num_samples
-        self.controls = checked.controls
+        super().__post_init__()
         if self.controls is not None and self.controls.program is not None:
             raise ControlError(
                 "program does not apply to infilling: the new notes join the file's own instrument",
                 code="invalid_controls",
             )
-        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
 
 
 @dataclass

@@ -10,8 +10,8 @@ from musicrel.cli.args import add_weights_argument
 
 
 def _evaluate_controls(args) -> int:
-    from musicrel.evaluation.continuations import held_out_files, load_pieces
     from musicrel.evaluation.control_evidence import evaluate_controls, format_checks
+    from musicrel.evaluation.pieces import held_out_files, load_pieces
     from musicrel.model.checkpoint import load_codec, load_model
     from musicrel.runtime.threads import set_torch_threads
 

@@ -11,8 +11,9 @@ from musicrel.cli.args import add_weights_argument, given, positive_int, torch_s
 
 def _evaluate(args) -> int:
     torch_setup(args, rows=1)  # every sample is decoded alone: the speed is batch 1's
+    from musicrel.evaluation.gaps import InfillEvaluationOptions
     from musicrel.evaluation.infill_report import format_infill_report, write_infill_report
-    from musicrel.evaluation.infills import DEFAULT_CHECKPOINT, InfillEvaluationOptions, evaluate_infills
+    from musicrel.evaluation.infills import DEFAULT_CHECKPOINT, evaluate_infills
 
     # Options left out are not passed: their defaults live in InfillEvaluationOptions and SamplingParams.
     options = given(

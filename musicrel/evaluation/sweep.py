@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from musicrel.evaluation.continuations import EvaluationError, EvaluationOptions, evaluate_continuations
+from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
 from musicrel.evaluation.metrics import bootstrap_interval
+from musicrel.evaluation.pieces import EvaluationError
 from musicrel.evaluation.plots import plot_sweep
 from musicrel.evaluation.twosample import auc_gain
 from musicrel.generation.sampling import SamplingParams

@@ -12,16 +12,8 @@ import numpy as np
 import pytest
 
 from musicrel.cli import main
-from musicrel.evaluation.continuations import (
-    SYSTEMS,
-    EvaluationError,
-    EvaluationOptions,
-    _continuations,
-    evaluate_continuations,
-    held_out_files,
-    repeat_motif,
-    split_piece,
-)
+from musicrel.evaluation.continuation_systems import SYSTEMS, repeat_motif, system_continuations
+from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
 from musicrel.evaluation.metrics import (
     GEOMETRIC_FLOOR,
     METRICS,
@@ -45,6 +37,7 @@ from musicrel.evaluation.metrics import (
     velocity_histogram,
 )
 from musicrel.evaluation.ngram import NGramModel
+from musicrel.evaluation.pieces import EvaluationError, held_out_files, split_piece
 from musicrel.evaluation.report import format_report, write_report
 from musicrel.generation.keys import find_key
 from musicrel.generation.primer import primer_at_cut
@@ -361,7 +354,7 @@ def test_every_sampled_system_starts_at_the_cut(world):
     jobs = [(primer, SamplingParams(seconds=2.0, seed=3, num_samples=3))]
     steps = shift_steps(CODEC)
     for name in ("model", "model-no-grammar", "untrained", "ngram"):
-        for notes_out, tokens in _continuations(name, models, ngram, CODEC, jobs)[0]:
+        for notes_out, tokens in system_continuations(name, models, ngram, CODEC, jobs)[0]:
             first_event = int(np.flatnonzero(steps[tokens] == 0)[0])
             assert steps[tokens[:first_event]].sum() >= 70, name
             assert all(n.start >= 0 for n in notes_out), name
@@ -413,7 +406,7 @@ def test_the_truth_is_read_as_the_codec_renders_a_models_notes(world, tmp_path):
     and the real music, as the model's notes could be: the classifier compares music, not rounding."""
     import pretty_midi
 
-    from musicrel.evaluation.continuations import load_pieces
+    from musicrel.evaluation.pieces import load_pieces
     from musicrel.model.checkpoint import load_model
 
     pm = pretty_midi.PrettyMIDI()

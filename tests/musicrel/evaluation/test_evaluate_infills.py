@@ -13,17 +13,9 @@ import torch
 
 from musicrel.cli import main
 from musicrel.errors import InfillError, MusicrelError
-from musicrel.evaluation.infills import (
-    END_JOIN,
-    END_JOIN_NAMES,
-    SYSTEMS,
-    InfillEvaluationError,
-    InfillEvaluationOptions,
-    copy_before,
-    cut_gaps,
-    end_join_features,
-    evaluate_infills,
-)
+from musicrel.evaluation.gap_classifier import END_JOIN, END_JOIN_NAMES, end_join_features
+from musicrel.evaluation.gaps import InfillEvaluationError, InfillEvaluationOptions, copy_before, cut_gaps
+from musicrel.evaluation.infills import SYSTEMS, evaluate_infills
 from musicrel.evaluation.twosample import feature_names
 from musicrel.midi.codec import EventCodec
 from musicrel.model.checkpoint import save_model

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from musicrel.errors import InfillError
-from musicrel.evaluation.infills import gap_nll
+from musicrel.evaluation.gap_nll import gap_nll
 from musicrel.midi.codec import EventCodec
 from tests.musicrel.generation.test_infill import CODEC, band, infill_model
 

@@ -373,7 +373,7 @@ def test_report_html_in_a_real_browser(written):
 def test_file_sources_reads_sources_and_versions_of_one_composition(tmp_path):
     import json
 
-    from musicrel.evaluation.continuations import file_sources
+    from musicrel.evaluation.pieces import file_sources
 
     files = [
         {"path": f"/m/{n}.mid", "source": src} for n, src in (("a1", "asap"), ("a2", "asap"), ("p", "pop"))
@@ -444,7 +444,7 @@ def versions_folder(tmp_path_factory):
 
 
 def test_a_plain_folder_groups_the_versions_of_a_composition_from_their_notes(versions_folder):
-    from musicrel.evaluation.continuations import piece_compositions
+    from musicrel.evaluation.pieces import piece_compositions
     from musicrel.midi.codec import EventCodec
 
     folder = versions_folder / "midi"
@@ -461,20 +461,20 @@ def test_a_plain_folder_groups_the_versions_of_a_composition_from_their_notes(ve
 def test_a_prepared_folder_keeps_the_manifests_groups(tmp_path, monkeypatch):
     import json
 
-    from musicrel.evaluation import continuations
+    from musicrel.evaluation import pieces
     from musicrel.midi.codec import EventCodec
 
     def not_here(*args, **kw):
         raise AssertionError("a prepared folder's groups come from its manifest")
 
-    monkeypatch.setattr(continuations, "group_versions", not_here)
+    monkeypatch.setattr(pieces, "group_versions", not_here)
     files = [{"path": f"/m/{n}.mid", "source": "asap"} for n in ("a1", "a2", "b")]
     manifest = {
         "splits": {"test": {"files": files}},
         "compositions": {"multi_file": [{"split": "test", "files": ["/m/a1.mid", "/m/a2.mid"]}]},
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    comps, grouping = continuations.piece_compositions(EventCodec(), tmp_path, [f["path"] for f in files])
+    comps, grouping = pieces.piece_compositions(EventCodec(), tmp_path, [f["path"] for f in files])
     assert comps == ["/m/a1.mid", "/m/a1.mid", "/m/b.mid"]
     assert grouping == {
         "method": "manifest", "files": 3, "compositions": 2, "multi_file": [["/m/a1.mid", "/m/a2.mid"]],
@@ -525,12 +525,12 @@ def test_without_datasketch_a_plain_folder_leaves_the_classifier_out_with_the_re
     versions_folder, monkeypatch
 ):
     from musicrel.data.compositions import CompositionsUnavailable
-    from musicrel.evaluation import continuations
+    from musicrel.evaluation import continuations, pieces
 
     def unavailable(sets):
         raise CompositionsUnavailable("datasketch is not installed: pip install 'musicrel[eval]'")
 
-    monkeypatch.setattr(continuations, "group_versions", unavailable)
+    monkeypatch.setattr(pieces, "group_versions", unavailable)
     options = continuations.EvaluationOptions(
         motif_seconds=3.0, seconds=2.0, seeds=1, systems=["repeat-motif"]
     )

@@ -4,7 +4,9 @@ Event vocabulary (defaults): NOTE_ON 0..127, NOTE_OFF 128..255, TIME_SHIFT 256..
 SET_VELOCITY 356..387 (32 bins), then PEDAL_ON, PEDAL_OFF when pedal="events", then MELODY_ON 0..127,
 MELODY_OFF 0..127 when melody=True (a given melody the model accompanies: `encode_with_melody`; decoding
 ignores them), then pad, bos, eos, then FUTURE, PAST, FILL when infill=True (the markers of an infill
-sequence, musicrel.generation.fim: after eos, so every other id is the same with or without them).
+sequence, musicrel.generation.fim: after eos, so every other id is the same with or without them), then
+INSTRUMENT 0..128 when instruments=True (General MIDI programs 0..127, then drums: after every other id, so a
+checkpoint's rows keep their ids when its vocabulary grows by them).
 
 Choices a caller can rely on:
 - Absolute times are quantised by rounding to the step grid, then shifts are emitted between quantised times,
@@ -20,6 +22,18 @@ Choices a caller can rely on:
   `decode` writes them back as CC64 127/0 so any player sustains.
 - tracks="merge" merges every non-drum instrument; a list selects pretty_midi instrument indices (drums among
   them are still dropped); an index the file does not have raises InvalidMidiError(code="no_such_track").
+- instruments=True (musicrel.midi.instruments; docs/INSTRUMENTS.md): every note has an instrument, its track's
+  General MIDI program, or DRUMS for a drum track (channel 10) whatever its program; drums are kept (merged or
+  selected). An INSTRUMENT token precedes a note event (on or off) whose instrument differs from the previous
+  note event's; time shifts, SET_VELOCITY (one velocity state for all) and the pedal are shared. At one step:
+  the pedal, then instrument by instrument in ascending order (drums last), each note-offs before note-ons by
+  pitch, so an instrument is switched to once per step; INSTRUMENT comes before the SET_VELOCITY of its note.
+  One sounding note per (instrument, pitch). Tracks of one program (a quartet's two violins) are one
+  instrument: merged as a piano's two hands are. A note's program is the one in effect at its note-off
+  (pretty_midi's rule), so a program change inside a track splits it into instruments. decode gives one
+  track per instrument with notes (ascending, drums last), named by its General MIDI name ("Drums", is_drum:
+  channel 10); `decode_instrument_notes` gives each note's instrument, `instrument_notes` a file's.
+  transpose leaves the drums' pitches alone. melody=True with instruments is refused (ConfigError).
 - decode accepts any integers: ids outside the event ranges and specials are ignored, velocity is 64 until the
   first SET_VELOCITY, a NOTE_OFF without NOTE_ON is ignored, a NOTE_OFF on the step of its NOTE_ON gives a
   one-step note, a NOTE_ON of a pitch already sounding closes it (or replaces it when struck on the same
@@ -46,6 +60,13 @@ from musicrel.errors import ConfigError
 from musicrel.midi.config import CodecConfig
 from musicrel.midi.decode import OPEN_NOTE_MIN_SECONDS, decode_tokens
 from musicrel.midi.encode import events, melody_events, melody_stream, to_steps, with_shifts
+from musicrel.midi.instruments import (
+    DRUMS,
+    NUM_INSTRUMENTS,
+    InstrumentNotes,
+    current_instrument,
+    to_pretty_midi,
+)
 from musicrel.midi.notes import Notes, collect, notes_array, raw_instruments
 from musicrel.midi.notes import read as read_midi
 from musicrel.midi.scan import RawInstrument
@@ -85,6 +106,13 @@ class EventCodec:
         if cfg.infill:
             self.future_id, self.past_id, self.fill_id = n + 3, n + 4, n + 5
             self.vocab_size = n + 6
+        # after everything else, so a checkpoint's rows keep their ids and the new rows are appended
+        self.instrument_offset = self.drums_id = None
+        self.num_instruments = 0
+        if cfg.instruments:
+            self.instrument_offset, self.num_instruments = self.vocab_size, NUM_INSTRUMENTS
+            self.drums_id = self.instrument_offset + DRUMS
+            self.vocab_size += NUM_INSTRUMENTS
         self.time_advance = np.zeros(self.vocab_size, dtype=np.float64)
         steps = np.arange(1, cfg.max_shift_steps + 1)
         self.time_advance[self.time_shift_offset : self.velocity_offset] = steps * self.step
@@ -105,6 +133,15 @@ class EventCodec:
     def is_time_shift(self, tokens):
         return (tokens >= self.time_shift_offset) & (tokens < self.velocity_offset)
 
+    def is_instrument(self, tokens):
+        if self.instrument_offset is None:
+            return tokens < -1  # all False, for arrays and tensors alike
+        return (tokens >= self.instrument_offset) & (tokens < self.instrument_offset + self.num_instruments)
+
+    def is_special(self, tokens):
+        """pad, bos, eos and the infill markers: placed, never events (an INSTRUMENT token is an event)."""
+        return (tokens >= self.pad_id) & ~self.is_instrument(tokens)
+
     def is_melody(self, tokens):
         if self.melody_on_offset is None:
             return tokens < -1  # all False, for arrays and tensors alike
@@ -120,6 +157,26 @@ class EventCodec:
 
     def _collect(self, instruments: list[RawInstrument], tracks=None) -> Notes:
         return collect(self.config, instruments, tracks)
+
+    def instrument_notes(self, midi) -> InstrumentNotes:
+        """A file's notes as `to_notes` reads them, with the instrument of each (needs instruments: a codec
+        without them has one stream, ConfigError code no_instruments)."""
+        self._require_instruments()
+        notes = self._collect(self._instruments(midi))
+        return InstrumentNotes(
+            [
+                pretty_midi.Note(velocity=int(v), pitch=int(p), start=float(s), end=float(e))
+                for s, e, p, v in zip(notes.start, notes.end, notes.pitch, notes.velocity, strict=True)
+            ],
+            [int(i) for i in notes.instrument],
+        )
+
+    def _require_instruments(self) -> None:
+        if self.instrument_offset is None:
+            raise ConfigError(
+                "this codec has no instrument tokens (CodecConfig.instruments is false)",
+                code="no_instruments",
+            )
 
     def to_notes(self, pm) -> list[pretty_midi.Note]:
         """Drums dropped, tracks selected/merged, pedal extended (pedal="extend"), one note per pitch at a
@@ -138,9 +195,13 @@ class EventCodec:
     def _with_shifts(self, time: np.ndarray, tok: np.ndarray, end_time: int | None = None) -> np.ndarray:
         return with_shifts(self, time, tok, end_time)
 
-    def encode_notes(self, notes) -> np.ndarray:
-        """Notes (anything with start/end/pitch/velocity; seconds from 0.0) -> event tokens (int32)."""
-        return with_shifts(self, *events(self, notes_array(notes)))
+    def encode_notes(self, notes, instruments=None) -> np.ndarray:
+        """Notes (anything with start/end/pitch/velocity; seconds from 0.0) -> event tokens (int32).
+        `instruments`: each note's instrument (program 0..127, DRUMS), for a codec with instruments (None:
+        all the piano's, program 0); a codec without them ignores it."""
+        if instruments is None and self.instrument_offset is not None:
+            instruments = np.zeros(len(notes), np.int64)
+        return with_shifts(self, *events(self, notes_array(notes, instruments)))
 
     def encode_with_melody(self, melody, notes) -> np.ndarray:
         """A melody (notes; velocities ignored) and the notes that go with it -> one stream (needs
@@ -164,11 +225,18 @@ class EventCodec:
 
     # ---------------------------------------------------------------- decoding
     def _decode(self, tokens) -> tuple[list[pretty_midi.Note], list[tuple[float, bool]]]:
-        return decode_tokens(self, tokens)
+        return decode_tokens(self, tokens)[:2]
 
     def decode_notes(self, tokens) -> list[pretty_midi.Note]:
-        """Any int sequence -> notes sorted by (start, pitch) (pedal events are not applied to notes)."""
+        """Any int sequence -> notes sorted by (start, pitch) (pedal events are not applied to notes); with
+        instruments by (start, instrument, pitch), each note's instrument in `decode_instrument_notes`."""
         return self._decode(tokens)[0]
+
+    def decode_instrument_notes(self, tokens) -> InstrumentNotes:
+        """Any int sequence -> its notes and the instrument of each (what a route maps back to tracks)."""
+        self._require_instruments()
+        notes, _, instruments = decode_tokens(self, tokens)
+        return InstrumentNotes(notes, instruments)
 
     def heard(self, notes) -> list[pretty_midi.Note]:
         """`notes` as this codec renders them (encoded, then decoded): times on its step, velocities on its
@@ -178,8 +246,11 @@ class EventCodec:
         return self.decode_notes(self.encode_notes(notes))
 
     def decode(self, tokens) -> pretty_midi.PrettyMIDI:
-        """Any int sequence -> a valid PrettyMIDI with one piano instrument (pedal events become CC64)."""
-        notes, pedal = self._decode(tokens)
+        """Any int sequence -> a valid PrettyMIDI with one piano instrument (pedal events become CC64); with
+        instruments, one track per instrument that has notes (`instruments.to_pretty_midi`)."""
+        notes, pedal, instruments = decode_tokens(self, tokens)
+        if self.instrument_offset is not None:
+            return to_pretty_midi(InstrumentNotes(notes, instruments), pedal, _DECODE_RESOLUTION, _DECODE_BPM)
         pm = pretty_midi.PrettyMIDI(resolution=_DECODE_RESOLUTION, initial_tempo=_DECODE_BPM)
         inst = pretty_midi.Instrument(program=0, name="musicrel")
         inst.notes = notes
@@ -188,12 +259,16 @@ class EventCodec:
         return pm
 
     # ---------------------------------------------------------------- augmentation
-    def transpose(self, tokens, semitones: int) -> np.ndarray:
+    def transpose(self, tokens, semitones: int, instrument: int = 0) -> np.ndarray:
         """Shift every NOTE_ON/NOTE_OFF (and MELODY_ON/OFF) by `semitones`; notes pushed out of 0..127 are
-        dropped (on & off)."""
+        dropped (on & off). With instruments, drums keep their pitches (a pitch is a drum there);
+        `instrument` is the one in effect before the first token (a crop from inside a piece)."""
         toks = np.asarray(tokens).astype(np.int64).ravel()
         is_on, is_off, is_mel = self.is_note_on(toks), self.is_note_off(toks), self.is_melody(toks)
         note = is_on | is_off | is_mel
+        if self.instrument_offset is not None:
+            playing = current_instrument(toks, self.is_instrument(toks), self.instrument_offset, instrument)
+            note &= playing != DRUMS
         base = np.where(is_on, self.note_on_offset, self.note_off_offset)
         if is_mel.any():
             base = np.where(

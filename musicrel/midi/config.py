@@ -29,6 +29,9 @@ class CodecConfig:
     # FUTURE/PAST/FILL markers after eos: the model fills a gap between the music before and after it
     # (musicrel.generation.fim); encoding is unchanged, so a folder prepared without them trains with them
     infill: bool = False
+    # an INSTRUMENT token (a General MIDI program, or drums) before a note event whose instrument differs from
+    # the previous note event's; the ids come after every other, so a piano checkpoint's rows keep theirs
+    instruments: bool = False
     # caps on hostile uploads, enforced by the pre-scan before any parser runs
     max_bytes: int = 4 * 1024 * 1024
     max_tracks: int = 256
@@ -76,6 +79,13 @@ class CodecConfig:
             raise ConfigError(f"CodecConfig.melody must be true or false, got {self.melody!r}")
         if not isinstance(self.infill, bool):
             raise ConfigError(f"CodecConfig.infill must be true or false, got {self.infill!r}")
+        if not isinstance(self.instruments, bool):
+            raise ConfigError(f"CodecConfig.instruments must be true or false, got {self.instruments!r}")
+        if self.melody and self.instruments:
+            raise ConfigError(
+                "CodecConfig.melody and CodecConfig.instruments cannot be combined yet: a melody's part is "
+                "one stream without instruments"
+            )
         if self.melody and not (isinstance(self.tracks, list) and len(self.tracks) >= 2):
             raise ConfigError(
                 "CodecConfig.melody reads the melody from the first of `tracks` and its part from the "
@@ -83,7 +93,12 @@ class CodecConfig:
             )
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        # Without instruments the dict is the one written before the field existed, so the codec's hash (the
+        # token caches of `musicrel prepare`) and every config.json written from it stay byte-for-byte.
+        if not self.instruments:
+            del d["instruments"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> CodecConfig:

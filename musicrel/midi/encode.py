@@ -21,18 +21,31 @@ def events(codec, notes: Notes) -> tuple[np.ndarray, np.ndarray]:
     qe = np.maximum(to_steps(codec, notes.end), qs + 1)  # a note shorter than a step still sounds one step
     pitch = np.asarray(notes.pitch, dtype=np.int64)
     vel = np.clip(np.asarray(notes.velocity, dtype=np.int64), 0, 127)
+    # without instruments every note is one instrument's (0): the order and tokens are the piano codec's
+    with_inst = codec.instrument_offset is not None and notes.instrument is not None
+    inst = np.asarray(notes.instrument, dtype=np.int64) if with_inst else np.zeros(len(pitch), np.int64)
     keep = (pitch >= 0) & (pitch <= 127)
-    qs, qe, pitch, vel = qs[keep], qe[keep], pitch[keep], vel[keep]
+    qs, qe, pitch, vel, inst = qs[keep], qe[keep], pitch[keep], vel[keep], inst[keep]
     if not len(qs):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    # quantisation can make same-pitch notes collide: keep the longest, end each at the next onset
-    order = np.lexsort((-qe, qs, pitch))
-    qs, qe, pitch, vel = qs[order], qe[order], pitch[order], vel[order]
-    same = pitch[1:] == pitch[:-1]
+    # quantisation can make notes of one voice (instrument and pitch) collide: keep the longest, end each at
+    # the next onset
+    voice = inst * 128 + pitch
+    order = np.lexsort((-qe, qs, voice))
+    qs, qe, pitch, vel, inst, voice = (
+        qs[order],
+        qe[order],
+        pitch[order],
+        vel[order],
+        inst[order],
+        voice[order],
+    )
+    same = voice[1:] == voice[:-1]
     dup = np.concatenate(([False], same & (qs[1:] == qs[:-1])))
-    qs, qe, pitch, vel = qs[~dup], qe[~dup], pitch[~dup], vel[~dup]
+    qs, qe, pitch, vel, inst = qs[~dup], qe[~dup], pitch[~dup], vel[~dup], inst[~dup]
+    voice = voice[~dup]
     never = np.iinfo(np.int64).max
-    nxt = np.concatenate((np.where(pitch[1:] == pitch[:-1], qs[1:], never), [never]))
+    nxt = np.concatenate((np.where(voice[1:] == voice[:-1], qs[1:], never), [never]))
     qe = np.minimum(qe, nxt)
 
     n = len(qs)
@@ -40,6 +53,7 @@ def events(codec, notes: Notes) -> tuple[np.ndarray, np.ndarray]:
     kinds = [np.full(n, 1), np.full(n, 2)]  # at one step: pedal (0), note-off (1), note-on (2)
     toks = [codec.note_off_offset + pitch, codec.note_on_offset + pitch]
     keys = [pitch, pitch]
+    insts = [inst, inst]
     bins = [np.full(n, -1), vel * codec.config.velocity_bins // 128]
     if codec.pedal_on_id is not None and len(notes.pedal_time):
         pt = np.maximum(to_steps(codec, notes.pedal_time), 0)
@@ -52,16 +66,28 @@ def events(codec, notes: Notes) -> tuple[np.ndarray, np.ndarray]:
         kinds.append(np.zeros(len(pt), dtype=np.int64))
         toks.append(np.where(down, codec.pedal_on_id, codec.pedal_off_id))
         keys.append(np.zeros(len(pt), dtype=np.int64))
+        insts.append(np.full(len(pt), -1))  # the pedal first at its step, before any instrument's notes
         bins.append(np.full(len(pt), -1))
-    time, kind, tok, key, vbin = (np.concatenate(x) for x in (times, kinds, toks, keys, bins))
-    order = np.lexsort((key, kind, time))
-    time, kind, tok, vbin = time[order], kind[order], tok[order], vbin[order]
+    time, kind, tok, key, ins, vbin = (np.concatenate(x) for x in (times, kinds, toks, keys, insts, bins))
+    # at one step: the pedal, then instrument by instrument (ascending, drums last), offs before ons, by pitch
+    order = np.lexsort((key, kind, ins, time))
+    time, kind, tok, ins, vbin = time[order], kind[order], tok[order], ins[order], vbin[order]
     # SET_VELOCITY only when the bin differs from the previous note-on's
     on = np.flatnonzero(kind == 2)
     on_bins = vbin[on]
     changed = on[on_bins != np.concatenate(([-1], on_bins[:-1]))]
-    tok = np.insert(tok, changed, codec.velocity_offset + vbin[changed])
-    time = np.insert(time, changed, time[changed])
+    at, new = changed, codec.velocity_offset + vbin[changed]
+    if with_inst:
+        # INSTRUMENT before a note event whose instrument is not the previous note event's (before its
+        # SET_VELOCITY: np.insert keeps the order of values inserted at one index)
+        note = np.flatnonzero(kind > 0)
+        switch = note[ins[note] != np.concatenate(([-1], ins[note][:-1]))]
+        at = np.concatenate((switch, changed))
+        new = np.concatenate((codec.instrument_offset + ins[switch], new))
+        first = np.argsort(at, kind="stable")
+        at, new = at[first], new[first]
+    tok = np.insert(tok, at, new)
+    time = np.insert(time, at, time[at])
     return time, tok
 
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pretty_midi
 
-from musicrel.errors import InvalidMidiError
+from musicrel.errors import ConfigError, InvalidMidiError
 from musicrel.midi.config import CodecConfig
+from musicrel.midi.instruments import DRUMS, instrument_of
 from musicrel.midi.scan import RawInstrument, instruments_from_scan, scan
 
 
@@ -27,15 +28,36 @@ class Notes:
     velocity: np.ndarray
     pedal_time: np.ndarray = field(default_factory=lambda: np.zeros(0))  # pedal="events": transition times
     pedal_down: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # an instruments codec: each note's instrument (program 0..127, DRUMS); None: one instrument
+    instrument: np.ndarray | None = None
+
+    def voice(self) -> np.ndarray:
+        """(N,) int64: instrument x 128 + pitch, the key of "one sounding note per (instrument, pitch)"; the
+        pitch itself without instruments."""
+        return voices(self.instrument, self.pitch)
 
     def __len__(self) -> int:
         return len(self.start)
 
 
-def notes_array(notes) -> Notes:
-    """Anything with start/end/pitch/velocity -> Notes."""
+def voices(instrument: np.ndarray | None, pitch: np.ndarray) -> np.ndarray:
+    pitch = np.asarray(pitch, dtype=np.int64)
+    return pitch if instrument is None else np.asarray(instrument, dtype=np.int64) * 128 + pitch
+
+
+def notes_array(notes, instruments=None) -> Notes:
+    """Anything with start/end/pitch/velocity (and, for an instruments codec, each note's instrument)."""
     arr = np.array([(n.start, n.end, n.pitch, n.velocity) for n in notes], dtype=np.float64).reshape(-1, 4)
-    return Notes(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int64), arr[:, 3].astype(np.int64))
+    out = Notes(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int64), arr[:, 3].astype(np.int64))
+    if instruments is not None:
+        out.instrument = np.asarray(instruments, dtype=np.int64).reshape(-1)
+        if len(out.instrument) != len(out):
+            raise ConfigError(
+                f"{len(out)} notes but {len(out.instrument)} instruments", code="bad_instruments"
+            )
+        if len(out.instrument) and not (out.instrument.min() >= 0 and out.instrument.max() <= DRUMS):
+            raise ConfigError(f"instruments are 0..{DRUMS} (programs, then drums)", code="bad_instruments")
+    return out
 
 
 def midi_bytes(config: CodecConfig, midi) -> bytes:
@@ -93,7 +115,8 @@ def raw_instruments(config: CodecConfig, midi) -> list[RawInstrument]:
 
 
 def collect(config: CodecConfig, instruments: list[RawInstrument], tracks=None) -> Notes:
-    """Select/merge tracks, drop drums, apply the pedal policy, leave one sounding note per pitch."""
+    """Select/merge tracks, drop drums (an instruments codec keeps them, and each note's instrument), apply
+    the pedal policy, leave one sounding note per pitch (per instrument and pitch)."""
     tracks = config.tracks if tracks is None else tracks
     if tracks != "merge":
         bad = [i for i in tracks if i >= len(instruments)]
@@ -103,40 +126,48 @@ def collect(config: CodecConfig, instruments: list[RawInstrument], tracks=None) 
                 code="no_such_track",
             )
         instruments = [instruments[i] for i in tracks]
-    instruments = [inst for inst in instruments if not inst.is_drum]
-    parts, transitions = [], []
+    if not config.instruments:
+        instruments = [inst for inst in instruments if not inst.is_drum]
+    parts, transitions, tags = [], [], []
     for inst in instruments:
         notes = inst.notes
         if not len(notes):
             continue
         cc = inst.sustain[np.argsort(inst.sustain[:, 0], kind="stable")]
-        if config.pedal == "extend":
+        if config.pedal == "extend" and not inst.is_drum:
             notes = notes.copy()
             notes[:, 1] = extend_by_pedal(notes[:, 1], cc[:, 0], cc[:, 1] >= 64)
-        elif len(cc):
+        elif len(cc) and not inst.is_drum:  # a kit's CC64 is no sustain
             down = cc[:, 1] >= 64
             change = down != np.concatenate(([False], down[:-1]))
             transitions.append(np.stack([cc[change, 0], np.where(down[change], 1.0, -1.0)], axis=1))
         parts.append(notes)
+        tags.append(np.full(len(notes), instrument_of(inst.program, inst.is_drum), dtype=np.int64))
     if not parts:
         raise InvalidMidiError("no notes (after dropping drums and unselected tracks)", code="no_notes")
     notes = np.concatenate(parts)
     start, pitch, velocity = notes[:, 0], notes[:, 2].astype(np.int64), notes[:, 3].astype(np.int64)
     end = np.maximum(notes[:, 1], start)
+    inst = np.concatenate(tags) if config.instruments else None
     keep = (pitch >= 0) & (pitch <= 127)
     if not keep.any():
         raise InvalidMidiError("no notes with a pitch in 0..127", code="no_notes")
     start, end, pitch, velocity = start[keep], end[keep], pitch[keep], velocity[keep]
-    # one sounding note per pitch: same-pitch duplicates keep the longest, overlaps end at the next onset
-    order = np.lexsort((-end, start, pitch))
-    start, end, pitch, velocity = start[order], end[order], pitch[order], velocity[order]
-    same = pitch[1:] == pitch[:-1]
+    inst = inst[keep] if inst is not None else None
+    # one sounding note per voice (pitch, or instrument and pitch): duplicates keep the longest, overlaps end
+    # at the next onset
+    voice = voices(inst, pitch)
+    order = np.lexsort((-end, start, voice))
+    start, end, pitch, velocity, voice = start[order], end[order], pitch[order], velocity[order], voice[order]
+    same = voice[1:] == voice[:-1]
     dup = np.concatenate(([False], same & (start[1:] == start[:-1])))
-    start, end, pitch, velocity = start[~dup], end[~dup], pitch[~dup], velocity[~dup]
-    nxt = np.concatenate((np.where(pitch[1:] == pitch[:-1], start[1:], np.inf), [np.inf]))
+    start, end, pitch, velocity, voice = start[~dup], end[~dup], pitch[~dup], velocity[~dup], voice[~dup]
+    nxt = np.concatenate((np.where(voice[1:] == voice[:-1], start[1:], np.inf), [np.inf]))
     end = np.minimum(end, nxt)
-    order = np.lexsort((pitch, start))
+    order = np.lexsort((voice, start))  # by (start, pitch) without instruments
     out = Notes(start[order], end[order], pitch[order], velocity[order])
+    if inst is not None:
+        out.instrument = voice[order] // 128
     if transitions:
         tr = np.concatenate(transitions)
         tr = tr[np.argsort(tr[:, 0], kind="stable")]

@@ -1,0 +1,71 @@
+"""The instruments of an instruments codec (`CodecConfig(instruments=True)`): an instrument is a General MIDI
+program 0..127 or DRUMS (128), whatever the file's channel for them; `InstrumentNotes` is a file's notes with
+the instrument of each, as the codec reads and writes them. Decoding builds one track per instrument, named by
+its General MIDI name ("Drums" for drums, on a drum track: channel 10)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pretty_midi
+
+DRUMS = 128  # the instrument index of drums (programs are 0..127)
+NUM_INSTRUMENTS = 129
+DRUMS_NAME = "Drums"
+
+
+def instrument_of(program: int, is_drum: bool) -> int:
+    """The instrument index of a pretty_midi instrument: its program, or DRUMS (a drum kit's program
+    chooses the kit, not an instrument: all kits are one instrument here)."""
+    return DRUMS if is_drum else int(program)
+
+
+def instrument_name(instrument: int) -> str:
+    """The General MIDI name of a program, or "Drums"."""
+    if instrument == DRUMS:
+        return DRUMS_NAME
+    return pretty_midi.program_to_instrument_name(int(instrument))
+
+
+@dataclass
+class InstrumentNotes:
+    """Notes (pretty_midi.Note, sorted by (start, instrument, pitch)) and the instrument of each, parallel."""
+
+    notes: list[pretty_midi.Note]
+    instruments: list[int]
+
+    def by_instrument(self) -> dict[int, list[pretty_midi.Note]]:
+        """{instrument: its notes}, instruments in ascending order (drums last)."""
+        out: dict[int, list[pretty_midi.Note]] = {}
+        for i in sorted(set(self.instruments)):
+            out[i] = []
+        for note, i in zip(self.notes, self.instruments, strict=True):
+            out[i].append(note)
+        return out
+
+
+def to_pretty_midi(
+    parts: InstrumentNotes, pedal: list[tuple[float, bool]], resolution: int, bpm: float
+) -> pretty_midi.PrettyMIDI:
+    """One track per instrument (ascending, drums last), named by its General MIDI name; CC64 from `pedal`
+    (pedal="events": the codec's one merged pedal) on every track but the drums'."""
+    pm = pretty_midi.PrettyMIDI(resolution=resolution, initial_tempo=bpm)
+    for i, notes in parts.by_instrument().items():
+        drums = i == DRUMS
+        inst = pretty_midi.Instrument(program=0 if drums else i, is_drum=drums, name=instrument_name(i))
+        inst.notes = notes
+        if not drums:
+            inst.control_changes = [pretty_midi.ControlChange(64, 127 if d else 0, s) for s, d in pedal]
+        pm.instruments.append(inst)
+    return pm
+
+
+def current_instrument(
+    tokens: np.ndarray, is_instrument: np.ndarray, first: int, default: int = 0
+) -> np.ndarray:
+    """(N,) int64: the instrument in effect at each token (the last INSTRUMENT token at or before it;
+    `default` before the first); `first` is the id of instrument 0."""
+    index = np.where(is_instrument, np.arange(len(tokens)), -1)
+    last = np.maximum.accumulate(index) if len(tokens) else index
+    return np.where(last >= 0, tokens[np.maximum(last, 0)] - first, default).astype(np.int64)

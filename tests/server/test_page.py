@@ -13,6 +13,13 @@ from server.schemas import AccompanimentParams, ContinuationParams, InfillParams
 from server.settings import STATIC_DIR, Settings
 
 PAGE = STATIC_DIR / "index.html"
+ENTRY = "/static/js/main.js"  # the page's entry module; it imports the others
+MODULES = sorted((STATIC_DIR / "js").rglob("*.js"))
+
+
+def _page_js() -> str:
+    """Every module of the page, as one text: what the page's scripts say, wherever a piece of it lives."""
+    return "\n".join(path.read_text() for path in MODULES)
 
 
 class _Collector(HTMLParser):
@@ -137,7 +144,7 @@ def test_defaults_match_the_api(form_inputs):
 
 
 def test_an_untouched_steer_section_steers_nothing(form_inputs):
-    """Every control as the page first sends it (blank fields left out, as app.js does) is no control."""
+    """Every control as the page first sends it (blank fields left out, as the page does) is no control."""
     sent = {
         name: attrs["value"]
         for name, attrs in form_inputs.items()
@@ -150,10 +157,10 @@ CONTROL_FIELDS = {"program", "key", "key_strength", "chords", "chord_strength", 
 CONTROL_FIELDS |= {"high_note", "max_polyphony"}
 
 
-def test_app_js_sends_every_control_field():
-    text = (STATIC_DIR / "app.js").read_text()
+def test_the_page_sends_every_control_field():
+    text = _page_js()
     listed = re.search(r"const CONTROL_FIELDS = \[(.*?)\];", text, re.S)
-    assert listed, "CONTROL_FIELDS not found in app.js"
+    assert listed, "CONTROL_FIELDS not found in the page's modules"
     assert set(re.findall(r'"(\w+)"', listed.group(1))) == CONTROL_FIELDS
     assert set(ContinuationParams.model_fields) >= CONTROL_FIELDS
 
@@ -178,7 +185,7 @@ def test_the_key_menu_offers_off_auto_and_every_major_and_minor_key(form_inputs)
 def test_the_instrument_menu_starts_at_the_motifs_and_is_filled_from_the_api(form_inputs):
     """The 128 names come from /v1/model (`programs`, controls.gm_program_names), not a copy here."""
     assert form_inputs["program"]["options"] == [["", "the motif's"]]
-    assert "info.programs" in (STATIC_DIR / "app.js").read_text()
+    assert "info.programs" in _page_js()
 
 
 def test_tracks_pattern_agrees_with_the_api_validator(form_inputs):
@@ -195,18 +202,46 @@ def test_tracks_pattern_agrees_with_the_api_validator(form_inputs):
 def test_page_loads_only_its_own_assets(tags):
     refs = [a.get("src") or a.get("href") for t, a in tags if t in ("script", "link", "img")]
     refs = [r for r in refs if r and not r.startswith("data:")]
-    assert "/static/app.js" in refs and "/static/style.css" in refs
+    assert ENTRY in refs and "/static/style.css" in refs
     for ref in refs:
         assert ref.startswith("/static/"), f"{ref}: the page must not load anything from elsewhere"
         assert (STATIC_DIR / ref.removeprefix("/static/")).is_file(), ref
 
 
-@pytest.mark.parametrize("asset", ["index.html", "app.js", "style.css"])
+def test_the_entry_is_loaded_as_a_module(tags):
+    scripts = [a for t, a in tags if t == "script"]
+    assert [(a.get("src"), a.get("type")) for a in scripts] == [(ENTRY, "module")]
+
+
+@pytest.mark.parametrize(
+    "asset", ["index.html", "style.css", *(str(p.relative_to(STATIC_DIR)) for p in MODULES)]
+)
 def test_no_external_urls_or_imports(asset):
     text = (STATIC_DIR / asset).read_text()
     external = r"""(src|href)\s*=\s*["']https?://|url\(\s*["']?https?://|@import|\bimport\s*\("""
     assert not re.search(external, text)
     assert not re.search(r"""\bfetch\(\s*["'`]https?://""", text)
+
+
+IMPORT = re.compile(r"""^\s*(?:import|export)\b[^;]*?\bfrom\s*["']([^"']+)["']""", re.M)
+
+
+def test_every_module_import_is_a_page_module():
+    """Static imports name a module of the page by a relative path (no bare names: there is no build step to
+    resolve them), and every module is reached from the entry, so none is left behind unused."""
+    assert MODULES, "no modules under static/js"
+    reached, todo = set(), [STATIC_DIR / ENTRY.removeprefix("/static/")]
+    while todo:
+        module = todo.pop().resolve()
+        if module in reached:
+            continue
+        reached.add(module)
+        for spec in IMPORT.findall(module.read_text()):
+            assert spec.startswith(("./", "../")), f"{module.name}: {spec}"
+            target = (module.parent / spec).resolve()
+            assert target.is_file() and STATIC_DIR in target.parents, f"{module.name}: {spec}"
+            todo.append(target)
+    assert reached == {p.resolve() for p in MODULES}
 
 
 def test_static_dir_is_the_package_folder():

@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pretty_midi
 import pytest
@@ -78,6 +79,18 @@ def motif_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("motif") / "motif.mid"
     pm.write(str(path))
     return path
+
+
+def test_every_module_is_served_as_javascript(live_server):
+    """A browser runs a module script only when it comes with a JavaScript MIME type (no sniffing)."""
+    modules = sorted((STATIC_DIR / "js").rglob("*.js"))
+    assert modules
+    for path in modules:
+        response = httpx.get(f"{live_server}/static/{path.relative_to(STATIC_DIR).as_posix()}")
+        assert response.status_code == 200, path.name
+        mime = response.headers["content-type"].split(";")[0].strip()
+        assert mime in ("text/javascript", "application/javascript"), (path.name, mime)
+        assert response.content == path.read_bytes()
 
 
 def _set_fast_settings(page) -> None:

@@ -7,6 +7,9 @@ and the n-gram baseline run the same rules. Per-row state is tensors with one ro
 
 The user's controls (`generation.controls`: key, chords, range, polyphony, density) are rules here too, per
 row: a batch where no row has any runs exactly the code path (and draws exactly the tokens) it did before.
+
+A codec with instruments (`CodecConfig.instruments`) adds INSTRUMENT tokens and per-instrument note state
+(`_Instruments`); a codec without them never reaches that code: same masks, same tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from torch import Tensor
 from musicrel.generation.controls import DENSITY_CHORD, DENSITY_SHIFT_TILT, DensityLoop, RowControls
 from musicrel.generation.join import join_mask
 from musicrel.midi.codec import open_pitches, shift_steps
+from musicrel.midi.instruments import DRUMS, current_instrument
 
 # A note the model never closes is closed by the grammar after the motif's longest note times HOLD_FACTOR,
 # within these bounds. Measured note lengths (codec.to_notes, sustain pedal applied): 99.9th percentile 8.0 s
@@ -67,6 +71,12 @@ class Grammar:
       sounds that many; density sets one bias per row after each token, a proportional-integral loop on
       the log of the recent notes per second (`controls.DensityLoop`), which moves the note-ons, the waiting
       and the length of the gaps (`_steer`; why, in musicrel.generation.controls).
+    - instruments (a codec with them): the note rules above hold per instrument. `open`, `onset` and the
+      rules on them are the current instrument's (the last INSTRUMENT token's, the piano's before any); the
+      others wait in a bank (`_Instruments`). An INSTRUMENT token is followed by a note event or its
+      SET_VELOCITY, never repeats the current instrument, and is forced when another instrument holds a note
+      past max_hold (its note-off comes next). Drums are left out of the drone rule (a hi-hat repeats).
+      The controls still read the current instrument's notes only.
     """
 
     def __init__(
@@ -93,6 +103,10 @@ class Grammar:
         # specials (pad/bos/eos) and the infill markers after them (FUTURE/PAST/FILL) are placed, never drawn
         self.allowed[codec.pad_id :] = False
         B = len(prompts)
+        # a codec with instruments: their tokens are allowed, and the note state is per instrument
+        self.inst = _Instruments(codec, prompts, device) if codec.instrument_offset is not None else None
+        if self.inst is not None:
+            self.allowed[self.inst.first : self.inst.first + self.inst.count] = True
         # Every row's clock counts steps from its cut, which lies `tail` steps after its primer's last token
         # (Primer.tail_steps; the join: musicrel.generation.join): it starts at -tail.
         tail = np.zeros(B, np.int64) if tails is None else np.asarray(list(tails), dtype=np.int64).reshape(B)
@@ -100,6 +114,8 @@ class Grammar:
         onsets = np.stack([note_onsets(codec, p) for p in prompts]) if B else np.zeros((0, 128), np.int64)
         onsets = np.where(onsets > _SILENT, onsets - tail[:, None], _SILENT)
         self.onset = torch.as_tensor(onsets, device=device)  # (B, 128) long
+        if self.inst is not None:
+            self.onset = self.inst.start(tail)  # the current instrument's
         self.open = self.onset > _SILENT  # (B, 128)
         self.elapsed = torch.as_tensor(-tail, device=device)  # (B,) time steps since the cut
         self.limit = torch.as_tensor(list(limit_steps), dtype=torch.long, device=device)  # (B,)
@@ -163,6 +179,10 @@ class Grammar:
         """(B, 128) bool: sounding notes that have reached their row's max_hold."""
         return self.open & (self.elapsed[:, None] >= self.deadline())
 
+    def _sync(self) -> None:
+        """Write the current instrument's note state into the bank (instruments only)."""
+        self.inst.store(self.open, self.onset)
+
     def constrain(self, logits: Tensor) -> Tensor:
         logits = self._repair_orphans(logits)
         if self.any_control:
@@ -177,6 +197,8 @@ class Grammar:
         if bool(forced.any()):
             allowed[forced] = False
             allowed[forced, self.off0 : self.off0 + 128] = overdue[forced]
+        if self.inst is not None:
+            self.inst.constrain(allowed, forced, self.elapsed, self.max_hold, self.codec)
         return logits.masked_fill(~allowed, float("-inf"))
 
     def _steer(self, logits: Tensor) -> Tensor:
@@ -230,6 +252,8 @@ class Grammar:
         pitch = torch.arange(128, device=logits.device)
         counts = (self.recent_pitches[:, :, None] == pitch).sum(dim=1)  # (B, 128)
         worn = counts >= MAX_REPEATS  # (B, 128); no early return: `any` would cost a device sync per step
+        if self.inst is not None:
+            worn &= (self.inst.current != DRUMS)[:, None]  # a drum pattern repeats its pitches
         on = slice(self.on0, self.on0 + 128)
         block = logits[:, on]
         varied = block.masked_fill(worn, float("-inf"))
@@ -263,6 +287,8 @@ class Grammar:
         for name in _GRAMMAR_ROWS:
             setattr(self, name, getattr(self, name)[rows])
         self.density.select(rows)
+        if self.inst is not None:
+            self.inst.select(rows)
         self._flags()
 
     def extend(self, other: Grammar) -> None:
@@ -277,6 +303,8 @@ class Grammar:
         for name in _GRAMMAR_ROWS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         self.density.extend(other.density)
+        if self.inst is not None:
+            self.inst.extend(other.inst)
         self._flags()
 
     def advance(self, tokens: Tensor) -> Tensor:
@@ -284,6 +312,9 @@ class Grammar:
         note's max_hold cut short to land on it."""
         steps = self.steps_per_token[tokens]
         deadline = torch.where(self.open, self.deadline(), _FOREVER).amin(dim=1)  # (B,)
+        if self.inst is not None:  # every instrument's notes, not only the current one's
+            self._sync()
+            deadline = torch.minimum(deadline, self.inst.deadline(self.max_hold))
         remaining = torch.minimum(self.limit, deadline) - self.elapsed
         cut = (steps > remaining) & (remaining > 0)
         tokens = torch.where(cut, self.shift0 + remaining.clamp(1, self.max_shift) - 1, tokens)
@@ -300,7 +331,11 @@ class Grammar:
         onset = torch.where(is_on, self.elapsed, self.onset.gather(1, pitch).squeeze(1))
         self.onset.scatter_(1, pitch, onset[:, None])
         shifted = torch.cat([self.recent_pitches[:, 1:], pitch], dim=1)
-        self.recent_pitches = torch.where(is_on[:, None], shifted, self.recent_pitches)
+        pitched = is_on if self.inst is None else is_on & (self.inst.current != DRUMS)
+        self.recent_pitches = torch.where(pitched[:, None], shifted, self.recent_pitches)
+        if self.inst is not None:
+            self._sync()
+            self.open, self.onset = self.inst.switch(tokens, self.open, self.onset)
         return tokens
 
 
@@ -346,3 +381,99 @@ def max_hold_seconds(primer) -> float:
     some room (HOLD_FACTOR), within [MIN_HOLD_SECONDS, MAX_HOLD_SECONDS]; the bounds come from the corpus."""
     longest = max((n.end - n.start for n in primer.motif_notes), default=0.0)
     return float(min(MAX_HOLD_SECONDS, max(MIN_HOLD_SECONDS, HOLD_FACTOR * longest)))
+
+
+class _Instruments:
+    """A codec with instruments: each row's current instrument and the note state of every instrument (a bank
+    of `Grammar.open`/`onset`, the current instrument's row of it in use there), and the rules on
+    INSTRUMENT tokens."""
+
+    def __init__(self, codec, prompts: Sequence[np.ndarray], device):
+        self.first, self.count = int(codec.instrument_offset), int(codec.num_instruments)
+        B = len(prompts)
+        current = np.zeros(B, np.int64)
+        bank = np.full((B, self.count, 128), _SILENT, np.int64)
+        for r, p in enumerate(prompts):
+            current[r], bank[r] = instrument_onsets(codec, p)
+        self.current = torch.as_tensor(current, device=device)  # (B,) long
+        self.onset = torch.as_tensor(bank, device=device)  # (B, I, 128) long: steps from the cut, or _SILENT
+        self.switched = torch.zeros(B, dtype=torch.bool, device=device)  # the last token was an INSTRUMENT
+
+    def start(self, tail: np.ndarray) -> Tensor:
+        """Move the bank's onsets to the rows' clocks (from the cut); the current instrument's (B, 128)."""
+        tail_t = torch.as_tensor(tail, device=self.onset.device)[:, None, None]
+        self.onset = torch.where(self.onset > _SILENT, self.onset - tail_t, _SILENT)
+        return self._row(self.onset)
+
+    def _row(self, bank: Tensor) -> Tensor:
+        return bank[torch.arange(bank.size(0), device=bank.device), self.current]
+
+    def store(self, open_: Tensor, onset: Tensor) -> None:
+        rows = torch.arange(onset.size(0), device=onset.device)
+        self.onset[rows, self.current] = torch.where(open_, onset, _SILENT)
+
+    def deadline(self, max_hold: Tensor) -> Tensor:
+        """(B,) the earliest step at which any instrument's sounding note reaches max_hold."""
+        open_ = self.onset > _SILENT
+        due = (self.onset + max_hold[:, None, None]).clamp(min=0)
+        return torch.where(open_, due, _FOREVER).flatten(1).amin(dim=1)
+
+    def constrain(self, allowed: Tensor, forced: Tensor, elapsed: Tensor, max_hold: Tensor, codec) -> None:
+        """INSTRUMENT tokens: never the current one; after one, a note event or SET_VELOCITY; forced (the
+        instruments that hold a note past max_hold) when the current instrument has none overdue."""
+        rows = torch.arange(allowed.size(0), device=allowed.device)
+        block = slice(self.first, self.first + self.count)
+        allowed[rows, self.first + self.current] = False
+        if bool(self.switched.any()):
+            notes = torch.zeros(allowed.size(1), dtype=torch.bool, device=allowed.device)
+            notes[codec.note_on_offset : codec.note_on_offset + 128] = True
+            notes[codec.note_off_offset : codec.note_off_offset + 128] = True  # those allowed: sounding ones
+            notes[codec.velocity_offset : codec.velocity_offset + codec.config.velocity_bins] = True
+            allowed[self.switched] &= notes
+        open_ = self.onset > _SILENT
+        late = open_ & (elapsed[:, None, None] >= (self.onset + max_hold[:, None, None]).clamp(min=0))
+        late = late.any(dim=2)  # (B, I)
+        late[rows, self.current] = False
+        other = late.any(dim=1) & ~forced & ~self.switched
+        if bool(other.any()):
+            allowed[other] = False
+            allowed[other, block] = late[other]
+
+    def switch(self, tokens: Tensor, open_: Tensor, onset: Tensor) -> tuple[Tensor, Tensor]:
+        """After `tokens`: rows that drew an INSTRUMENT take it up (its notes become `open`/`onset`)."""
+        is_inst = (tokens >= self.first) & (tokens < self.first + self.count)
+        self.switched = is_inst
+        self.current = torch.where(is_inst, tokens - self.first, self.current)
+        row = self._row(self.onset)
+        # rows that did not switch keep theirs (a closed note keeps its onset there, `open` says it is closed)
+        return torch.where(is_inst[:, None], row > _SILENT, open_), torch.where(is_inst[:, None], row, onset)
+
+    def select(self, rows: Tensor) -> None:
+        self.current, self.onset, self.switched = self.current[rows], self.onset[rows], self.switched[rows]
+
+    def extend(self, other: _Instruments) -> None:
+        self.current = torch.cat([self.current, other.current])
+        self.onset = torch.cat([self.onset, other.onset])
+        self.switched = torch.cat([self.switched, other.switched])
+
+
+def instrument_onsets(codec, tokens) -> tuple[int, np.ndarray]:
+    """(the instrument in effect after `tokens`, (I, 128) int64: when each instrument's sounding notes began,
+    in steps before the tokens' end (<= 0), a large negative number where none sounds)."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    first, count = int(codec.instrument_offset), int(codec.num_instruments)
+    inst = current_instrument(tokens, codec.is_instrument(tokens), first)
+    clock = np.cumsum(shift_steps(codec)[tokens])
+    end = int(clock[-1]) if len(tokens) else 0
+    on, off = codec.is_note_on(tokens), codec.is_note_off(tokens)
+    voice = np.where(on, tokens - codec.note_on_offset, tokens - codec.note_off_offset) + inst * 128
+    index = np.arange(len(tokens))
+    last_on = np.full(count * 128, -1)
+    last_off = np.full(count * 128, -1)
+    np.maximum.at(last_on, voice[on], index[on])
+    np.maximum.at(last_off, voice[off], index[off])
+    onsets = np.full(count * 128, _SILENT, dtype=np.int64)
+    sounding = last_on > last_off
+    onsets[sounding] = clock[last_on[sounding]] - end
+    current = int(inst[-1]) if len(tokens) else 0
+    return current, onsets.reshape(count, 128)

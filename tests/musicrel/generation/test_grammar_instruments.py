@@ -1,0 +1,161 @@
+"""The grammar with a codec that has instruments (INSTRUMENT tokens, note state per instrument), and without
+them: the same tokens as before instruments existed."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from musicrel.generation.decode_batch import generate_batch
+from musicrel.generation.grammar import MAX_REPEATS, Grammar, instrument_onsets
+from musicrel.generation.primer import prepare_primer
+from musicrel.generation.sampling import SamplingParams
+from musicrel.midi.codec import CodecConfig, EventCodec
+from musicrel.midi.instruments import DRUMS
+from musicrel.model.config import ModelConfig
+from musicrel.model.transformer import MusicTransformer
+from tests.musicrel.conftest import CODEC, make_motif, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+BAND = EventCodec(CodecConfig(instruments=True))
+ON, OFF, SHIFT, VEL = BAND.note_on_offset, BAND.note_off_offset, BAND.time_shift_offset, BAND.velocity_offset
+VIOLIN, CELLO, KIT = BAND.instrument_offset + 40, BAND.instrument_offset + 42, BAND.drums_id
+
+
+def _peaked(*tokens: int, codec=BAND) -> torch.Tensor:
+    logits = torch.zeros(len(tokens), codec.vocab_size)
+    for r, t in enumerate(tokens):
+        logits[r, t] = 30.0
+    return logits
+
+
+def _allowed(grammar: Grammar) -> torch.Tensor:
+    return grammar.constrain(torch.zeros(1, grammar.codec.vocab_size)).isfinite()[0]
+
+
+# sha256 of the tokens below, drawn with the grammar as it was before instruments existed (commit 14a8852):
+# a codec without instruments draws exactly those tokens, with and without controls.
+BEFORE = "f26049e158bc7f1005c007eff86f641f8a2c5b33ef62c223dc916d653ffca2fa"
+
+
+def test_a_codec_without_instruments_draws_the_same_tokens():
+    primer = prepare_primer(CODEC, make_motif(), 4.0)
+    jobs = [
+        (primer, SamplingParams(seconds=6.0, seed=3, num_samples=2, temperature=1.2)),
+        (
+            primer,
+            SamplingParams(seconds=6.0, seed=5, controls=dict(density=4.0, key="C:major", max_polyphony=3)),
+        ),
+    ]
+    res = generate_batch(tiny_model(), CODEC, jobs)
+    tokens = np.concatenate([np.asarray(t, dtype=np.int64) for r in res for t in r.tokens])
+    assert len(tokens) == 228 and hashlib.sha256(tokens.tobytes()).hexdigest() == BEFORE
+    grammar = Grammar(CODEC, [primer.tokens], [100])
+    assert grammar.inst is None and not grammar.allowed[CODEC.pad_id :].any()
+
+
+def test_instrument_tokens_allowed_only_with_instruments():
+    grammar = Grammar(BAND, [np.array([VIOLIN, ON + 60])], [1000])
+    allowed = _allowed(grammar)
+    assert allowed[BAND.instrument_offset : BAND.instrument_offset + 129].sum() == 128  # all but the current
+    assert not allowed[VIOLIN] and allowed[CELLO] and allowed[KIT]
+    assert not allowed[BAND.pad_id : BAND.instrument_offset].any()  # specials never
+    infill = EventCodec(CodecConfig(instruments=True, infill=True))
+    allowed = _allowed(Grammar(infill, [np.array([ON + 60])], [1000]))
+    assert not allowed[infill.pad_id : infill.instrument_offset].any()  # markers never
+    assert allowed[infill.instrument_offset + 1 :].all() and not allowed[infill.instrument_offset]
+
+
+def test_note_state_is_per_instrument():
+    # the violin and the cello both sound 60; the cello closes its own, the violin's sounds on
+    prompt = np.array([VIOLIN, ON + 60, SHIFT + 9, CELLO, ON + 60, SHIFT + 9, OFF + 60])
+    current, onsets = instrument_onsets(BAND, prompt)
+    assert current == 42 and onsets[40, 60] == -20 and onsets[42, 60] < -(2**60)
+    grammar = Grammar(BAND, [prompt], [1000])
+    assert not grammar.open[0, 60]  # the cello's 60 is closed: its note-off is not allowed
+    assert not _allowed(grammar)[OFF + 60]
+    grammar.advance(torch.tensor([VIOLIN]))
+    assert grammar.open[0, 60] and grammar.onset[0, 60] == -20  # the violin's, with its clock
+    assert _allowed(grammar)[OFF + 60]
+    grammar.advance(torch.tensor([OFF + 60]))
+    grammar.advance(torch.tensor([CELLO]))
+    assert not grammar.open.any()
+
+
+def test_after_an_instrument_a_note_event_comes():
+    grammar = Grammar(BAND, [np.array([VIOLIN, ON + 60, SHIFT + 9])], [1000])
+    grammar.advance(torch.tensor([CELLO]))
+    allowed = _allowed(grammar)
+    assert allowed[ON : ON + 128].all() and allowed[VEL : VEL + 32].all()
+    assert not allowed[SHIFT : SHIFT + 100].any() and not allowed[BAND.instrument_offset :].any()
+    assert not allowed[OFF : OFF + 128].any()  # the cello has nothing sounding
+    grammar.advance(torch.tensor([VEL + 20]))
+    assert _allowed(grammar)[SHIFT : SHIFT + 100].all()
+
+
+def test_another_instruments_overdue_note_forces_a_switch_then_its_note_off():
+    # the violin's 60 was struck 50 steps before the cut; max_hold 60 steps: due 10 steps after the cut
+    prompt = np.array([VIOLIN, ON + 60, SHIFT + 49, CELLO, ON + 48])
+    grammar = Grammar(BAND, [prompt], [1000], max_hold_steps=[60])
+    grammar.advance(torch.tensor([SHIFT + 29]))  # 30 steps asked, cut to land on the violin's deadline
+    assert int(grammar.elapsed[0]) == 10
+    allowed = _allowed(grammar)
+    assert allowed.nonzero().flatten().tolist() == [VIOLIN]
+    assert grammar.advance(grammar.constrain(_peaked(ON + 70)).argmax(dim=1)).item() == VIOLIN
+    logits = grammar.constrain(_peaked(ON + 70))
+    assert logits.argmax().item() == OFF + 60 and _allowed(grammar).sum() == 1
+
+
+def test_drums_repeat_without_the_drone_rule():
+    kick = [ON + 36, SHIFT + 9, OFF + 36] * MAX_REPEATS
+    drums = Grammar(BAND, [np.array([KIT, *kick])], [1000])
+    piano = Grammar(BAND, [np.array(kick)], [1000])
+    assert drums.constrain(_peaked(ON + 36)).argmax().item() == ON + 36
+    assert piano.constrain(_peaked(ON + 36)).argmax().item() != ON + 36
+
+
+def test_rows_leave_and_join_with_their_instruments():
+    a = Grammar(BAND, [np.array([VIOLIN, ON + 60])], [1000])
+    b = Grammar(BAND, [np.array([KIT, ON + 36]), np.array([CELLO, ON + 48])], [1000, 1000])
+    a.extend(b)
+    assert a.inst.current.tolist() == [40, DRUMS, 42] and a.open[:, [60, 36, 48]].diag().all()
+    a.select(torch.tensor([2, 0]))
+    assert a.inst.current.tolist() == [42, 40]
+    a.advance(torch.tensor([VIOLIN, CELLO]))  # each row's other instrument: nothing sounds there
+    assert not a.open.any()
+    a.advance(torch.tensor([CELLO, VIOLIN]))  # and back: the bank kept each row's notes
+    assert a.open[0, 48] and a.open[1, 60] and a.open.sum() == 2
+
+
+def test_generated_streams_with_instruments_decode_cleanly():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=BAND.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128)
+    model = MusicTransformer(cfg).eval()
+    with torch.no_grad():  # a random model that switches often, so that every rule is met
+        model.head.weight[BAND.instrument_offset :] += 0.5 * model.head.weight[ON + 60]
+    primer = prepare_primer(BAND, make_motif(), 4.0)
+    params = SamplingParams(seconds=4.0, seed=1, num_samples=3, temperature=1.3)
+    (res,) = generate_batch(model, BAND, [(primer, params)])
+    switches = 0
+    for tokens in res.tokens:
+        tokens = np.asarray(tokens, dtype=np.int64)
+        inst = BAND.is_instrument(tokens)
+        switches += int(inst.sum())
+        nxt = tokens[np.flatnonzero(inst[:-1]) + 1]
+        assert (BAND.is_note_on(nxt) | BAND.is_note_off(nxt) | ((nxt >= VEL) & (nxt < VEL + 32))).all()
+        # every note-off closes a note of its instrument: none is an orphan the decoder would ignore
+        current, bank = instrument_onsets(BAND, primer.tokens)
+        sounding = {(i, p) for i, p in zip(*np.nonzero(bank > -(2**60)), strict=True)}
+        for t in tokens.tolist():
+            if BAND.is_instrument(t):
+                current = t - BAND.instrument_offset
+            elif BAND.is_note_on(t):
+                sounding.add((current, t - ON))
+            elif BAND.is_note_off(t):
+                assert (current, t - OFF) in sounding
+                sounding.discard((current, t - OFF))
+    assert switches > 0

@@ -25,6 +25,7 @@ import pretty_midi
 import torch
 from tqdm import tqdm
 
+from musicrel.evaluation import scoring
 from musicrel.evaluation.gap_classifier import classifier
 from musicrel.evaluation.gap_nll import gap_nll
 from musicrel.evaluation.gaps import (
@@ -36,16 +37,6 @@ from musicrel.evaluation.gaps import (
 )
 from musicrel.evaluation.metrics import METRICS, bootstrap_interval, describe, paired_difference
 from musicrel.evaluation.pieces import file_sources, held_out_files
-from musicrel.evaluation.scoring import (
-    classified,
-    json_value,
-    metrics_json,
-    notes_json,
-    report_head,
-    report_settings,
-    score,
-    seed_mean,
-)
 from musicrel.generation.decode_batch import generate_batch
 from musicrel.generation.infill import check_model, infill, infill_segments
 from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut, render_result
@@ -174,11 +165,12 @@ def evaluate_infills(checkpoint, input_dir, options: InfillEvaluationOptions | N
         }
         for name, out in samples.items():
             for notes, tokens, sounding in out:
-                runs[name][i].append(score(codec, notes, gap.truth, gap.seconds, gap.key, tokens, sounding))
+                scores = scoring.score(codec, notes, gap.truth, gap.seconds, gap.key, tokens, sounding)
+                runs[name][i].append(scores)
                 heard[name][i].append(notes)
         bar.update()
     bar.close()
-    head = report_head(checkpoint, options.weights, input_dir, options.split)
+    head = scoring.report_head(checkpoint, options.weights, input_dir, options.split)
     return {**head, **_report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, speed)}
 
 
@@ -191,7 +183,7 @@ def _per_piece(values: list, gaps: list[Gap], n_pieces: int) -> list:
             for x, g in zip(values, gaps, strict=True)
             if g.piece == p and x is not None and math.isfinite(x)
         ]
-        out.append(json_value(float(np.mean(v))) if v else None)
+        out.append(scoring.json_value(float(np.mean(v))) if v else None)
     return out
 
 
@@ -207,7 +199,7 @@ def _section(gaps, n_pieces, runs, nll) -> dict:
     systems = {}
     for name in SYSTEMS:
         kept = [m.name for m in METRICS if not m.index and (name in MODEL_SYSTEMS or not m.tokens)]
-        per_gap = [seed_mean(r) for r in runs[name]]
+        per_gap = [scoring.seed_mean(r) for r in runs[name]]
         values = {m: _per_piece([g[m] for g in per_gap], gaps, n_pieces) for m in kept}
         systems[name] = {
             "pieces": sum(v is not None for v in values["pc_overlap"]),
@@ -267,7 +259,7 @@ def _report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, 
             local, len(members), {s: [runs[s][i] for i in idx] for s in SYSTEMS}, [nll[i] for i in idx]
         )
     left_out = {"copied_notes": "evaluate-infills reads no novelty index"}
-    two = classified(
+    two = scoring.classified(
         codec,
         input_dir,
         [p.path for p in pieces],
@@ -281,16 +273,17 @@ def _report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, 
         left_out,
     )
     sampling = ("temperature", "top_k", "top_p")
+    notes_json = scoring.notes_json
     return {
         "gap_seconds": list(options.gap_seconds),
         "cuts": options.cuts,
-        **report_settings(options, options.sampling(1.0, 0), sampling, len(pieces)),
+        **scoring.report_settings(options, options.sampling(1.0, 0), sampling, len(pieces)),
         "files": [p.path for p in pieces],
         "gaps": [{"file": pieces[g.piece].path, "start": g.start, "end": g.end} for g in gaps],
         "skipped": skipped,
         "left_out": left_out,
         "systems": {name: SYSTEM_NOTES[name] for name in SYSTEMS},
-        "metrics": metrics_json(m for m in METRICS if not m.index),
+        "metrics": scoring.metrics_json(m for m in METRICS if not m.index),
         "sources": sections,
         "speed": {name: _speed(s) for name, s in speed.items()},
         **({"two_sample": two} if two else {}),

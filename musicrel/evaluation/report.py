@@ -23,6 +23,46 @@ def metric_cell(summary: dict, name: str) -> str:
     return f"{f(summary['mean'])} [{f(summary['low'])},{f(summary['high'])}]"
 
 
+ARROWS = {"higher": " ^", "lower": " v", "one": " ->1", "reference": " ~truth", "": ""}
+
+
+def notes_lines(report: dict) -> list[str]:
+    """What a report's table stands on: the files skipped, what was left out and why, the warnings."""
+    lines = [f"skipped: {report['skipped']}"] if report["skipped"] else []
+    lines += [f"left out: {name}: {reason}" for name, reason in report["left_out"].items()]
+    return lines + [f"warning: {warning}" for warning in report["warnings"]]
+
+
+def metrics_table(metrics: dict, systems: dict, reference: dict, indent: str = "") -> list[str]:
+    """Metrics as rows, systems (and the truth) as columns, each cell mean [interval] (`metric_cell`):
+    `metrics` is a report's, `systems` {name: {pieces, metrics}}, `reference` the truth's {pieces,
+    metrics}."""
+    rows = [
+        ["", *systems, "truth"],
+        ["pieces", *(str(s["pieces"]) for s in systems.values()), str(reference["pieces"])],
+    ]
+    for name, meta in metrics.items():
+        truth = reference["metrics"].get(name)
+        rows.append(
+            [meta["label"] + ARROWS[meta["better"]]]
+            + [
+                metric_cell(s["metrics"][name], name) if name in s["metrics"] else "-"
+                for s in systems.values()
+            ]
+            + [metric_cell(truth, name) if truth else "-"]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = [
+        indent
+        + " ".join(
+            [row[0].ljust(widths[0])] + [c.rjust(w + 1) for c, w in zip(row[1:], widths[1:], strict=True)]
+        )
+        for row in rows
+    ]
+    table.insert(2, indent + "-" * (len(table[1]) - len(indent)))
+    return table
+
+
 def format_report(report: dict) -> str:
     """Metrics as rows, systems (and the truth) as columns: mean [95 % interval]."""
     head = (
@@ -30,41 +70,8 @@ def format_report(report: dict) -> str:
         f"continuation {report['seconds']:g} s; "
         f"mean [{100 * report['bootstrap']['confidence']:g} % bootstrap interval over pieces]"
     )
-    lines = [head]
-    if report["skipped"]:
-        lines.append(f"skipped: {report['skipped']}")
-    for name, reason in report["left_out"].items():
-        lines.append(f"left out: {name}: {reason}")
-    for warning in report["warnings"]:
-        lines.append(f"warning: {warning}")
-    arrows = {"higher": " ^", "lower": " v", "one": " ->1", "reference": " ~truth", "": ""}
-    rows = [["", *report["systems"], "truth"]]
-    rows.append(
-        [
-            "pieces",
-            *(str(s["pieces"]) for s in report["systems"].values()),
-            str(report["reference"]["pieces"]),
-        ]
-    )
-    for name, meta in report["metrics"].items():
-        truth = report["reference"]["metrics"].get(name)
-        rows.append(
-            [meta["label"] + arrows[meta["better"]]]
-            + [
-                metric_cell(s["metrics"][name], name) if name in s["metrics"] else "-"
-                for s in report["systems"].values()
-            ]
-            + [metric_cell(truth, name) if truth else "-"]
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = [
-        " ".join(
-            [row[0].ljust(widths[0])] + [c.rjust(w + 1) for c, w in zip(row[1:], widths[1:], strict=True)]
-        )
-        for row in rows
-    ]
-    table.insert(2, "-" * len(table[1]))
-    lines += table
+    lines = [head, *notes_lines(report)]
+    lines += metrics_table(report["metrics"], report["systems"], report["reference"])
     if "two_sample" in report:
         lines += format_two_sample(report["two_sample"])
     timing = ", ".join(f"{n} {s['seconds']:.0f} s" for n, s in report["systems"].items())

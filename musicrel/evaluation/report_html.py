@@ -144,39 +144,72 @@ def classifier_html(result: dict) -> str:
     return "\n".join(parts)
 
 
-def _listen_html(report: dict, out_dir: Path) -> str:
-    """Per example piece: motif + truth, then motif + each system: a piano roll and an audio player each."""
-    before, after = report["motif_seconds"], report["seconds"]
+def audio_soundfont(audio: bool = True) -> tuple[Path | None, str]:
+    """(the soundfont to render a page's audio with, else None; the page's note on its audio or why it has
+    none). `audio` False: none asked for."""
+    if not audio:
+        return None, "No audio (not asked for)."
     try:
         soundfont = find_soundfont()
-        note = f"Audio: General MIDI piano from {soundfont.name} (fluidsynth), {SAMPLE_RATE} Hz."
     except AudioUnavailable as exc:
-        soundfont, note = None, f"No audio: {exc}"
-    parts = [f'<p class="audio-note">{html.escape(note)} The red line is the cut; grey is the motif.</p>']
+        return None, f"No audio: {exc}"
+    return soundfont, f"Audio: General MIDI piano from {soundfont.name} (fluidsynth), {SAMPLE_RATE} Hz."
+
+
+def listen_html(
+    report: dict,
+    out_dir: Path,
+    *,
+    how: str,
+    systems: str,
+    heading,
+    line,
+    audio: bool = True,
+    prefix: str = "ex",
+    preload: str = "auto",
+) -> str:
+    """A report's examples to hear: a note on the audio and `how` to read the rolls, then per example
+    (`heading(ex)`) the truth and each of its `systems` (`ex[systems]`: {system: notes}) a line each: a label,
+    a piano roll and, with a soundfont, an audio player. `line(ex, system, notes, color)` -> (the label, the
+    roll's SVG, the notes to hear: [pitch, start, end, velocity] rows from 0). `audio` False: no audio;
+    `prefix`: of the WAV files' names; `preload`: the players'."""
+    soundfont, note = audio_soundfont(audio)
+    parts = [f'<p class="audio-note">{html.escape(note)} {html.escape(how)}</p>']
     if soundfont is not None:
         (out_dir / AUDIO_DIR).mkdir(exist_ok=True)
     colors = dict(zip(report["systems"], SYSTEM_COLORS, strict=False))
     for k, ex in enumerate(report["examples"]):
-        parts.append(f'<div class="example"><h3>{html.escape(Path(ex["file"]).name)}</h3>')
+        parts.append(f'<div class="example"><h3>{html.escape(heading(ex))}</h3>')
         lines = [("truth", ex["truth"], TRUTH_COLOR)]
-        lines += [(name, notes, colors.get(name, "#1f77b4")) for name, notes in ex["continuations"].items()]
-        for label, notes, color in lines:
-            title = "motif + " + label + (" (the 10 s after the truth)" if label == "real-music" else "")
+        lines += [(name, notes, colors.get(name, "#1f77b4")) for name, notes in ex[systems].items()]
+        for system, notes, color in lines:
+            label, svg, music = line(ex, system, notes, color)
             cell = ""
             if soundfont is not None:
-                name = f"ex{k}-{re.sub(r'[^a-z0-9-]', '_', label.lower())}.wav"
-                moved = [[p, s + before, e + before, v] for p, s, e, v in ex["motif"] + notes]
-                # the motif's times run from -before to 0: shift so the file starts at the motif's start
-                write_wav(synthesize(moved, soundfont), out_dir / AUDIO_DIR / name)
-                cell = f'<audio controls preload="auto" src="{AUDIO_DIR}/{name}"></audio>'
+                name = f"{prefix}{k}-{re.sub(r'[^a-z0-9-]', '_', system.lower())}.wav"
+                write_wav(synthesize(music, soundfont), out_dir / AUDIO_DIR / name)
+                cell = f'<audio controls preload="{preload}" src="{AUDIO_DIR}/{name}"></audio>'
             parts.append(
-                f'<div class="line"><div class="label">{html.escape(title)}</div>'
-                f"{piano_roll_svg(ex['motif'], notes, color, before, after)}{cell}</div>"
+                f'<div class="line" data-system="{html.escape(system)}"><div class="label">'
+                f"{html.escape(label)}</div>{svg}{cell}</div>"
             )
         parts.append("</div>")
     if not report["examples"]:
         parts.append("<p>No examples in this report.</p>")
     return "\n".join(parts)
+
+
+def _continuation_line(report: dict):
+    """Motif + truth, then motif + each system: the motif's times run from -before to 0, heard from its
+    start."""
+    before, after = report["motif_seconds"], report["seconds"]
+
+    def line(ex, system, notes, color):
+        label = "motif + " + system + (" (the 10 s after the truth)" if system == "real-music" else "")
+        moved = [[p, s + before, e + before, v] for p, s, e, v in ex["motif"] + notes]
+        return label, piano_roll_svg(ex["motif"], notes, color, before, after), moved
+
+    return line
 
 
 STYLE = """
@@ -192,27 +225,45 @@ def write_html(report: dict, out_dir, table: str, pictures: dict[str, Path]) -> 
     """report.html (and its audio/ folder) in out_dir: `table` (the console table), the classifier, the
     `pictures` (name -> path beside it) and the examples to hear."""
     out_dir = Path(out_dir)
-    title = f"evaluate-continuations: {report['input']}" + (
-        f" ({report['source']})" if report.get("source") else ""
+    about = (
+        f"{report['pieces']} pieces x {report['seeds']} seeds, motif {report['motif_seconds']:g} s, "
+        f"continuation {report['seconds']:g} s."
+    )
+    examples = listen_html(
+        report,
+        out_dir,
+        how="The red line is the cut; grey is the motif.",
+        systems="continuations",
+        heading=lambda ex: Path(ex["file"]).name,
+        line=_continuation_line(report),
     )
     body = [
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>{html.escape(report['checkpoint'])}: {report['pieces']} pieces x {report['seeds']} seeds, motif "
-        f"{report['motif_seconds']:g} s, continuation {report['seconds']:g} s.</p>",
-        "<h2>Would a listener notice?</h2>",
-        classifier_html(report["two_sample"]) if "two_sample" in report else "<p>No classifier.</p>",
-        "<h2>Listen</h2>",
-        _listen_html(report, out_dir),
+        examples,
         "<h2>Metrics</h2>",
         f"<pre>{html.escape(table)}</pre>",
         *(f'<img alt="{html.escape(n)}" src="{html.escape(p.name)}">' for n, p in pictures.items()),
     ]
-    page = (
+    path = out_dir / "report.html"
+    path.write_text(report_page("evaluate-continuations", report, about, body))
+    return path
+
+
+def report_page(command: str, report: dict, about: str, listen: list[str], more: str = "") -> str:
+    """An evaluation's report.html: its title (`command`, the input, the source), what was run (the
+    checkpoint: `about`, then the HTML `more`), the classifier's section, then `listen` (the examples, the
+    figures), as one page."""
+    title = f"{command}: {report['input']}" + (f" ({report['source']})" if report.get("source") else "")
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{html.escape(report['checkpoint'])}: {html.escape(about)}</p>{more}",
+        "<h2>Would a listener notice?</h2>",
+        classifier_html(report["two_sample"]) if "two_sample" in report else "<p>No classifier.</p>",
+        "<h2>Listen</h2>",
+        *listen,
+    ]
+    return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>\n"
         + "\n".join(body)
         + "\n</body></html>\n"
     )
-    path = out_dir / "report.html"
-    path.write_text(page)
-    return path

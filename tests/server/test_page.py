@@ -244,5 +244,10 @@ def test_every_module_import_is_a_page_module():
     assert reached == {p.resolve() for p in MODULES}
 
 
+def test_no_module_is_a_long_file():
+    """Rooms the size of one idea (issue 41): the page is split by concern, none over 600 lines."""
+    assert {p.name: n for p in MODULES if (n := p.read_text().count("\n")) > 600} == {}
+
+
 def test_static_dir_is_the_package_folder():
     assert Path(STATIC_DIR).resolve() == (Path(__file__).resolve().parents[2] / "server" / "static")

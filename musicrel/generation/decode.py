@@ -22,6 +22,7 @@ from torch import Tensor
 
 from musicrel.errors import GenerationError
 from musicrel.generation.grammar import Grammar
+from musicrel.generation.row_random import RowRandom
 
 T = TypeVar("T")
 
@@ -58,49 +59,73 @@ def sample(
     temperature: Tensor,
     top_k: Tensor,
     top_p: Tensor,
-    generators: Sequence[torch.Generator],
+    random: RowRandom | Sequence[torch.Generator],
     shift_temperature: Tensor | None = None,
     shifts: slice | None = None,
+    *,
+    truncate: bool | None = None,
+    reshape: bool | None = None,
 ) -> Tensor:
     """Draw one token per row: logits (B, V); temperature, top_p (B,) float; top_k (B,) long (V = off);
-    one torch.Generator per row, so a row's draws never depend on the other rows; shift_temperature (B,)
+    `random`: the rows' streams (RowRandom: a row's draws never depend on the other rows), or one
+    torch.Generator per row (a loop over them: tests that pin a distribution); shift_temperature (B,)
     float: a temperature within the time shifts (`shifts`, the codec's slice of them) alone, their block
-    keeping its mass (`flatten_block`). Returns (B,) long."""
+    keeping its mass (`flatten_block`). Returns (B,) long.
+
+    `truncate` (any row with top-k or top-p on) and `reshape` (any row with a shift temperature other than
+    1) skip work no row needs; None finds them from the tensors (a device sync each). Either way a row
+    draws the same token: rows without them go through that work unchanged."""
     B, V = logits.shape
     # Below MIN_TEMPERATURE sampling is greedy anyway; any positive temperature is valid, but one under
     # float32's range (1e-45) divided logits into inf/NaN, no token kept its probability, and the index -1
     # failed the decoding step of every request in the batch (500s, found by schemathesis; top_p too, below).
     logits = logits.float() / temperature.float().clamp_min(MIN_TEMPERATURE)[:, None]
-    if shift_temperature is not None and shifts is not None and bool((shift_temperature != 1).any()):
-        logits = flatten_block(logits, shifts, shift_temperature)
+    if shift_temperature is not None and shifts is not None:
+        if reshape is None:
+            reshape = bool((shift_temperature != 1).any())
+        if reshape:
+            logits = flatten_block(logits, shifts, shift_temperature)
+    if truncate is None:
+        truncate = bool(((top_k < V) | (top_p < 1)).any())
+    if truncate:
+        logits = logits.masked_fill(~_kept(logits, top_k, top_p), float("-inf"))
+    # Inverse-CDF sampling in the vocabulary's order, one uniform per row. u < 1 - 2**-24, so u x total
+    # stays under the total (float32 rounds it down): the first token whose cumulative mass passes it has
+    # probability, whatever the masks left.
+    cdf = logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
+    if isinstance(random, RowRandom):
+        u = random.uniform().to(cdf.device)
+    else:
+        u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in random]).to(cdf.device)
+        u = u.float().clamp(max=1 - 2**-24)
+    return (cdf <= (u * cdf[:, -1])[:, None]).sum(dim=-1)
+
+
+def _kept(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """(B, V) bool: the tokens top-k and top-p keep (every token of a row where both are off)."""
+    V = logits.size(-1)
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # (B, V)
     rank = torch.arange(V, device=logits.device)
     keep = rank[None] < top_k[:, None]  # top-k is a prefix of the sorted order
     probs = sorted_logits.masked_fill(~keep, float("-inf")).softmax(dim=-1)  # (B, V)
     # Nucleus: keep the smallest prefix whose mass reaches top_p (the most likely token always stays).
     # The first token is kept outright: a top_p under float32's range (1e-46) is 0 here, and `< 0` kept none.
-    keep &= ((probs.cumsum(dim=-1) - probs) < top_p[:, None]) | (rank[None] == 0)
-    cdf = (probs * keep).cumsum(dim=-1)  # (B, V)
-    # Inverse-CDF sampling with one uniform per row from that row's own generator.
-    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
-    u = u.to(cdf.device, torch.float32) * cdf[:, -1]
-    index = (cdf <= u[:, None]).sum(dim=-1)
-    # Rounding may put u at the very top: fall back to the last token that has probability.
-    last = ((probs * keep) > 0).sum(dim=-1) - 1
-    index = torch.minimum(index, last)
-    return order.gather(1, index[:, None]).squeeze(1)
+    # A row at top_p 1 keeps every token (rounding can bring the running mass to 1 before the last one).
+    keep &= ((probs.cumsum(dim=-1) - probs) < top_p[:, None]) | (rank[None] == 0) | (top_p >= 1)[:, None]
+    return torch.empty_like(keep).scatter_(1, order, keep)
 
 
 def flatten_block(logits: Tensor, block: slice, temperature: Tensor) -> Tensor:
     """Logits (B, V) with the tokens of `block` re-tempered by `temperature` (B,) among themselves: the block
     keeps its log-mass, so the choice between it and the rest is unchanged. Rows whose block has no mass
-    (all masked) are left as they are."""
+    (all masked), or at temperature 1, are left as they are."""
     part = logits[:, block]
     mass = part.logsumexp(dim=-1, keepdim=True)  # (B, 1)
     tempered = part / temperature.float().clamp_min(MIN_TEMPERATURE)[:, None]
     moved = tempered - tempered.logsumexp(dim=-1, keepdim=True) + mass
     logits = logits.clone()
-    logits[:, block] = torch.where(mass.isfinite(), moved, part)
+    # a row at temperature 1 keeps its logits exactly (rounding would move them): it draws what it drew alone
+    logits[:, block] = torch.where(mass.isfinite() & (temperature != 1)[:, None], moved, part)
     return logits
 
 
@@ -114,6 +139,7 @@ def generate(
     temperature: Tensor | float = 1.0,
     top_k: Tensor | int | None = None,
     top_p: Tensor | float = 1.0,
+    seeds: Sequence[int] | None = None,
     generators: Sequence[torch.Generator] | None = None,
     grammar: Grammar | None = None,
     use_cache: bool = True,
@@ -129,6 +155,10 @@ def generate(
 
     Rows that are done can be dropped: `gen.send(keep)` with a (B,) bool mask of the rows to go on with
     returns the next tokens of those rows only (their order kept), so finished rows cost nothing.
+
+    Each row draws from its own stream (`RowRandom`) seeded by `seeds` (B,); or, for callers that seed a
+    torch.Generator per row, by each generator's seed (`initial_seed()`, what manual_seed set): the row draws
+    what DecodeBatch draws for a row of that seed. Neither: every row seed 0.
     """
     B, P = prompt.shape
     device = prompt.device
@@ -145,7 +175,14 @@ def generate(
     )
     V = model.cfg.vocab_size
     top_k = torch.as_tensor(V if top_k is None else top_k, dtype=torch.long).expand(B).to(device)
-    generators = list(generators) if generators is not None else [torch.Generator() for _ in range(B)]
+    if seeds is None:
+        seeds = [0] * B if generators is None else [g.initial_seed() for g in generators]
+    random = RowRandom(seeds, device)
+    if len(random) != B:
+        raise GenerationError(f"{len(random)} seeds for {B} rows", code="invalid_params")
+    # the sampler's work no row needs, skipped (rows leaving never make it needed)
+    truncate = bool(((top_k < V) | (top_p < 1)).any())
+    reshape = bool((shift_temperature != 1).any())
 
     seq = torch.empty(B, P + max_new_tokens, dtype=torch.long, device=device)  # all tokens, no torch.cat
     seq[:, :P] = prompt
@@ -158,7 +195,10 @@ def generate(
         for i in range(max_new_tokens):
             if grammar is not None:
                 logits = grammar.constrain(logits)
-            token = sample(logits, temperature, top_k, top_p, generators, shift_temperature, shifts)
+            token = sample(
+                logits, temperature, top_k, top_p, random, shift_temperature, shifts,
+                truncate=truncate, reshape=reshape,
+            )  # fmt: skip
             if grammar is not None:
                 token = grammar.advance(token)
             n = P + i + 1
@@ -173,7 +213,7 @@ def generate(
                 seq, token, left_pad, lp = seq[rows], token[rows], left_pad[rows], lp[rows]
                 temperature, top_k, top_p = temperature[rows], top_k[rows], top_p[rows]
                 shift_temperature = shift_temperature[rows]
-                generators = [generators[r] for r in rows.tolist()]
+                random.select(rows)
                 if grammar is not None:
                     grammar.select(rows)
                 if cache is not None:

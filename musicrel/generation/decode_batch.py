@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from musicrel.generation.decode import decode_one_token, eval_mode, prefill, sam
 from musicrel.generation.grammar import Grammar, max_hold_seconds
 from musicrel.generation.lru import LRU
 from musicrel.generation.primer import Primer, default_max_primer_tokens
+from musicrel.generation.row_random import RowRandom
 from musicrel.generation.sampling import ContinuationResult, SamplingParams, draw_seed, row_seed
 from musicrel.midi.codec import shift_steps
 
@@ -124,13 +125,10 @@ class _Job:
 class _Row:
     job: _Job
     sample: int
-    history: np.ndarray  # primer, then generated tokens (preallocated); the last one is the pending token
+    # primer, then generated tokens (preallocated); the last one is the pending token. Written in blocks of
+    # steps (`DecodeBatch._flush`), not per step: read them through the batch.
+    history: np.ndarray
     filled: int  # tokens in history
-    max_new: int
-
-    @property
-    def new_tokens(self) -> int:
-        return self.filled - len(self.job.tokens)
 
 
 @dataclass(eq=False)
@@ -144,20 +142,35 @@ class _Rows:
     top_k: Tensor  # (n,) long
     top_p: Tensor  # (n,)
     shift_temperature: Tensor  # (n,)
-    generators: list[torch.Generator]
+    drawn: Tensor  # (n,) long: tokens drawn so far
+    max_new: Tensor  # (n,) long: the most a row draws
+    random: RowRandom
     grammar: Grammar
+    # The sampler's work that some row needs (top-k/top-p; a shift temperature): Python flags, refreshed
+    # only as rows join and leave, so a step asks the device nothing.
+    truncate: bool = field(init=False, default=False)
+    reshape: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self._flags()
+
+    def _flags(self) -> None:
+        specs = [row.job.spec for row in self.rows]
+        self.truncate = any(spec.top_k is not None or spec.top_p < 1 for spec in specs)
+        self.reshape = any(spec.shift_temperature != 1 for spec in specs)
 
     def select(self, order: list[int]) -> None:
         """Keep the rows at `order`, in that order."""
         index = torch.as_tensor(order, dtype=torch.long, device=self.pending.device)
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, Grammar):
+            if isinstance(value, (Grammar, RowRandom)):
                 value.select(index)
             elif isinstance(value, Tensor):
                 setattr(self, f.name, value[index])
-            else:
+            elif isinstance(value, list):
                 setattr(self, f.name, [value[r] for r in order])
+        self._flags()
 
     def extend(self, other: _Rows) -> None:
         """Append the rows of `other` (jobs joining)."""
@@ -165,8 +178,9 @@ class _Rows:
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, Tensor):
                 setattr(self, f.name, torch.cat([mine, theirs]))
-            else:
-                mine.extend(theirs)  # a list, or the Grammar
+            elif not isinstance(mine, bool):
+                mine.extend(theirs)  # a list, the RowRandom or the Grammar
+        self._flags()
 
 
 class DecodeBatch:
@@ -187,8 +201,13 @@ class DecodeBatch:
       only when it is a quarter of the length or more, as that copies every row;
     - when the shared length reaches the window, rows whose context fills it slide (the last half window is
       prefilled again, as `generate` does) and the others shift left.
-    Each row samples with its own generator seeded by (job seed, sample index): a job's tokens are the same
-    whatever it shares the batch with and whenever it is admitted.
+    Each row samples from its own stream (`RowRandom`) seeded by row_seed(job seed, sample index): a job's
+    tokens are the same whatever it shares the batch with and whenever it is admitted.
+
+    A step is the model's forward and a fixed few batched tensor operations (the grammar, the sampler, the
+    stopping test); it asks the device one thing (whether a row is done) and runs no Python per row: the
+    drawn tokens are kept as one tensor per step and written into the rows' histories when something reads
+    them or rows leave (`_flush`).
     """
 
     @torch.inference_mode()
@@ -212,12 +231,15 @@ class DecodeBatch:
         self.live = self._new_rows([], [], Grammar(codec, [], [], device=self.device))
         self._ids = itertools.count()
         self._shift_steps = shift_steps(codec)
+        self._steps: list[Tensor] = []  # tokens drawn since the last _flush, (n,) each, rows in batch order
+        self._view: tuple | None = None  # (cache buffers, rows, the view of them the model decodes with)
+        self._live_jobs: list[int] = []
 
     @property
     def rows(self) -> list[_Row]:
         return self.live.rows
 
-    def _new_rows(self, rows: list[_Row], generators: list[torch.Generator], grammar: Grammar) -> _Rows:
+    def _new_rows(self, rows: list[_Row], seeds: list[int], grammar: Grammar) -> _Rows:
         specs = [row.job.spec for row in rows]
 
         def tensor(values: list, dtype=torch.float32) -> Tensor:
@@ -230,7 +252,9 @@ class DecodeBatch:
             top_k=tensor([j.top_k or self.model.cfg.vocab_size for j in specs], torch.long),
             top_p=tensor([j.top_p for j in specs]),
             shift_temperature=tensor([j.shift_temperature for j in specs]),
-            generators=generators,
+            drawn=tensor([0] * len(rows), torch.long),
+            max_new=tensor([j.max_new_tokens for j in specs], torch.long),
+            random=RowRandom(seeds, self.device),
             grammar=grammar,
         )
 
@@ -241,7 +265,19 @@ class DecodeBatch:
     @property
     def live_jobs(self) -> list[int]:
         """Ids of the jobs still decoding, in the order they were admitted (rows themselves have no order)."""
-        return sorted({row.job.id for row in self.rows})
+        return list(self._live_jobs)
+
+    def _flush(self) -> None:
+        """Write the tokens drawn since the last flush into the rows' histories (their order has not changed
+        since: every change of the rows flushes first)."""
+        if not self._steps:
+            return
+        block = torch.stack(self._steps, dim=1).cpu().numpy()  # (n, steps)
+        self._steps.clear()
+        k = block.shape[1]
+        for row, tokens in zip(self.rows, block, strict=True):
+            row.history[row.filled : row.filled + k] = tokens
+            row.filled += k
 
     def generated(self, job_id: int) -> list[np.ndarray] | None:
         """The tokens each sample of a running job has generated so far (views into the rows' histories,
@@ -250,6 +286,7 @@ class DecodeBatch:
         rows = [row for row in self.rows if row.job.id == job_id]
         if not rows:
             return None
+        self._flush()
         job = rows[0].job
         out = list(job.samples)  # samples already done hold their tokens; live rows fill in below
         for row in rows:
@@ -294,6 +331,7 @@ class DecodeBatch:
         admitted = time.perf_counter()
 
         # Nothing below fails: commit.
+        self._flush()
         n = len(self.rows)
         self._reserve(max(width, self.length))
         if n == 0:
@@ -305,7 +343,7 @@ class DecodeBatch:
             self._cache.k[:, n + r, :, L - k.size(2) : L] = k
             self._cache.v[:, n + r, :, L - v.size(2) : L] = v
         self.left_pad[n : n + n_new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
-        ids, rows, generators = [], [], []
+        ids, rows, seeds = [], [], []
         for spec in specs:
             job = _Job(
                 id=next(self._ids),
@@ -319,16 +357,17 @@ class DecodeBatch:
             for i in range(spec.num_samples):
                 history = np.empty(len(job.tokens) + spec.max_new_tokens, dtype=np.int64)
                 history[: len(job.tokens)] = job.tokens
-                rows.append(_Row(job, i, history, len(job.tokens), spec.max_new_tokens))
-                generators.append(torch.Generator().manual_seed(row_seed(spec.seed, i)))
+                rows.append(_Row(job, i, history, len(job.tokens)))
+                seeds.append(row_seed(spec.seed, i))
         grammar = specs[0].grammar
         for spec in specs[1:]:
             grammar.extend(spec.grammar)
-        new = self._new_rows(rows, generators, grammar)
+        new = self._new_rows(rows, seeds, grammar)
         if n == 0:
             self.live = new  # the batch's grammar is its first job's (its class: the batch's kind)
         else:
             self.live.extend(new)
+        self._live_jobs += ids
         return ids
 
     @torch.inference_mode()
@@ -344,19 +383,11 @@ class DecodeBatch:
                 finished += self._drop([row.job.id not in stop for row in self.rows])
         if not self.rows:
             return finished
-        n = len(self.rows)
         with eval_mode(self.model):
             if self.length == self.window:
                 self._make_room()
             self._reserve(self.length + 1)
-            cache = replace(
-                self._cache,
-                k=self._cache.k[:, :n],
-                v=self._cache.v[:, :n],
-                left_pad=self.left_pad[:n],
-                length=self.length,
-            )
-            logits = decode_one_token(self.model, self.live.pending, cache)
+            logits = decode_one_token(self.model, self.live.pending, self._cache_view())
         self.length += 1
         live, grammar = self.live, self.live.grammar
         token = sample(
@@ -364,18 +395,31 @@ class DecodeBatch:
             live.temperature,
             live.top_k,
             live.top_p,
-            live.generators,
+            live.random,
             live.shift_temperature,
             self.shifts,
+            truncate=live.truncate,
+            reshape=live.reshape,
         )
         live.pending = token = grammar.advance(token)
-        reached = grammar.finished().tolist()
-        keep = []
-        for row, t, done in zip(self.rows, token.tolist(), reached, strict=True):
-            row.history[row.filled] = t
-            row.filled += 1
-            keep.append(not done and row.new_tokens < row.max_new)
-        return finished + self._drop(keep)
+        self._steps.append(token)
+        live.drawn += 1
+        done = grammar.finished() | (live.drawn >= live.max_new)
+        if not bool(done.any()):  # the step's one question to the device
+            return finished
+        return finished + self._drop((~done).tolist())
+
+    def _cache_view(self):
+        """The live rows' part of the cache at the shared length, as the model reads it: one object for as
+        long as the buffers and the rows stay (the left padding is a view, edited in place)."""
+        n, view = len(self.rows), self._view
+        if view is None or view[0] is not self._cache or view[1] != n:
+            cache = replace(
+                self._cache, k=self._cache.k[:, :n], v=self._cache.v[:, :n], left_pad=self.left_pad[:n]
+            )
+            self._view = view = (self._cache, n, cache)
+        view[2].length = self.length
+        return view[2]
 
     def _prefill(self, contexts: list[np.ndarray], remember: bool = False) -> list[tuple[Tensor, Tensor]]:
         """K and V of each context: (n_layers, H, len, D) each, one pair per context (views, not copies).
@@ -434,6 +478,7 @@ class DecodeBatch:
     def _make_room(self) -> None:
         """The cache is full. Rows whose context fills the window slide: they keep their last `keep_last`
         tokens, all but the pending one prefilled again. The others only shift left."""
+        self._flush()
         lp = self.left_pad[: len(self.rows)].tolist()
         keep = self.keep_last - 1
         slide = [r for r, pad in enumerate(lp) if pad == 0]
@@ -455,6 +500,7 @@ class DecodeBatch:
         Swap-remove: each hole among the first m (kept) rows takes a kept row from beyond them, so only those
         rows' K/V are copied (their real positions only: a row's padding is masked, whatever it holds) and a
         departure costs what moves, not the whole live cache. Every per-row state follows the same order."""
+        self._flush()
         finished = []
         for row, kept in zip(self.rows, keep, strict=True):
             if kept:
@@ -464,6 +510,7 @@ class DecodeBatch:
             job.rows_left -= 1
             if job.rows_left == 0:
                 finished.append((job.id, self._result(job)))
+                self._live_jobs.remove(job.id)
         m = sum(keep)
         if m == len(keep):
             return finished

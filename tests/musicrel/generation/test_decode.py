@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from musicrel.generation.decode import flatten_block, generate, sample
 from musicrel.generation.grammar import Grammar
 from musicrel.generation.primer import prepare_primer
+from musicrel.generation.row_random import RowRandom
 from tests.musicrel.conftest import (
     CODEC,
     make_motif,
@@ -112,3 +113,62 @@ def test_a_shift_temperature_reshapes_the_time_shifts_alone():
     plain = sample(logits, ones, k, p, [torch.Generator().manual_seed(i) for i in range(3)])
     same = sample(logits, ones, k, p, [torch.Generator().manual_seed(i) for i in range(3)], ones, shifts)
     assert torch.equal(plain, same)
+
+
+def test_row_streams_depend_on_their_own_seed_alone():
+    """A row's draws are a function of its seed and how many it has drawn: the same alone, in any batch,
+    after rows leave (`select`) or join (`extend`); seeds give different streams."""
+    alone = RowRandom([5])
+    expected = torch.stack([alone.uniform() for _ in range(50)], dim=1)[0]  # (50,)
+    batch = RowRandom([9, 5, 2**62 + 3])
+    first = torch.stack([batch.uniform() for _ in range(20)], dim=1)
+    assert torch.equal(first[1], expected[:20])
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[2], first[1])
+    batch.select(torch.tensor([1]))
+    batch.extend(RowRandom([7]))  # a row joins mid-stream
+    rest = torch.stack([batch.uniform() for _ in range(30)], dim=1)
+    assert torch.equal(rest[0], expected[20:])
+    late = RowRandom([7])
+    assert torch.equal(rest[1], torch.stack([late.uniform() for _ in range(30)], dim=1)[0])
+
+
+def test_row_streams_are_uniform():
+    """Draws lie in [0, 1) and fill it evenly (16 bins, 4,096 rows x 16 draws: a chi-square far inside
+    what a uniform source gives), with no correlation between a row's consecutive draws or between rows of
+    consecutive seeds."""
+    random = RowRandom(range(4096))
+    u = torch.stack([random.uniform() for _ in range(16)], dim=1)  # (rows, draws)
+    assert u.dtype == torch.float32 and float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    counts = torch.bincount((u * 16).long().flatten(), minlength=16).double()
+    expected = u.numel() / 16
+    assert float(((counts - expected) ** 2 / expected).sum()) < 60  # 15 dof: p < 1e-6 above 60
+    x = u - 0.5
+    assert abs(float((x[:, 1:] * x[:, :-1]).mean()) / float((x * x).mean())) < 0.03
+    assert abs(float((x[1:] * x[:-1]).mean()) / float((x * x).mean())) < 0.03
+
+
+def test_the_sampler_draws_a_row_s_token_whatever_the_batch():
+    """A row's token depends on its logits, settings and stream only: top-k/top-p on another row (the
+    sorting path) or a shift temperature on another row leaves it as it was alone."""
+    torch.manual_seed(3)
+    shifts = slice(CODEC.time_shift_offset, CODEC.velocity_offset)
+    V = CODEC.vocab_size
+    logits = torch.randn(3, V) * 2
+    logits[:, :5] = float("-inf")
+    settings = dict(
+        temperature=torch.tensor([1.0, 0.8, 1.2]), top_k=torch.tensor([V, 20, V]),
+        top_p=torch.tensor([1.0, 1.0, 0.9]), shift_temperature=torch.tensor([1.0, 1.0, 0.5]),
+    )  # fmt: skip
+    for _ in range(20):
+        batch = RowRandom([11, 12, 13])
+        together = sample(
+            logits, settings["temperature"], settings["top_k"], settings["top_p"], batch,
+            settings["shift_temperature"], shifts,
+        )  # fmt: skip
+        for r, seed in enumerate([11, 12, 13]):
+            alone = sample(
+                logits[r : r + 1], *(settings[k][r : r + 1] for k in ("temperature", "top_k", "top_p")),
+                RowRandom([seed]), settings["shift_temperature"][r : r + 1], shifts,
+            )  # fmt: skip
+            assert alone.item() == together[r].item()
+        logits = logits.roll(7, dims=1)

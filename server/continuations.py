@@ -213,7 +213,7 @@ async def continue_upload(
     parsed = time.monotonic()
     metrics.parse_seconds.observe(parsed - start)
 
-    job = submit(service, primer, params.sampling_params(), deadline, ticket)
+    job = submit(service, primer, params.library_params(), deadline, ticket)
     result = await wait_for_result(job, is_disconnected, settings.disconnect_poll_s)
     if result is None:
         log.info("client disconnected; generation stopped")

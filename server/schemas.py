@@ -4,20 +4,23 @@ operator's tighter limits (MUSICREL_MAX_SECONDS, ...) are checked on top in deps
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.fields import FieldInfo
 
 from musicrel.generation.controls import MAX_DENSITY, Controls, gm_program_names
 from musicrel.generation.melody import AccompanimentParams as LibraryAccompanimentParams
 from musicrel.generation.primer import PRIMER_SECONDS
-from musicrel.generation.sampling import MAX_SEED, SamplingParams
+from musicrel.generation.sampling import MAX_SEED, Sampling, SamplingParams
 from musicrel.generation.span import MAX_SPAN_SECONDS
 from musicrel.generation.span import InfillParams as LibraryInfillParams
 from musicrel.midi.codec import CodecConfig
 from musicrel.model.checkpoint import DECODE_WEIGHTS
 
-# The defaults are the library's (SamplingParams, PRIMER_SECONDS, Controls); the bounds are the server's own.
+# The defaults are the library's (Sampling, SamplingParams, PRIMER_SECONDS, Controls); the bounds are the
+# server's own.
+_S = Sampling
 _D = SamplingParams
 _C = Controls
 
@@ -38,13 +41,52 @@ _SHIFT_TEMPERATURE = (
 
 
 class MusicForm(BaseModel):
-    """What every generation form shares: how its fields read what an HTML form sends (an empty string for a
-    field left blank, an instrument's name for `program`) and its control fields as the library's Controls.
-    Each form declares its own fields, in its own order; these validators apply to those it has."""
+    """What every generation form shares: the sampling fields (the library's `Sampling`: its defaults, the
+    server's bounds) and the controls but `program` (whose "empty" means something of its own per task);
+    how the fields read what an HTML form sends (an empty string for a field left blank, an instrument's
+    name for `program`); and the form as the library's parameters (`library`, `library_params`). A task's
+    form adds its own fields and retells a shared one (`_retold`) only where its meaning differs."""
 
     # NaN compares false with every bound, so pydantic reported "seconds=nan" as out of bounds ("should be
     # less than or equal to 600"); refused as "should be a finite number", it says what is wrong.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    library: ClassVar[type[Sampling]]  # the library's parameters the form becomes
+
+    temperature: float = Field(_S.temperature, gt=0, le=10, description=_TEMPERATURE)
+    top_k: int | None = Field(_S.top_k, ge=1, le=4096, description="sample among the k likeliest tokens only")
+    top_p: float = Field(_S.top_p, gt=0, le=1, description="nucleus sampling mass (1 disables it)")
+    seed: int | None = Field(
+        _S.seed, ge=0, le=MAX_SEED, description="random seed; empty draws one (reported back)"
+    )
+    num_samples: int = Field(
+        _S.num_samples, ge=1, le=64, description="independent samples of the same upload (each one a file)"
+    )
+    # Controls (generation.controls): empty leaves that aspect to the model. Text fields are checked by the
+    # library (ControlError: unknown_chord, unknown_key, empty_range, invalid_controls -> 422).
+    key: str | None = Field(
+        _C.key,
+        max_length=40,
+        description='keep new notes in a key: "C:major", "A:minor", "Bb:dorian", "auto"',
+    )
+    key_strength: str = Field(
+        _C.key_strength, max_length=20, description='"prefer" (a bias), "only" (a mask) or a bias in nats'
+    )
+    chords: str | None = Field(
+        _C.chords,
+        max_length=1000,
+        description='chord progression, repeated: "C:2 G:2 Am:2 F:2" (seconds) or "C:4b G:4b" (beats)',
+    )
+    chord_strength: str = Field(
+        _C.chord_strength, max_length=20, description='"prefer" (a bias), "only" (a mask) or a bias in nats'
+    )
+    density: float | None = Field(
+        _C.density, gt=0, le=MAX_DENSITY, description="target notes per second (held by a feedback loop)"
+    )
+    low_note: int | None = Field(_C.low_note, ge=0, le=127, description="lowest MIDI pitch of a new note")
+    high_note: int | None = Field(_C.high_note, ge=0, le=127, description="highest MIDI pitch of a new note")
+    max_polyphony: int | None = Field(
+        _C.max_polyphony, ge=1, le=128, description="most notes sounding at once"
+    )
 
     @field_validator(
         "top_k", "seed", "program", "key", "chords", "density", "low_note", "high_note", "max_polyphony",
@@ -83,21 +125,36 @@ class MusicForm(BaseModel):
         controls = Controls(**self.model_dump(include={f.name for f in dataclasses.fields(Controls)}))
         return None if controls.is_empty else controls
 
+    def library_params(self) -> Sampling:
+        """The form's sampling fields and controls, whole, as the library takes them (`library`)."""
+        fields = {f.name for f in dataclasses.fields(self.library)} - {"controls"}
+        return self.library(**self.model_dump(include=fields), controls=self.controls())
+
+
+def _retold(name: str, description: str, **changes: Any) -> Any:
+    """The shared field `name` as a task tells it: its own description (and default); the bounds stay
+    MusicForm's."""
+    return FieldInfo.merge_field_infos(MusicForm.model_fields[name], description=description, **changes)
+
+
+def _program(empty: str, of: str = "the output") -> Any:
+    """The `program` field (a number, or a name: MusicForm._program_name); `empty`: what a blank gives."""
+    return Field(
+        None,
+        ge=0,
+        le=127,
+        description=f'General MIDI program of {of}, by number or by name ("Violin", any case); '
+        f"empty: {empty}",
+    )
+
 
 class ContinuationParams(MusicForm):
     """The form fields that go with the uploaded `file`."""
 
+    library: ClassVar[type[Sampling]] = SamplingParams
+
     seconds: float = Field(_D.seconds, gt=0, le=600, description="length of the continuation, in seconds")
-    temperature: float = Field(_D.temperature, gt=0, le=10, description=_TEMPERATURE)
-    top_k: int | None = Field(_D.top_k, ge=1, le=4096, description="sample among the k likeliest tokens only")
-    top_p: float = Field(_D.top_p, gt=0, le=1, description="nucleus sampling mass (1 disables it)")
     shift_temperature: float = Field(_D.shift_temperature, gt=0, le=10, description=_SHIFT_TEMPERATURE)
-    seed: int | None = Field(
-        _D.seed, ge=0, le=MAX_SEED, description="random seed; empty draws one (reported back)"
-    )
-    num_samples: int = Field(
-        _D.num_samples, ge=1, le=64, description="independent continuations of the same motif"
-    )
     primer_seconds: float = Field(
         PRIMER_SECONDS, gt=0, le=3600, description="how much of the upload's end is read as the motif"
     )
@@ -116,39 +173,7 @@ class ContinuationParams(MusicForm):
         max_length=400,
         description='"merge" (every non-drum track) or comma-separated instrument indices, e.g. "0,2"',
     )
-    # Controls (generation.controls): empty leaves that aspect to the model. Text fields are checked by the
-    # library (ControlError: unknown_chord, unknown_key, empty_range, invalid_controls -> 422).
-    program: int | None = Field(
-        _C.program,
-        ge=0,
-        le=127,
-        description='General MIDI program of the output, by number or by name ("Violin", any case); empty: '
-        "the motif's",
-    )
-    key: str | None = Field(
-        _C.key,
-        max_length=40,
-        description='keep new notes in a key: "C:major", "A:minor", "Bb:dorian", "auto"',
-    )
-    key_strength: str = Field(
-        _C.key_strength, max_length=20, description='"prefer" (a bias), "only" (a mask) or a bias in nats'
-    )
-    chords: str | None = Field(
-        _C.chords,
-        max_length=1000,
-        description='chord progression, repeated: "C:2 G:2 Am:2 F:2" (seconds) or "C:4b G:4b" (beats)',
-    )
-    chord_strength: str = Field(
-        _C.chord_strength, max_length=20, description='"prefer" (a bias), "only" (a mask) or a bias in nats'
-    )
-    density: float | None = Field(
-        _C.density, gt=0, le=MAX_DENSITY, description="target notes per second (held by a feedback loop)"
-    )
-    low_note: int | None = Field(_C.low_note, ge=0, le=127, description="lowest MIDI pitch of a new note")
-    high_note: int | None = Field(_C.high_note, ge=0, le=127, description="highest MIDI pitch of a new note")
-    max_polyphony: int | None = Field(
-        _C.max_polyphony, ge=1, le=128, description="most notes sounding at once"
-    )
+    program: int | None = _program("the motif's")
 
     @field_validator("tracks")
     @classmethod
@@ -164,22 +189,16 @@ class ContinuationParams(MusicForm):
             raise ValueError(f"at most {MAX_TRACKS} instrument indices, each below 1024")
         return ",".join(map(str, indices))
 
-    def sampling_params(self) -> SamplingParams:
-        """The form's sampling fields and controls, whole, as the library takes them."""
-        fields = {f.name for f in dataclasses.fields(SamplingParams)} - {"controls"}
-        return SamplingParams(**self.model_dump(include=fields), controls=self.controls())
-
     def track_selection(self) -> str | list[int]:
         return "merge" if self.tracks == "merge" else [int(p) for p in self.tracks.split(",")]
 
 
 # ---------------------------------------------------------------- POST /v1/accompaniments
-_CP = ContinuationParams.model_fields  # an accompaniment's sampling and control fields are a continuation's
-
-
 class AccompanimentParams(MusicForm):
     """The form fields that go with the uploaded melody `file`. Sampling and controls as a continuation's
     (same bounds, same meaning); the controls steer the accompaniment only, never the melody."""
+
+    library: ClassVar[type[Sampling]] = LibraryAccompanimentParams
 
     track: int | None = Field(
         None,
@@ -188,48 +207,21 @@ class AccompanimentParams(MusicForm):
         description="instrument index of the melody in the file (as pretty_midi counts them: tracks with "
         "notes, in file order); empty: the file's only track with notes",
     )
-    temperature: float = _CP["temperature"]
-    top_k: int | None = _CP["top_k"]
-    top_p: float = Field(
-        LibraryAccompanimentParams.top_p,
-        gt=0,
-        le=1,
-        description="nucleus sampling mass (1 disables it; the accompaniment measured best at the default)",
+    top_p: float = _retold(
+        "top_p",
+        "nucleus sampling mass (1 disables it; the accompaniment measured best at the default)",
+        default=LibraryAccompanimentParams.top_p,
     )
-    seed: int | None = _CP["seed"]
-    num_samples: int = Field(
-        _CP["num_samples"].default, ge=1, le=64, description="independent accompaniments of the same melody"
+    program: int | None = _program("Acoustic Grand Piano (0)", of="the accompaniment")
+    key: str | None = _retold(
+        "key",
+        'keep the accompaniment in a key: "C:major", "A:minor", "Bb:dorian", "auto" (the melody\'s key)',
     )
-    program: int | None = Field(
-        None,
-        ge=0,
-        le=127,
-        description='General MIDI program of the accompaniment, by number or by name ("Violin", any case); '
-        "empty: Acoustic Grand Piano (0)",
+    chords: str | None = _retold(
+        "chords",
+        "the accompaniment's chords, repeated from the file's start: \"C:2 G:2 Am:2 F:2\" (seconds) or "
+        '"C:4b G:4b" (beats)',
     )
-    key: str | None = Field(
-        None,
-        max_length=40,
-        description='keep the accompaniment in a key: "C:major", "A:minor", "Bb:dorian", "auto" (the '
-        "melody's key)",
-    )
-    key_strength: str = _CP["key_strength"]
-    chords: str | None = Field(
-        None,
-        max_length=1000,
-        description="the accompaniment's chords, repeated from the file's start: \"C:2 G:2 Am:2 F:2\" "
-        '(seconds) or "C:4b G:4b" (beats)',
-    )
-    chord_strength: str = _CP["chord_strength"]
-    density: float | None = _CP["density"]
-    low_note: int | None = _CP["low_note"]
-    high_note: int | None = _CP["high_note"]
-    max_polyphony: int | None = _CP["max_polyphony"]
-
-    def library_params(self) -> LibraryAccompanimentParams:
-        """The form's sampling fields and controls, whole, as the library takes them."""
-        fields = {f.name for f in dataclasses.fields(LibraryAccompanimentParams)} - {"controls"}
-        return LibraryAccompanimentParams(**self.model_dump(include=fields), controls=self.controls())
 
 
 class AccompanimentSample(BaseModel):
@@ -270,10 +262,12 @@ class InfillParams(MusicForm):
     """The form fields that go with the uploaded `file`: the span to regenerate, in seconds (`start`, `end`)
     or in bars (`first_bar`, `last_bar`), and sampling as a continuation's (same bounds, same meaning). The
     span's own rules (start < end, at most MAX_SPAN_SECONDS, inside the music, with notes before and after
-    it) are the library's (InfillError codes, 422); bars become seconds once the file is read."""
+    it) are the library's (InfillError codes, 422); bars become seconds once the file is read. The controls
+    are a continuation's but program (the new notes join the file's own instrument), read against the music
+    around the span (musicrel.generation.infill.around_gap)."""
 
-    # The span once and whole, in seconds or in bars (deps.get_infill_params says which field is missing): the
-    # schema says so too, so that a client built from it sends one of the two.
+    # The span once and whole, in seconds or in bars (tasks.infill says which field is missing): the schema
+    # says so too, so that a client built from it sends one of the two.
     model_config = ConfigDict(
         **MusicForm.model_config,
         json_schema_extra={
@@ -286,6 +280,7 @@ class InfillParams(MusicForm):
             ]
         },
     )
+    library: ClassVar[type[Sampling]] = LibraryInfillParams
 
     start: float | None = Field(
         None, ge=0, le=CodecConfig.max_seconds, description="where the span to regenerate starts, in seconds"
@@ -308,38 +303,16 @@ class InfillParams(MusicForm):
     last_bar: int | None = Field(
         None, ge=1, le=100_000, description="its last bar (included); the span ends where the next begins"
     )
-    temperature: float = _CP["temperature"]
-    top_k: int | None = _CP["top_k"]
-    top_p: float = _CP["top_p"]
-    seed: int | None = _CP["seed"]
-    num_samples: int = Field(
-        _CP["num_samples"].default, ge=1, le=64, description="independent fillings of the same span"
+    key: str | None = _retold(
+        "key",
+        'keep the new notes in a key: "C:major", "A:minor", "Bb:dorian", "auto" (the key of the music '
+        "around the span)",
     )
-    # A continuation's controls but program (the new notes join the file's own instrument), read against the
-    # music around the span (musicrel.generation.infill.around_gap).
-    key: str | None = Field(
-        None,
-        max_length=40,
-        description='keep the new notes in a key: "C:major", "A:minor", "Bb:dorian", "auto" (the key of '
-        "the music around the span)",
+    chords: str | None = _retold(
+        "chords",
+        'chords for the span, repeated from its start: "C:2 G:2 Am:2 F:2" (seconds) or "C:4b G:4b" (beats '
+        "at the file's tempo)",
     )
-    key_strength: str = _CP["key_strength"]
-    chords: str | None = Field(
-        None,
-        max_length=1000,
-        description='chords for the span, repeated from its start: "C:2 G:2 Am:2 F:2" (seconds) or "C:4b '
-        "G:4b\" (beats at the file's tempo)",
-    )
-    chord_strength: str = _CP["chord_strength"]
-    density: float | None = _CP["density"]
-    low_note: int | None = _CP["low_note"]
-    high_note: int | None = _CP["high_note"]
-    max_polyphony: int | None = _CP["max_polyphony"]
-
-    def library_params(self) -> LibraryInfillParams:
-        """The form's sampling fields and controls, whole, as the library takes them."""
-        fields = {f.name for f in dataclasses.fields(LibraryInfillParams)} - {"controls"}
-        return LibraryInfillParams(**self.model_dump(include=fields), controls=self.controls())
 
 
 class NewNote(BaseModel):

@@ -184,7 +184,7 @@ async def start_stream(
     if params.seed is None:
         params = params.model_copy(update={"seed": draw_seed()})
     stream = ContinuationStream(service, params, primer, start, parsed)
-    stream.job = submit(service, primer, params.sampling_params(), deadline, ticket, stream.progress)
+    stream.job = submit(service, primer, params.library_params(), deadline, ticket, stream.progress)
     headers = {
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",  # nginx would otherwise hold the lines back until its buffer fills

@@ -70,6 +70,8 @@ def _prepare(args) -> int:
         overrides["melody"] = True
     if args.melody_lead_ms is not None:
         overrides["melody_lead_ms"] = args.melody_lead_ms
+    if args.instruments:
+        overrides["instruments"] = True
     codec = EventCodec(CodecConfig(**overrides))
     weights = {}
     for item in args.weight:
@@ -131,6 +133,11 @@ def _add_prepare(subparsers) -> None:
     )
     p.add_argument(
         "--melody-lead-ms", type=int, default=None, help="with --melody: its tokens this far ahead (0)"
+    )
+    p.add_argument(
+        "--instruments",
+        action="store_true",
+        help="an instrument token before notes of another instrument; drums kept (docs/INSTRUMENTS.md)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_prepare)

@@ -13,7 +13,12 @@ Layout of OUT:
                               re-run (or a run with more sources) encodes nothing twice
 
 Sources are `[NAME=]PATH`: a file, a folder (searched recursively) or a glob (`asap/**/midi_score.mid`); NAME
-defaults to the folder's name. A file found by several sources belongs to the first. Each split's stream
+defaults to the folder's name. A file found by several sources belongs to the first. A folder with its own
+`manifest.csv` (`path` and `group` columns, optionally `source`: `musicrel.data.groups`, e.g.
+../shared/midi/multi) is split by its `group` column, never by file (each source's groups by the hash of
+their name, at least one in val and in test where a source has three), and each listed file belongs to the
+source its row names (so NLL is reported per source); a weight given to the folder's NAME applies to each of
+those sources unless one is weighted by its own name. Each split's stream
 holds its pieces source by source, and the manifest records where each source's pieces lie
 (`splits.<split>.sources`) and its mixing `weights`: training draws a crop from a source with probability
 proportional to weight x tokens, so weight 1 everywhere samples every token alike, and weight 0.5 halves how
@@ -39,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from musicrel.data.compositions import CONTAINMENT, MIN_SHINGLES, NGRAM, group_versions, shingles
+from musicrel.data.groups import read_groups
 from musicrel.data.prepared import FORMAT_VERSION, MANIFEST, SPLITS
 from musicrel.errors import ConfigError, InvalidMidiError
 from musicrel.midi.files import find_midi_files
@@ -169,8 +175,8 @@ def prepare(
     cache_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
-    specs, weights, source_of = _sources(sources, weights)
-    names = [name for name, _ in specs]
+    specs, path_of, weights, source_of, group_of = _sources(sources, weights)
+    names = list(path_of)
     paths = sorted(source_of)
     first_path, duplicates = _hash_files(paths, progress)
     results = _encode_files(first_path, cache_dir, codec, workers, progress)
@@ -185,10 +191,8 @@ def prepare(
     order = {name: i for i, name in enumerate(names)}
     usable.sort(key=lambda sha: (order[source[sha]], sha))
     grouping = group_versions([shingles(codec, np.load(cache_dir / f"{sha}.npy")) for sha in usable])
-    groups = grouping.members()
-    key_of = {g: min(usable[i] for i in members) for g, members in groups.items()}
-    by_key = assign_splits(sorted(key_of.values()), split_percent)
-    splits = {usable[i]: by_key[key_of[g]] for i, g in enumerate(grouping.group)}
+    group = {sha: group_of.get(first_path[sha]) for sha in usable}
+    splits = _assign(grouping, usable, group, source, split_percent)
     manifest = {
         "format_version": FORMAT_VERSION,
         "codec": codec.config.to_dict(),
@@ -197,7 +201,7 @@ def prepare(
         "pad_id": codec.pad_id,
         "bos_id": codec.bos_id,
         "eos_id": codec.eos_id,
-        "sources": [{"name": name, "path": path, "weight": weights[name]} for name, path in specs],
+        "sources": [{"name": name, "path": path_of[name], "weight": weights[name]} for name in names],
         "weights": {name: weights[name] for name in names},
         "split_percent": dict(zip(SPLITS, split_percent, strict=True)),
         "counts": {
@@ -220,7 +224,11 @@ def prepare(
 
     for split in SPLITS:
         members = [sha for sha in usable if splits[sha] == split]
-        files = [{"path": str(first_path[sha]), "sha256": sha, "source": source[sha]} for sha in members]
+        files = [
+            {"path": str(first_path[sha]), "sha256": sha, "source": source[sha]}
+            | ({"group": group[sha]} if group[sha] else {})
+            for sha in members
+        ]
         key = hashlib.sha256((chash + split + ",".join(members)).encode()).hexdigest()
         info = _write_split(out_dir, split, members, cache_dir, codec, key)
         for f, n in zip(files, info.pop("piece_tokens"), strict=True):
@@ -280,22 +288,72 @@ def _encode_files(first_path: dict[str, Path], cache_dir: Path, codec, workers, 
     return results
 
 
-def _sources(sources, weights: dict[str, float] | None) -> tuple[list, dict[str, float], dict[Path, str]]:
-    """(NAME, PATH) of each source, every source's weight, each file's source (the first that finds it)."""
+def _sources(sources, weights: dict[str, float] | None):
+    """(NAME, PATH) of each source as given; the sources files belong to, in order (a listed folder's
+    sources in its place), each with the PATH that found it and its weight; each file's source (the first
+    that finds it) and each listed file's group ("NAME:group")."""
     specs = [parse_source(src) for src in sources]
-    names = [name for name, _ in specs]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"two sources share a name: {names}; name them NAME=PATH", code="bad_sources")
-    weights = {name: 1.0 for name in names} | {k: float(v) for k, v in (weights or {}).items()}
-    if unknown := sorted(set(weights) - set(names)):
-        raise ConfigError(f"weights for unknown sources {unknown} (sources: {names})", code="bad_sources")
-    if any(not w >= 0 for w in weights.values()) or not any(weights[n] > 0 for n in names):
-        raise ConfigError(f"weights must be >= 0 and one > 0, got {weights}", code="bad_sources")
+    given = [name for name, _ in specs]
+    if len(set(given)) != len(given):
+        raise ConfigError(f"two sources share a name: {given}; name them NAME=PATH", code="bad_sources")
     source_of: dict[Path, str] = {}
+    group_of: dict[Path, str] = {}
+    path_of: dict[str, str] = {}  # each source's PATH
+    parent: dict[str, str] = {}  # a listed folder's source -> the folder's NAME (for its weight)
     for name, path in specs:
+        listed = read_groups(path, name) if Path(path).is_dir() else None
+        mine = []
         for f in source_files(path):
-            source_of.setdefault(f, name)  # a file found by several sources belongs to the first
-    return specs, weights, source_of
+            if f in source_of:
+                continue  # a file found by several sources belongs to the first
+            entry = listed.get(f) if listed else None
+            source_of[f] = entry.source if entry else name
+            mine.append(source_of[f])
+            if entry:
+                group_of[f] = f"{name}:{entry.group}"
+                parent[entry.source] = name
+        for n in dict.fromkeys(mine if listed and mine else [name]):
+            if n in path_of:
+                raise ConfigError(
+                    f"two sources share a name: {n!r} (a listed folder's sources are named by its manifest)",
+                    code="bad_sources",
+                )
+            path_of[n] = path
+    names = list(path_of)
+    given_w = {k: float(v) for k, v in (weights or {}).items()}
+    if unknown := sorted(set(given_w) - set(names) - set(given)):
+        raise ConfigError(f"weights for unknown sources {unknown} (sources: {names})", code="bad_sources")
+    weights = {n: given_w.get(n, given_w.get(parent.get(n, n), 1.0)) for n in names}
+    if any(not w >= 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
+        raise ConfigError(f"weights must be >= 0 and one > 0, got {weights}", code="bad_sources")
+    return specs, path_of, weights, source_of, group_of
+
+
+def _assign(grouping, usable: list[str], group: dict, source: dict, split_percent) -> dict[str, str]:
+    """sha -> split. Listed files (a corpus manifest's `group`) by group: each source's groups by the hash of
+    their name (`assign_splits`: val and test get one where a source has three). The others as versions of a
+    composition: a group of versions goes where a listed member's group goes, else by the hash of its first
+    member, so a file with no other version keeps the split of its hash alone."""
+    by_source: dict[str, dict[str, str]] = {}
+    for sha in usable:
+        if group[sha]:
+            key = hashlib.sha256(group[sha].encode()).hexdigest()
+            by_source.setdefault(source[sha], {})[key] = group[sha]
+    listed: dict[str, str] = {}
+    for keyed in by_source.values():
+        listed.update({keyed[k]: split for k, split in assign_splits(sorted(keyed), split_percent).items()})
+    follow, key_of = {}, {}
+    for g, members in grouping.members().items():
+        labels = sorted({group[usable[i]] for i in members if group[usable[i]]})
+        if labels:
+            follow[g] = listed[labels[0]]
+        else:
+            key_of[g] = min(usable[i] for i in members)
+    by_key = assign_splits(sorted(key_of.values()), split_percent)
+    return {
+        sha: listed[group[sha]] if group[sha] else follow[g] if g in follow else by_key[key_of[g]]
+        for sha, g in zip(usable, grouping.group, strict=True)
+    }
 
 
 def _hash_files(paths: list[Path], progress: bool) -> tuple[dict[str, Path], list[dict]]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from musicrel.errors import MusicrelError
+from musicrel.midi.instruments import DRUMS, current_instrument
 
 ONSET_WINDOW_S = 0.05
 NGRAM = 6
@@ -48,8 +49,11 @@ class CompositionsUnavailable(MusicrelError):
 
 
 def shingles(codec, tokens: np.ndarray, n: int = NGRAM) -> set[bytes]:
-    """The top-voice interval n-grams of one file's event tokens."""
+    """The top-voice interval n-grams of one file's event tokens (drums left out)."""
     toks = np.asarray(tokens).astype(np.int64)
+    if codec.instrument_offset is not None:  # a drum kit has no top voice: its notes are left out
+        playing = current_instrument(toks, codec.is_instrument(toks), codec.instrument_offset)
+        toks = toks[~(codec.is_note_on(toks) & (playing == DRUMS))]
     toks = toks[toks < codec.pad_id]
     if toks.size == 0:
         return set()

@@ -1,6 +1,8 @@
-"""What several `musicrel` subcommands share: `given` (the options a user gave), `positive_int`, the control
-flags (`add_control_arguments`, `controls_from_args`), `torch_setup` (threads) and where and how outputs are
-written (`output_paths`, `write_midi`)."""
+"""What several `musicrel` subcommands share: `given` (the options a user gave), `positive_int`, the sampling
+flags (`add_sampling_arguments`, `add_sample_arguments`) and the control flags (`add_control_arguments`),
+the library's parameters they make (`params_options`), the held-out input of the evaluations
+(`add_held_out_arguments`), the run's (`add_run_arguments`, `torch_setup`: threads) and where and how outputs
+are written (`output_paths`, `write_midi`)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,37 @@ def add_control_arguments(p, what: str = "the continuation", source: str = "the 
     g.add_argument("--max-polyphony", type=int, default=None, help="most notes sounding at once")
 
 
+def add_sampling_arguments(p, shift_temperature: bool = False) -> None:
+    """--temperature, --top-k, --top-p (and --shift-temperature): the model's sampling. Left out, they are not
+    passed: their defaults live in the library's parameters (SamplingParams, and the task's own)."""
+    p.add_argument("--temperature", type=float, default=None, help="the model's sampling temperature")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
+    if shift_temperature:
+        p.add_argument(
+            "--shift-temperature",
+            type=float,
+            default=None,
+            help="temperature within the time shifts alone (> 1: longer waits, sparser music; 1 = off)",
+        )
+
+
+def add_sample_arguments(p, samples: str, default: int | None = None, seed: str = "file i uses seed + i"):
+    """--num-samples (`samples`: what each is, and its default) and --seed (`seed`: how it is used)."""
+    p.add_argument("--num-samples", type=positive_int, default=default, help=samples)
+    p.add_argument("--seed", type=int, default=None, help=f"sampling seed ({seed})")
+
+
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed", "num_samples")
+
+
+def params_options(args, *more: str) -> dict:
+    """The keywords of the library's parameters (SamplingParams, InfillParams, AccompanimentParams) that the
+    sampling, sample (and `more`) flags and the control flags give; those left out keep the library's
+    defaults."""
+    return {**given(args, *SAMPLING_FLAGS, *more), "controls": controls_from_args(args)}
+
+
 def controls_from_args(args):
     """The Controls the flags ask for (ControlError when they cannot be honoured), or None for no flag."""
     from musicrel.generation.controls import Controls
@@ -59,6 +92,31 @@ def torch_setup(args, rows: int = 8) -> str:
     if not getattr(args, "quiet", False):
         print(f"musicrel {args.command}: {said}", file=sys.stderr)
     return said
+
+
+def add_run_arguments(p) -> None:
+    """--threads and --quiet."""
+    p.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress")
+
+
+def add_held_out_arguments(p, out: str) -> None:
+    """What an evaluation reads and writes: --input (held-out pieces: a folder or a prepared one's --split
+    and --source), --limit, --seeds, --seed, --out (`out`: what it writes there) and the run's flags."""
+    p.add_argument(
+        "--input",
+        required=True,
+        help="folder of held-out MIDI files, or a prepared data folder (manifest.json)",
+    )
+    p.add_argument("--split", default=None, help="split of a prepared data folder (a comma list: test,val)")
+    p.add_argument("--source", default=None, help="only this source's pieces of a multi-source folder")
+    p.add_argument("--limit", type=positive_int, default=None, help="use at most N pieces")
+    p.add_argument("--seeds", type=positive_int, default=None, help="samples per piece and system")
+    p.add_argument("--seed", type=int, default=None, help="base seed (each piece and sample derive theirs)")
+    p.add_argument("--out", default=None, help=f"write {out} here")
+    add_run_arguments(p)
 
 
 def add_weights_argument(p) -> None:

@@ -6,40 +6,22 @@ Torch is imported inside the handler so that `musicrel --help` stays fast.
 
 from __future__ import annotations
 
-from musicrel.cli.args import add_weights_argument, given, positive_int, torch_setup
+from functools import partial
+
+from musicrel.cli.args import (
+    add_held_out_arguments,
+    add_sampling_arguments,
+    add_weights_argument,
+    positive_int,
+)
+from musicrel.cli.tasks import run_evaluation
 
 
-def _evaluate(args) -> int:
-    torch_setup(args)
+def _evaluation():
     from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
     from musicrel.evaluation.report import format_report, write_report
 
-    # Options left out are not passed: their defaults live in EvaluationOptions and SamplingParams.
-    options = given(
-        args,
-        "motif_seconds",
-        "seconds",
-        "limit",
-        "seed",
-        "seeds",
-        "batch_size",
-        "split",
-        "temperature",
-        "top_k",
-        "top_p",
-        "shift_temperature",
-        "systems",
-        "ngram_data",
-        "source",
-        "weights",
-    )
-    options = EvaluationOptions(**options)
-    report = evaluate_continuations(args.checkpoint, args.input, options, progress=not args.quiet)
-    print(format_report(report))
-    if args.out:
-        paths = write_report(report, args.out)
-        print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
+    return EvaluationOptions, evaluate_continuations, format_report, write_report
 
 
 def _systems(value: str) -> list[str]:
@@ -58,24 +40,10 @@ def register(subparsers) -> None:
     )
     e.add_argument("--checkpoint", required=True)
     add_weights_argument(e)
-    e.add_argument(
-        "--input",
-        required=True,
-        help="folder of held-out MIDI files, or a prepared data folder (manifest.json)",
-    )
-    e.add_argument("--split", default=None, help="split of a prepared data folder (a comma list: test,val)")
-    e.add_argument("--source", default=None, help="only this source's pieces of a multi-source folder")
+    add_held_out_arguments(e, "report.json, metrics.png, pianorolls.png and report.html")
     e.add_argument("--motif-seconds", type=float, default=None)
     e.add_argument("--seconds", type=float, default=None, help="length of the continuation and reference")
-    e.add_argument("--limit", type=positive_int, default=None, help="use at most N pieces")
-    e.add_argument("--seeds", type=positive_int, default=None, help="continuations per piece and system")
-    e.add_argument("--seed", type=int, default=None, help="base seed (each piece and sample derive theirs)")
-    e.add_argument("--temperature", type=float, default=None, help="the model's sampling temperature")
-    e.add_argument("--top-k", type=positive_int, default=None, help="the model's top-k")
-    e.add_argument("--top-p", type=float, default=None, help="the model's nucleus mass")
-    e.add_argument(
-        "--shift-temperature", type=float, default=None, help="the temperature within the time shifts alone"
-    )
+    add_sampling_arguments(e, shift_temperature=True)
     e.add_argument(
         "--systems",
         type=_systems,
@@ -90,9 +58,4 @@ def register(subparsers) -> None:
         "one; otherwise the n-gram is left out and the report says why)",
     )
     e.add_argument("--batch-size", type=positive_int, default=None, help="pieces generated together")
-    e.add_argument("--out", default=None, help="write report.json, metrics.png and pianorolls.png here")
-    e.add_argument(
-        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
-    )
-    e.add_argument("--quiet", action="store_true")
-    e.set_defaults(func=_evaluate)
+    e.set_defaults(func=partial(run_evaluation, load=_evaluation))

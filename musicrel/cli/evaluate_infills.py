@@ -6,38 +6,24 @@ Torch is imported inside the handler so that `musicrel --help` stays fast.
 
 from __future__ import annotations
 
-from musicrel.cli.args import add_weights_argument, given, positive_int, torch_setup
+from functools import partial
+
+from musicrel.cli.args import (
+    add_held_out_arguments,
+    add_sampling_arguments,
+    add_weights_argument,
+)
+from musicrel.cli.tasks import run_evaluation
+
+DEFAULT_CHECKPOINT = "checkpoints/infill"
 
 
-def _evaluate(args) -> int:
-    torch_setup(args, rows=1)  # every sample is decoded alone: the speed is batch 1's
+def _evaluation():
     from musicrel.evaluation.gaps import InfillEvaluationOptions
     from musicrel.evaluation.infill_report import format_infill_report, write_infill_report
-    from musicrel.evaluation.infills import DEFAULT_CHECKPOINT, evaluate_infills
+    from musicrel.evaluation.infills import evaluate_infills
 
-    # Options left out are not passed: their defaults live in InfillEvaluationOptions and SamplingParams.
-    options = given(
-        args,
-        "gap_seconds",
-        "cuts",
-        "seeds",
-        "seed",
-        "limit",
-        "split",
-        "source",
-        "temperature",
-        "top_k",
-        "top_p",
-        "weights",
-    )
-    options = InfillEvaluationOptions(**options)
-    checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
-    report = evaluate_infills(checkpoint, args.input, options, progress=not args.quiet)
-    print(format_infill_report(report))
-    if args.out:
-        paths = write_infill_report(report, args.out)
-        print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
+    return InfillEvaluationOptions, evaluate_infills, format_infill_report, write_infill_report
 
 
 def register(subparsers) -> None:
@@ -50,28 +36,15 @@ def register(subparsers) -> None:
         "true gap, the true gap's NLL is read with and without the music after it, and the decoding speed at "
         "batch 1 on the CPU is reported. Figures per source with 95%% bootstrap intervals over pieces.",
     )
-    e.add_argument("--checkpoint", default=None, help="an infill model (default: checkpoints/infill)")
-    add_weights_argument(e)
     e.add_argument(
-        "--input",
-        required=True,
-        help="folder of held-out MIDI files, or a prepared data folder (manifest.json)",
+        "--checkpoint", default=DEFAULT_CHECKPOINT, help=f"an infill model (default: {DEFAULT_CHECKPOINT})"
     )
-    e.add_argument("--split", default=None, help="split of a prepared data folder (a comma list: test,val)")
-    e.add_argument("--source", default=None, help="only this source's pieces of a multi-source folder")
+    add_weights_argument(e)
+    add_held_out_arguments(e, "report.json and report.html (piano rolls, audio)")
     e.add_argument(
         "--gap-seconds", default=None, help="a gap's length in seconds, drawn in a range: 4,8 (default)"
     )
     e.add_argument("--cuts", type=int, default=None, help="gaps per piece (default 3)")
-    e.add_argument("--seeds", type=int, default=None, help="fills per gap and system (default 3)")
-    e.add_argument("--seed", type=int, default=None, help="base seed (the gaps' places and every sample's)")
-    e.add_argument("--limit", type=int, default=None, help="use at most N pieces")
-    e.add_argument("--temperature", type=float, default=None, help="the model's sampling temperature")
-    e.add_argument("--top-k", type=int, default=None, help="the model's top-k")
-    e.add_argument("--top-p", type=float, default=None, help="the model's nucleus mass")
-    e.add_argument("--out", default=None, help="write report.json and report.html (piano rolls, audio) here")
-    e.add_argument(
-        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
-    )
-    e.add_argument("--quiet", action="store_true")
-    e.set_defaults(func=_evaluate)
+    add_sampling_arguments(e)
+    # every sample is decoded alone: the speed is batch 1's
+    e.set_defaults(func=partial(run_evaluation, load=_evaluation, rows=lambda options: 1))

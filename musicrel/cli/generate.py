@@ -13,17 +13,19 @@ from pathlib import Path
 
 from musicrel.cli.args import (
     add_control_arguments,
+    add_run_arguments,
+    add_sample_arguments,
+    add_sampling_arguments,
     add_weights_argument,
-    controls_from_args,
     output_paths,
+    params_options,
     positive_int,
     torch_setup,
     write_midi,
 )
 from musicrel.cli.codec import parse_tracks
+from musicrel.cli.tasks import SUMMARY_FILE
 from musicrel.midi.files import find_midi_files
-
-SUMMARY_FILE = "summary.json"
 
 
 def run_jobs(
@@ -152,13 +154,8 @@ def _generate(args) -> int:
     from musicrel.model.checkpoint import load_codec, load_model
 
     # Options left out are not passed: their defaults live in SamplingParams (and PRIMER_SECONDS).
-    sampling = ("seconds", "temperature", "top_k", "top_p", "shift_temperature", "seed", "max_new_tokens")
-    params = SamplingParams(
-        num_samples=args.num_samples,
-        include_primer=args.include_primer,
-        controls=controls_from_args(args),
-        **{k: getattr(args, k) for k in sampling if getattr(args, k) is not None},
-    )
+    options = params_options(args, "seconds", "shift_temperature", "max_new_tokens")
+    params = SamplingParams(include_primer=args.include_primer, **options)
     if args.primer_seconds is None:
         args.primer_seconds = PRIMER_SECONDS
     root, out = Path(args.input), Path(args.out)
@@ -244,18 +241,9 @@ def register(subparsers) -> None:
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
     p.add_argument("--out", required=True, help="output folder")
     # Sampling options default to SamplingParams' (left out: not passed), but for two samples per motif.
-    p.add_argument("--num-samples", type=positive_int, default=2, help="continuations per motif (2)")
+    add_sample_arguments(p, "continuations per motif (2)", 2, seed="default: random, saved in summary")
     p.add_argument("--seconds", type=float, default=None, help="length of each continuation in seconds")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, saved in summary)")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
-    p.add_argument(
-        "--shift-temperature",
-        type=float,
-        default=None,
-        help="temperature within the time shifts alone (> 1: longer waits, sparser music; 1 = off)",
-    )
+    add_sampling_arguments(p, shift_temperature=True)
     p.add_argument("--max-new-tokens", type=int, default=None, help="cap on tokens per continuation")
     p.add_argument("--primer-seconds", type=float, default=None, help="seconds of the motif the model reads")
     p.add_argument(
@@ -272,14 +260,11 @@ def register(subparsers) -> None:
     p.add_argument("--devices", type=positive_int, default=None, help="spread over N devices (Lightning)")
     p.add_argument("--accelerator", choices=["cpu", "gpu", "cuda", "mps", "auto"], default=None)
     p.add_argument(
-        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
-    )
-    p.add_argument(
         "--novelty",
         default=None,
         help="folder holding novelty.npz (a prepared data folder) to report what each sample copied from "
         "the training data (default: the checkpoint folder's, if it ships one)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_run_arguments(p)
     add_control_arguments(p)
     p.set_defaults(func=_generate)

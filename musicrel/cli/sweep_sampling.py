@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from musicrel.cli.args import given, positive_int, torch_setup
+from musicrel.cli.args import add_run_arguments, given, positive_int, torch_setup
 
 
 def _floats(value: str) -> list[float]:
@@ -100,8 +100,5 @@ def register(subparsers) -> None:
     s.add_argument("--seeds", type=positive_int, default=None, help="continuations per piece and setting")
     s.add_argument("--batch-size", type=positive_int, default=None, help="pieces generated together")
     s.add_argument("--out", default=None, help="write sweep.json and sweep.png here")
-    s.add_argument(
-        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the CPUs left free)"
-    )
-    s.add_argument("--quiet", action="store_true")
+    add_run_arguments(s)
     s.set_defaults(func=_sweep)

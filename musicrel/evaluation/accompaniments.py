@@ -259,18 +259,36 @@ def _continuations(model, codec, seconds: float, seeds: list[int]) -> list[list]
     return [codec.decode_notes(o) for o in out]
 
 
+@dataclass(frozen=True)
+class AccompanimentEvaluationOptions:
+    """What `evaluate_accompaniments` runs (the defaults of `musicrel evaluate-accompaniments`): the songs of
+    `split` (at most `limit`), an excerpt of `seconds` each, `seeds` samples per song and system, `systems`
+    (the `continuation` one needs its model folder), the models' `weights` while they decode."""
+
+    split: str = "test"
+    seeds: int = 3
+    seconds: float = 30.0
+    systems: tuple[str, ...] = SYSTEMS
+    continuation: str | None = None
+    limit: int | None = None
+    weights: str = DEFAULT_DECODE_WEIGHTS
+
+
+_DEFAULTS = AccompanimentEvaluationOptions()
+
+
 def evaluate_accompaniments(
     checkpoint,
     data_dir,
     *,
-    split: str = "test",
-    seeds: int = 3,
-    seconds: float = 30.0,
-    systems: tuple[str, ...] = SYSTEMS,
-    continuation: str | None = None,
-    limit: int | None = None,
+    split: str = _DEFAULTS.split,
+    seeds: int = _DEFAULTS.seeds,
+    seconds: float = _DEFAULTS.seconds,
+    systems: tuple[str, ...] = _DEFAULTS.systems,
+    continuation: str | None = _DEFAULTS.continuation,
+    limit: int | None = _DEFAULTS.limit,
     progress=None,
-    weights: str = DEFAULT_DECODE_WEIGHTS,
+    weights: str = _DEFAULTS.weights,
 ) -> dict:
     """The report (see the module docstring) as a dict: per system, per metric, mean and interval. `weights`:
     how the models hold their weights while they decode (DECODE_WEIGHTS)."""
@@ -360,7 +378,11 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(report: dict, out: Path) -> None:
+def write_report(report: dict, out) -> dict[str, Path]:
+    """report.json and report.txt (the console table) in `out` (created); returns their paths."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    (out / "report.txt").write_text(format_report(report) + "\n")
+    paths = {"json": out / "report.json", "txt": out / "report.txt"}
+    paths["json"].write_text(json.dumps(report, indent=1))
+    paths["txt"].write_text(format_report(report) + "\n")
+    return paths

@@ -91,6 +91,7 @@ class EvaluationOptions:
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise EvaluationError(f"{name} must be an integer >= 1, got {value!r}", code="invalid_params")
+        self.sampling()  # its checks (GenerationError invalid_params) before any model loads
 
     def sampling(self) -> SamplingParams:
         """The model's sampling for a continuation of `seconds` (its seed and samples are set per piece)."""

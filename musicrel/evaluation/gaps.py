@@ -94,6 +94,7 @@ class InfillEvaluationOptions:
                 )
         if not is_int(self.seed):
             raise InfillEvaluationError(f"seed must be an integer, got {self.seed!r}", code="invalid_params")
+        self.sampling(1.0, 0)  # its checks (GenerationError invalid_params) before any model loads
 
     def sampling(self, seconds: float, seed: int) -> SamplingParams:
         """The continuation's settings for a gap of `seconds` (the infill's are the same numbers)."""

@@ -44,7 +44,6 @@ from musicrel.generation.sampling import derived_seed
 from musicrel.midi.codec import open_pitches
 from musicrel.model.checkpoint import load_codec, load_model
 
-DEFAULT_CHECKPOINT = "checkpoints/infill"
 SYSTEMS = ("infill", "continuation", "copy-before")
 MODEL_SYSTEMS = ("infill", "continuation")  # systems that write tokens (scored for grammar too)
 SYSTEM_NOTES = {

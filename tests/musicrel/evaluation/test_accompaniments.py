@@ -105,3 +105,34 @@ def test_a_real_pop909_song_loads_with_its_annotations():
     hit, total = harmony(s.real, s)
     assert total > 10 and hit / total > 0.5  # the song's own piano part mostly plays the annotated chords
     assert len(s.chord_labels) == len(s.chords) and told_chords(s)  # its chords, as a control can take them
+
+
+def test_the_command_scores_the_baselines_and_writes_its_report(tmp_path, capsys):
+    """`musicrel evaluate-accompaniments` through the shared evaluation flow (musicrel.cli.tasks): its
+    options from the flags (--data, --systems), the table printed, report.json and report.txt written. The
+    baselines that need no model: the song's own piano part and the rule."""
+    import json
+
+    from musicrel.cli import main
+
+    songs = [SHARED_MIDI / "corpora" / "pop909" / name for name in ("001", "002")]
+    if not all(s.is_dir() for s in songs):
+        pytest.skip(f"POP909 not available at {songs[0].parent} (set MUSICREL_SHARED)")
+    files = [{"path": str(s / f"{s.name}.mid"), "source": "pop909"} for s in songs]
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"codec": {"melody": True}, "splits": {"test": {"files": files}}})
+    )
+    out = tmp_path / "out"
+    argv = ["evaluate-accompaniments", "--checkpoint", str(tmp_path / "unused"), "--data", str(tmp_path),
+            "--systems", "real,rule", "--seconds", "8", "--seeds", "1",
+            "--out", str(out), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "2 held-out POP909 songs (test), 8 s each, 1 seeds" in printed
+    assert f"wrote {out / 'report.json'}, {out / 'report.txt'}" in printed
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["metrics"]) == ["real", "rule"] and report["songs"] == 2
+    assert report["metrics"]["real"]["harmony"]["mean"] > 0.5  # the songs' own piano plays their chords
+    assert (out / "report.txt").read_text().startswith("2 held-out POP909 songs")
+    assert main([*argv[:-3], "--systems", "real,nonsense", "--quiet"]) == 2
+    assert "error [bad_systems]" in capsys.readouterr().err

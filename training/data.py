@@ -42,31 +42,53 @@ INFILL_MIN_EVENTS = 8  # a crop whose longest piece holds fewer events stays a c
 INFILL_LOSSES = ("all", "gap")
 
 
-def augment(codec, tokens: np.ndarray, semitones: int, factor: float) -> np.ndarray:
+def augment(codec, tokens: np.ndarray, semitones: int, factor: float, instrument: int = 0) -> np.ndarray:
     """Transpose and time-stretch a token sequence that may contain bos/eos/pad separators: the codec's
-    event-level functions are applied between separators, which stay in place."""
+    event-level functions are applied between separators, which stay in place. `instrument`: the one in
+    effect before the first token (a codec with instruments: drums are not transposed); a piece after a
+    separator starts with the piano's, as its encoding does."""
     tokens = np.asarray(tokens)
     if semitones == 0 and factor == 1.0:
         return tokens
-    special = tokens >= codec.pad_id
+    special = codec.is_special(tokens)  # INSTRUMENT tokens are events: they stay in their piece
     if not special.any():
-        return _augment_events(codec, tokens, semitones, factor)
+        return _augment_events(codec, tokens, semitones, factor, instrument)
     parts = []
     cuts = np.flatnonzero(special)
     prev = 0
     for c in cuts:
         if c > prev:
-            parts.append(_augment_events(codec, tokens[prev:c], semitones, factor))
+            parts.append(
+                _augment_events(codec, tokens[prev:c], semitones, factor, instrument if not prev else 0)
+            )
         parts.append(tokens[c : c + 1])
         prev = c + 1
     if prev < tokens.size:
-        parts.append(_augment_events(codec, tokens[prev:], semitones, factor))
+        parts.append(_augment_events(codec, tokens[prev:], semitones, factor, instrument if not prev else 0))
     return np.concatenate(parts)
 
 
-def _augment_events(codec, events: np.ndarray, semitones: int, factor: float) -> np.ndarray:
+def instrument_at(codec, stream: np.ndarray, start: int, instrument_index: np.ndarray | None) -> int:
+    """The instrument in effect before `stream[start]` (a codec with instruments; 0 otherwise): the last
+    INSTRUMENT token before it in its piece. `instrument_index`: where the stream's INSTRUMENT tokens are
+    (sorted), so a crop deep inside a drum solo need not scan back to it."""
+    if instrument_index is None or not len(instrument_index):
+        return 0
+    k = int(np.searchsorted(instrument_index, start)) - 1
+    if k < 0:
+        return 0
+    at = int(instrument_index[k])
+    between = np.asarray(stream[at + 1 : start])
+    if codec.is_special(between).any():  # a separator since: another piece, which starts with the piano
+        return 0
+    return int(stream[at]) - codec.instrument_offset
+
+
+def _augment_events(
+    codec, events: np.ndarray, semitones: int, factor: float, instrument: int = 0
+) -> np.ndarray:
     if semitones:
-        events = codec.transpose(events, semitones)
+        events = codec.transpose(events, semitones, instrument=instrument)
     if factor != 1.0:
         events = codec.stretch(events, factor)
     return np.asarray(events)
@@ -114,6 +136,12 @@ class CropDataset(Dataset):
             raise ConfigError("no source of the training split has tokens and a weight > 0", code="no_data")
         self.parts = None if sources is None or whole else parts
         self.cum = np.cumsum(mass) / mass.sum() if self.parts else None
+        # a codec with instruments: where its INSTRUMENT tokens are, so a crop knows which one it starts in
+        self.instruments = (
+            np.flatnonzero(codec.is_instrument(np.asarray(stream)))
+            if augment and codec.instrument_offset is not None
+            else None
+        )
 
     def __len__(self) -> int:
         return self.length
@@ -133,7 +161,8 @@ class CropDataset(Dataset):
         if self.augment:
             semitones = int(rng.integers(-self.transpose, self.transpose + 1))
             factor = float(self.stretch[int(rng.integers(len(self.stretch)))])
-            crop = augment(self.codec, crop, semitones, factor).astype(np.int64)
+            playing = instrument_at(self.codec, self.stream, start, self.instruments)
+            crop = augment(self.codec, crop, semitones, factor, playing).astype(np.int64)
         crop = crop[:want]
         if self.infill_rate > 0:
             # a generator of its own, so that infill_rate 0 draws exactly the crops it drew before
@@ -192,7 +221,7 @@ def infill_example(codec, crop: np.ndarray, rng: np.random.Generator, want: int)
     `want`), the past cut at its start to fit; bos/eos mark a past/future that reaches its piece's
     start/end."""
     crop = np.asarray(crop, dtype=np.int64)
-    special = crop >= codec.pad_id
+    special = codec.is_special(crop)
     bounds = np.concatenate([[-1], np.flatnonzero(special), [len(crop)]])
     lengths = np.diff(bounds) - 1
     k = int(np.argmax(lengths))

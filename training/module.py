@@ -189,7 +189,8 @@ def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
     are `cfg`'s and `codec`'s. Dropout and query chunking do not change the weights and may differ, and so
     may the codec's reading policies (tracks, caps). A model without melody tokens can start one with them:
     its rows are kept and a MELODY_ON/OFF row starts as the NOTE_ON/OFF row of its pitch; likewise a model
-    without infill markers can start one with them (each FUTURE/PAST/FILL row starts as the bos row)."""
+    without infill markers can start one with them (each FUTURE/PAST/FILL row starts as the bos row), and a
+    model without instruments one with them (`_instrument_rows`)."""
     from musicrel.errors import ConfigError
     from musicrel.midi.codec import CodecConfig, EventCodec
     from musicrel.model.checkpoint import load_model, read_config
@@ -212,6 +213,7 @@ def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
         same = all(getattr(old.config, k) == getattr(new.config, k) for k in meaning)
         same &= old.config.melody == new.config.melody or not old.config.melody
         same &= old.config.infill == new.config.infill or not old.config.infill
+        same &= old.config.instruments == new.config.instruments or not old.config.instruments
     if not same:
         raise ConfigError(
             f"init_from {folder}: the model was trained with other codec settings than the data's "
@@ -232,17 +234,57 @@ def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
             source[new.future_id : new.fill_id + 1] = [old.future_id, old.past_id, old.fill_id]
         elif new.fill_id is not None:  # each marker starts a segment, as bos starts a piece
             source[new.future_id : new.fill_id + 1] = old.bos_id
+        if new.instrument_offset is not None:  # old's rows, or placeholders `_instrument_rows` replaces
+            count = new.num_instruments
+            first = old.instrument_offset if old.instrument_offset is not None else old.note_on_offset
+            source[new.instrument_offset : new.instrument_offset + count] = first + np.arange(count) % 128
         index = torch.as_tensor(source)
         state = {
             k: v.index_select(0, index) if k in ("tok_emb.weight", "head.weight") else v
             for k, v in state.items()
         }
+        if new.instrument_offset is not None and old.instrument_offset is None:
+            state = _instrument_rows(state, new, cfg.tie_embeddings)
     if cfg.vocab_size != state["tok_emb.weight"].shape[0]:
         raise ConfigError(
             f"init_from {folder}: vocab_size {state['tok_emb.weight'].shape[0]} there, {cfg.vocab_size} here",
             code="shape_mismatch",
         )
     return state
+
+
+# The spread of the new INSTRUMENT rows around their start, as a share of the note-on rows' own spread.
+INSTRUMENT_ROW_NOISE = 0.1
+
+
+def _instrument_rows(state: dict, codec, tied: bool) -> dict:
+    """A piano model's vocabulary grown by INSTRUMENT tokens: each new row starts as the mean of the NOTE_ON
+    rows plus a little noise. Why: an INSTRUMENT token stands where note events are and announces the notes
+    after it, so the mean note-on row puts it in the part of the embedding space the layers already read as
+    "a note is played here" (no new token may look like a time shift or a special to them); with the head
+    tied, its logit starts near a typical note-on's rather than anywhere, and training only has to move it.
+    The noise (INSTRUMENT_ROW_NOISE of the note-on rows' spread, a fixed generator, so a run is repeatable)
+    makes the 129 rows differ, so the instruments can be told apart from the first step. The head row is the
+    same tensor as the embedding's where they are tied."""
+    emb = state["tok_emb.weight"].clone()
+    notes = emb[codec.note_on_offset : codec.note_on_offset + 128]
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(codec.num_instruments, emb.size(1), generator=gen, dtype=emb.dtype)
+    rows = notes.mean(dim=0) + INSTRUMENT_ROW_NOISE * notes.std(dim=0) * noise
+    emb[codec.instrument_offset : codec.instrument_offset + codec.num_instruments] = rows
+    out = dict(state, **{"tok_emb.weight": emb})
+    if "head.weight" in state:
+        head = state["head.weight"]
+        if tied:
+            out["head.weight"] = emb
+        else:  # an untied head: its own note-on rows' mean, the same noise scaled to them
+            head = head.clone()
+            hn = head[codec.note_on_offset : codec.note_on_offset + 128]
+            head[codec.instrument_offset : codec.instrument_offset + codec.num_instruments] = (
+                hn.mean(dim=0) + INSTRUMENT_ROW_NOISE * hn.std(dim=0) * noise
+            )
+            out["head.weight"] = head
+    return out
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:

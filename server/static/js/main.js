@@ -3,7 +3,7 @@
 // WebAudio synth (synth.js), and offers three modes, each one definition (modes/*.js) that the shared
 // request (task.js) and answer (results.js) read. This module only wires the page together.
 
-import { $, app } from "./dom.js";
+import { $ } from "./dom.js";
 import { wireFields } from "./fields.js";
 import { loadExamples, wireInput } from "./input.js";
 import { parseMidi } from "./midi.js";
@@ -28,7 +28,7 @@ wireFill();
 
 $("form").addEventListener("submit", (e) => {
   e.preventDefault();
-  if (state.motifFile && app.dataset.state !== "loading") submit(mode());
+  submit(mode());
 });
 $("cancel").addEventListener("click", cancel);
 $("play-all").addEventListener("click", () => play("all"));

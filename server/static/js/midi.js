@@ -1,7 +1,7 @@
 // Standard MIDI File parser: header, tracks, running status, note on/off, tempo map -> seconds. The page's own
 // reading of a file, for the roll and the player; the server's verdict on a file is the one that counts.
 
-export class MidiParseError extends Error {}
+class MidiParseError extends Error {}
 
 export function parseMidi(buffer) {
   const data = new Uint8Array(buffer);

@@ -1,12 +1,21 @@
-// The page's modes (continue, accompany, fill) are each one definition (modes/*.js) read by the shared parts:
-// its texts, the fields it sends, its request, and how the file and its answer are drawn, labelled and played.
-// The definitions register here, so the shared parts (task.js, results.js) never import a mode.
-//
-// A definition: name (also the .NAME-only class of its own fields in index.html); text (button, legend, play
-// buttons, status lines, busy verb); fields (the inputs it sends beside the sampling ones) and addFields(fd);
-// endpoint, or request(form, signal, started) for more than a plain POST; input() (the file before any
-// answer: {notes, label, shade?, playCont?}); split(body) (an answer's sample -> motif and new notes);
-// span(answer?) for a mode that marks a span; optional hooks loaded(), entered(), check(), answered(), play().
+// The page's modes (continue, accompany, fill) are each one definition (modes/*.js), registered here and read
+// by the shared parts (task.js sends, results.js shows, mode-switch.js switches), which never import a mode.
+// A definition holds:
+//   name                     also names its own fields in index.html (.NAME-only; .no-NAME: hidden in it)
+//   text                     words on the button, legend and play buttons, the status lines, the busy verb
+//   fields, addFields(fd)    the inputs it sends beside the sampling ones; what is not one input's value
+//   endpoint, request(form, signal, started)   a plain POST to it, or a request of its own (a stream)
+//   startAudio(), answered(body)   audio opened within the click; what follows the answer (playing it)
+//   check()                  a complaint of its own before the browser's checks of the fields
+//   loaded(), entered()      a new file; the switch to this mode
+//   input()                  the file before any answer: {notes, label, shade?, playCont?}
+//   span(answer?)            the span it marks on the roll (with the file's bars)
+//   split(body)              -> (a sample's parsed MIDI) => {motifNotes, contNotes, boundary}
+//   untitled, fileTag(body)  the download's name
+//   rollLabel(...), download, noteCount(sample)   a sample in words
+//   stages, timingNotes(body), summary(body, samples), done(body, samples)   the answer's facts in words
+//   keepsPlaying, rerolls, defaultsOf, play(which)   where it differs: live playback, Re-roll, whose
+//                            sampling defaults it takes, its own play buttons
 
 import { $ } from "./dom.js";
 import { roll, state } from "./state.js";

@@ -21,7 +21,7 @@ function playSpan(notes) {
   synth.play(heard, from);
 }
 
-export const fillMode = defineMode({
+const fillMode = defineMode({
   name: "fill",
   text: { button: "Fill", motif: "kept", cont: "new notes", playMotif: "▶ Original", playCont: "▶ Span in place",
     program: "the motif's", key: "auto (the key around the span)",

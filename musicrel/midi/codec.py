@@ -26,8 +26,10 @@ Choices a caller can rely on:
   General MIDI program, or DRUMS for a drum track (channel 10) whatever its program; drums are kept (merged or
   selected). An INSTRUMENT token precedes a note event (on or off) whose instrument differs from the previous
   note event's; time shifts, SET_VELOCITY (one velocity state for all) and the pedal are shared. At one step:
-  the pedal, then instrument by instrument in ascending order (drums last), each note-offs before note-ons by
-  pitch, so an instrument is switched to once per step; INSTRUMENT comes before the SET_VELOCITY of its note.
+  the pedal, then instrument by instrument, each note-offs before note-ons by pitch, so an instrument is
+  switched to at most once per step: first the instrument of the previous note event when it plays at this
+  step (it needs no INSTRUMENT token: 15-45 % fewer of them on the multi corpus), then the others by number
+  (drums last); INSTRUMENT comes before the SET_VELOCITY of its note.
   One sounding note per (instrument, pitch). Tracks of one program (a quartet's two violins) are one
   instrument: merged as a piano's two hands are. A note's program is the one in effect at its note-off
   (pretty_midi's rule), so a program change inside a track splits it into instruments. decode gives one

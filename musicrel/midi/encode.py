@@ -72,6 +72,9 @@ def events(codec, notes: Notes) -> tuple[np.ndarray, np.ndarray]:
     # at one step: the pedal, then instrument by instrument (ascending, drums last), offs before ons, by pitch
     order = np.lexsort((key, kind, ins, time))
     time, kind, tok, ins, vbin = time[order], kind[order], tok[order], ins[order], vbin[order]
+    if with_inst:  # the instrument already playing goes first at its step: one switch fewer
+        order = np.lexsort((_rotated(time, ins, kind > 0), time))  # stable: the rest of the order holds
+        time, kind, tok, ins, vbin = time[order], kind[order], tok[order], ins[order], vbin[order]
     # SET_VELOCITY only when the bin differs from the previous note-on's
     on = np.flatnonzero(kind == 2)
     on_bins = vbin[on]
@@ -89,6 +92,36 @@ def events(codec, notes: Notes) -> tuple[np.ndarray, np.ndarray]:
     tok = np.insert(tok, at, new)
     time = np.insert(time, at, time[at])
     return time, tok
+
+
+def _rotated(time: np.ndarray, ins: np.ndarray, note: np.ndarray) -> np.ndarray:
+    """(N,) int64: the order of each event's instrument at its step (`time`, `ins` sorted by step, then
+    instrument): the instrument of the previous step's last note event first (-1) when it plays at this step,
+    the others by number; the pedal (not a note event) before all (-2). Saves one INSTRUMENT token a step
+    where an instrument goes on playing: on the multi corpus 15 to 45 % of them (a file's steps are walked
+    in Python, once per (step, instrument))."""
+    out = np.full(len(time), -2, dtype=np.int64)
+    where = np.flatnonzero(note)
+    if not len(where):
+        return out
+    pair = time[where] * 256 + ins[where]  # sorted: by step, then instrument (< 256)
+    first = np.concatenate(([True], pair[1:] != pair[:-1]))
+    uniq_t, uniq_i = time[where][first].tolist(), ins[where][first].tolist()
+    rank = list(uniq_i)
+    last, a = -1, 0
+    while a < len(uniq_t):
+        b = a
+        while b < len(uniq_t) and uniq_t[b] == uniq_t[a]:
+            b += 1
+        step = uniq_i[a:b]
+        if last in step and len(step) > 1:
+            rank[a + step.index(last)] = -1
+            last = step[-1] if step[-1] != last else step[-2]
+        else:
+            last = step[-1]
+        a = b
+    out[where] = np.asarray(rank, dtype=np.int64)[np.cumsum(first) - 1]
+    return out
 
 
 def with_shifts(codec, time: np.ndarray, tok: np.ndarray, end_time: int | None = None) -> np.ndarray:

@@ -181,8 +181,23 @@ def test_instrument_token_before_a_note_event_of_another_instrument():
     assert c.encode(pm).tolist() == [
         piano, v80, 60, bass, 40, drums, v100, 36,
         shift(10), 128 + 36,  # the drums' note-off: the drums are already the instrument
-        shift(40), piano, 128 + 60, bass, 128 + 40, v80, 41,  # piano first again: ascending at every step
+        shift(40), piano, 128 + 60, bass, 128 + 40, v80, 41,  # the drums, last heard, are silent: by number
         shift(10), 128 + 41,
+    ]  # fmt: skip
+
+
+def test_the_instrument_playing_goes_first_at_the_next_step():
+    c = EventCodec(INST)
+    piano, bass = c.instrument_offset, c.instrument_offset + 33
+    pm = pm_with(
+        (0, False, [(0.0, 0.1, 60, 80), (0.1, 0.2, 62, 80)], []),
+        (33, False, [(0.0, 0.1, 40, 80), (0.1, 0.2, 41, 80)], []),
+    )
+    v80 = c.velocity_offset + 80 * 32 // 128
+    assert c.encode(pm).tolist() == [
+        piano, v80, 60, bass, 40,
+        c.time_shift_offset + 9, 128 + 40, 41, piano, 128 + 60, 62,  # the bass goes on first: one switch
+        c.time_shift_offset + 9, 128 + 60 + 2, bass, 128 + 41,  # the piano, still playing, first again
     ]  # fmt: skip
 
 

@@ -10,6 +10,8 @@ and float32 as trained, side by side, with the ratio):
 - the first-note latency at batch 1: from the call (a fresh DecodeBatch, the primer's prefill included) to
   the first NOTE_ON token sampled (how many tokens come before it is the model's own choice: a trained
   model's says something, random weights' only that the grammar and controls let a note through);
+- where a batch-1 step goes: its time in the model's forward and in the rest (the grammar, the controls, the
+  sampler, the batch's bookkeeping), timed inside the same steps (`step_split`);
 - memory: the weights (as held while decoding), the KV cache at full context (`new_cache`) for 1 and 8 rows,
   and the peak growth of the resident set (VmHWM) while a job decodes into the full window: a primer as long
   as the service takes (3/4 of the window), then a few tokens, which grow the cache to the whole window. In a
@@ -199,6 +201,41 @@ def decode(model, codec, primer, tokens: int, rows: int) -> tuple[int, float]:
     return result.new_tokens, result.timings["decode"]
 
 
+class _TimedModel:
+    """`model` as the decode loop sees it, adding up the seconds its one-token forward passes take (a
+    prefill, of many tokens, is not a step's). On the CPU, where the bench runs, an operation is done when
+    it returns."""
+
+    def __init__(self, model):
+        self.__dict__.update(model=model, seconds=0.0)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, tokens, *args, **kwargs):
+        start = time.perf_counter()
+        out = self.model(tokens, *args, **kwargs)
+        if tokens.size(1) == 1:
+            self.__dict__["seconds"] += time.perf_counter() - start
+        return out
+
+
+def step_split(model, codec, primer, tokens: int) -> tuple[float, float]:
+    """(seconds per batch-1 step, of which in the model's forward): one row decoding `tokens` tokens after
+    `primer` through a DecodeBatch, as `decode` does; the steps timed whole, the forward inside them."""
+    from musicrel.generation.decode_batch import DecodeBatch
+
+    timed = _TimedModel(model)
+    batch = DecodeBatch(timed, codec, max_rows=1)
+    batch.admit([(primer, _params(tokens + 1, 1))])
+    batch.step()  # the first step grows the cache: not a typical step
+    timed.seconds = 0.0
+    start = time.perf_counter()
+    for _ in range(tokens):
+        batch.step()
+    return (time.perf_counter() - start) / tokens, timed.seconds / tokens
+
+
 def first_note(model, codec, primer, tokens: int) -> tuple[float | None, int]:
     """(seconds from the call to the first NOTE_ON sampled, tokens up to it) for one row; (None, tokens) when
     none came in `tokens` tokens. A fresh DecodeBatch, as a request whose primer is not cached meets."""
@@ -277,6 +314,8 @@ class ShapeResult:
     kv_bytes: dict[int, int] = field(default_factory=dict)  # rows -> bytes at the whole window
     peak_rss_bytes: dict[int, int] = field(default_factory=dict)  # rows -> VmHWM growth decoding to it
     memory_primer_events: int = 0
+    step_s: float = 0.0  # median seconds of a batch-1 step
+    model_s: float = 0.0  # of which in the model's forward (median over the same repetitions)
 
 
 def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]:
@@ -296,6 +335,7 @@ def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]
         for rows in ROWS:
             fns[name, rows] = lambda m=model, c=codec, p=primers[name], r=rows: decode(m, c, p, tokens, r)
         fns[name, "first"] = lambda m=model, c=codec, p=primers[name]: first_note(m, c, p, tokens)
+        fns[name, "split"] = lambda m=model, c=codec, p=primers[name]: step_split(m, c, p, tokens)
     runs = side_by_side(fns, repeats, alternate=True)
 
     results = []
@@ -323,6 +363,8 @@ def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]
                 kv_bytes=memory["kv_bytes"],
                 peak_rss_bytes=memory["peak_rss_bytes"],
                 memory_primer_events=memory["primer_events"],
+                step_s=statistics.median(s for s, _ in runs[shape.label, "split"]),
+                model_s=statistics.median(m for _, m in runs[shape.label, "split"]),
             )
         )
     return results
@@ -354,6 +396,22 @@ def table(results: list[ShapeResult]) -> list[str]:
                 f"{r.peak_rss_bytes[1] / MIB:.1f} / {r.peak_rss_bytes[8] / MIB:.1f}",
             )
         )
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    line = " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    return [line, "-" * len(line)] + [
+        " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+    ]
+
+
+def split_table(results: list[ShapeResult]) -> list[str]:
+    """Where a batch-1 step goes, per shape and weights: the model's forward, and the rest."""
+    header = ("batch-1 step", "weights", "step ms", "model ms", "rest ms", "rest share")
+    rows = []
+    for r in results:
+        rest = r.step_s - r.model_s
+        share = f"{100 * rest / r.step_s:.0f} %" if r.step_s > 0 else "n/a"
+        rows.append((f"{r.name} ({r.layers}x{r.d_model})", r.weights, f"{1e3 * r.step_s:.2f}",
+                     f"{1e3 * r.model_s:.2f}", f"{1e3 * rest:.2f}", share))  # fmt: skip
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     line = " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
     return [line, "-" * len(line)] + [
@@ -394,7 +452,7 @@ def run(args) -> int:
         f"per row per measurement, median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} CPUs, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'default')}"
     )
-    for line in table(results) + ratios(results):
+    for line in table(results) + ratios(results) + [""] + split_table(results):
         print(line)
     primers = sorted({r.primer_events for r in results})
     for note in (
@@ -403,6 +461,9 @@ def run(args) -> int:
         f"{'/'.join(map(str, primers))} events of real notes; b8: the 8 rows together (each gets 1/8).",
         "First note: batch 1, from the call to the first NOTE_ON sampled (prefill included; tokens up to "
         "it).",
+        "Batch-1 step: the same steps timed whole and in the model's forward (token in, logits out); the "
+        "rest is the grammar, the controls, the sampler and the batch's bookkeeping, measured in one run "
+        "beside the rows above.",
         "Weights: as held while decoding (int8: every layer the CPU's int8 kernel takes; the service's "
         "default). KV: the cache at the whole context. Peak RSS: its growth while a job "
         "with a 3/4-window primer decodes into the whole window (prefill included), in a fresh process.",

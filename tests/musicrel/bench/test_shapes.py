@@ -69,6 +69,34 @@ def test_events_and_rates_agree(result):
     assert 0 < result.primer_events <= 192  # 3/4 of the window at most, as the service takes
     assert result.first_note_s is not None and result.first_note_s > 0
     assert 1 <= result.first_note_tokens <= TOKENS
+    # a batch-1 step: its model part is inside it, and both are real times
+    assert 0 < result.model_s < result.step_s < 1.0
+
+
+def test_the_split_times_the_one_token_forwards_inside_the_steps(configs):
+    """step_split's model time is the forward of each step (prefills, of many tokens, are not counted);
+    the rest, the grammar and sampler, is what is left of the same steps."""
+    import time
+
+    from musicrel.bench.shapes import step_split
+
+    model, codec = build(config_shape("default", configs))
+    calls = []
+    forward = model.forward
+
+    def sleepy(tokens, *args, **kwargs):  # every one-token forward made 20 ms longer
+        calls.append(tokens.size(1))
+        if tokens.size(1) == 1:
+            time.sleep(0.02)
+        return forward(tokens, *args, **kwargs)
+
+    model.forward = sleepy
+    try:
+        step_s, model_s = step_split(model, codec, motif_primer(codec, 32), 3)
+    finally:
+        del model.forward
+    assert calls.count(1) == 4 and len(calls) == 5  # one prefill, a warm-up step and the 3 timed
+    assert model_s >= 0.02 and step_s > model_s
 
 
 def test_memory_agrees_with_the_model_and_its_cache(result, configs):
@@ -136,6 +164,14 @@ def test_bench_shapes_prints_a_row_per_shape_and_the_verdict(configs, tmp_path, 
     ratio = [line for line in lines if line.startswith("int8 / float32, default:")]
     assert len(ratio) == 1 and "RTF b1" in ratio[0] and "the bytes" in ratio[0]
     assert any(f"/ {EVENTS_PER_SECOND_OF_MUSIC:g}" in line for line in lines)
+    # the batch-1 step's split: a row per model and weights, the rest what the model leaves of the step
+    start = next(i for i, line in enumerate(lines) if line.startswith("batch-1 step"))
+    split = [[c.strip() for c in line.split("|")] for line in lines[start + 2 : start + 6]]
+    assert [(r[0], r[1]) for r in split] == list(zip(names, ["int8", "float32"] * 2, strict=True))
+    for r in split:
+        step, model, rest = float(r[2]), float(r[3]), float(r[4])
+        assert step > 0 and model > 0 and rest == pytest.approx(step - model, abs=0.011)
+        assert 0 <= float(r[5].rstrip(" %")) <= 100
     assert lines[-1].startswith("serve: ")
 
 

@@ -60,8 +60,13 @@ def evaluate(
 
     model, codec = load_model(checkpoint, weights=weights), load_codec(checkpoint)
     manifest = load_manifest(data)
-    # fields added since: their defaults; infill markers add tokens, never change the prepared ones
-    if CodecConfig.from_dict({**manifest["codec"], "infill": codec.config.infill}) != codec.config:
+    # fields added since: their defaults; infill markers add tokens, never change the prepared ones; so do
+    # INSTRUMENT tokens for a folder prepared without them (a stream without one is the piano's to a model
+    # with instruments, as decoding reads it): its piano NLL is on the very tokens a piano model is scored on
+    same = {"infill": codec.config.infill}
+    if not manifest["codec"].get("instruments"):
+        same["instruments"] = codec.config.instruments
+    if CodecConfig.from_dict({**manifest["codec"], **same}) != codec.config:
         raise ConfigError(
             f"{data} was prepared with other codec settings than the model's; "
             "re-run `musicrel prepare` with the model's codec",

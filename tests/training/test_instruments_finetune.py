@@ -124,6 +124,13 @@ def test_fine_tune_a_piano_model_on_a_band_mix(pattern_midi_dir, tiny_data, tmp_
     assert model.tok_emb.weight.shape[0] == 520 and start.tok_emb.weight.shape[0] == 391
     assert model.head.weight is model.tok_emb.weight
     assert main(["evaluate", "--checkpoint", str(mixed), "--data", str(data), "--split", "val"]) == 0
+    # the piano's NLL on the very tokens a piano model is scored on: a folder prepared without instruments
+    from training.evaluate import evaluate
+
+    assert evaluate(mixed, tiny_data, split="val")["nll"] > 0
+    with pytest.raises(ConfigError) as err:  # a piano model cannot read a folder with instruments
+        evaluate(piano, data, split="val")
+    assert err.value.code == "codec_mismatch"
 
 
 def test_crops_know_the_instrument_they_start_in():

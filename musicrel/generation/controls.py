@@ -474,15 +474,15 @@ class DensityLoop:
         """After a token: `struck` (B,) whether it was a note-on, `seconds` (B,) the music time it took."""
         import torch
 
-        self.recent = self.recent * torch.exp(-seconds / DENSITY_WINDOW) + struck
+        # The same arithmetic as written out in the class docstring, in as few tensor operations as it takes
+        # (a decoding step runs it for every row).
+        self.recent = self.recent * (seconds * (-1.0 / DENSITY_WINDOW)).exp() + struck
         rate = self.recent.clamp(min=0.1) / DENSITY_WINDOW
         error = self.log_target - rate.log()  # > 0: too few notes
         limit = DENSITY_MAX_BIAS / DENSITY_KI
-        self.integral = (self.integral + error * seconds).clamp(-limit, limit)
-        bias = (self.start + DENSITY_KP * error + DENSITY_KI * self.integral).clamp(
-            -DENSITY_MAX_BIAS, DENSITY_MAX_BIAS
-        )
-        self.bias = torch.where(self.on, bias, 0.0)
+        self.integral = torch.addcmul(self.integral, error, seconds).clamp_(-limit, limit)
+        bias = torch.add(self.start, error, alpha=DENSITY_KP).add_(self.integral, alpha=DENSITY_KI)
+        self.bias = bias.clamp_(-DENSITY_MAX_BIAS, DENSITY_MAX_BIAS) * self.on  # 0 for rows without
 
     def select(self, rows) -> None:
         for name in self.ROWS:

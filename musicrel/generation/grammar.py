@@ -43,6 +43,8 @@ MAX_REPEATS = 8
 
 _FOREVER = 2**62  # steps: "no limit" that still adds to an onset without overflow
 _SILENT = -(2**62)  # onset of a pitch that is not sounding
+_FAR = 1000  # a pitch further from every pitch than any other (`_repair_orphans`)
+_TINY = torch.finfo(torch.float32).tiny  # divides a mass that may be 0 (what it scales is 0 then)
 
 
 class Grammar:
@@ -184,32 +186,35 @@ class Grammar:
         self.inst.store(self.open, self.onset)
 
     def constrain(self, logits: Tensor) -> Tensor:
-        logits = self._repair_orphans(logits)
+        """Logits (B, V) -> the log-probabilities the rules leave (-inf: not allowed).
+
+        The rules work on probabilities (`_repair_orphans` takes the softmax, the mask takes the log): a move
+        of mass is then a product and a sum, where in logits it took two logsumexps; the same masks and mass
+        moves, in a fixed few batched operations and without asking the device anything."""
+        probs = self._repair_orphans(logits)
         if self.any_control:
-            logits = self._steer(logits)
-        logits = self._vary(logits)
-        allowed = self.allowed.expand_as(logits).clone()  # (B, V)
-        allowed[:, self.off0 : self.off0 + 128] = self.open
+            probs = self._steer(probs)
+        probs = self._vary(probs)
         # Before its cut a row only covers the silence already heard (no overdue note there: `deadline`).
-        allowed &= join_mask(self.steps_per_token, self.elapsed, self.max_shift)
+        allowed = self.allowed & join_mask(self.steps_per_token, self.elapsed, self.max_shift)  # (B, V)
         overdue = self.overdue()
-        forced = overdue.any(dim=1)  # (B,) these rows must close a note now
-        if bool(forced.any()):
-            allowed[forced] = False
-            allowed[forced, self.off0 : self.off0 + 128] = overdue[forced]
+        forced = overdue.any(dim=1, keepdim=True)  # (B, 1) these rows must close a note now, and only that
+        off = allowed[:, self.off0 : self.off0 + 128]
+        allowed &= ~forced
+        allowed[:, self.off0 : self.off0 + 128] = torch.where(forced, overdue, off & self.open)
         if self.inst is not None:
-            self.inst.constrain(allowed, forced, self.elapsed, self.max_hold, self.codec)
-        return logits.masked_fill(~allowed, float("-inf"))
+            self.inst.constrain(allowed, forced.squeeze(1), self.elapsed, self.max_hold, self.codec)
+        return (probs * allowed).log()
 
-    def _steer(self, logits: Tensor) -> Tensor:
-        """The controls' biases and masks on the note-on logits, and density's on the time shifts (`logits`
-        is this step's own tensor).
+    def _steer(self, probs: Tensor) -> Tensor:
+        """The controls' biases and masks on the note-ons' probabilities, and density's on the time shifts'
+        (`probs`, unnormalized, is this step's own tensor: changed in place). A bias of b nats multiplies a
+        probability by e**b.
 
-        Key, chord and range move mass among the note-ons (the block is shifted back to its log-mass before
-        them), so a key does not thin the music out and density alone sets how many notes; the polyphony cap
-        and the density bias then change the note-ons' share of the whole."""
-        on = slice(self.on0, self.on0 + 128)
-        block = logits[:, on]  # (B, 128)
+        Key, chord and range move mass among the note-ons (the block is scaled back to its mass after them),
+        so a key does not thin the music out and density alone sets how many notes; the polyphony cap and the
+        density bias then change the note-ons' share of the whole."""
+        block = probs[:, self.on0 : self.on0 + 128]  # (B, 128), a view: the rules below write through it
         # Each rule runs only when some row has it: the common single control costs its own ops alone.
         if self.any_pitch or self.any_chords:
             bias = self.pitch_bias
@@ -218,10 +223,10 @@ class Grammar:
                 chord = (pos[:, None] >= self.chord_ends).sum(dim=1).clamp(max=self.chord_ends.size(1) - 1)
                 rows = torch.arange(block.size(0), device=block.device)
                 bias = bias + self.chord_bias[rows, chord]  # (B, 128)
-            steered = block + bias
-            keep_mass = block.logsumexp(dim=1) - steered.logsumexp(dim=1)  # (B,)
-            # Nothing to keep (no note-on had mass) or nothing left (every pitch masked): no shift.
-            block = steered + torch.where(keep_mass.isfinite(), keep_mass, 0.0)[:, None]
+            mass = block.sum(dim=1, keepdim=True)  # (B, 1)
+            block *= bias.exp()
+            # Nothing to keep (no note-on had mass) or nothing left (every pitch masked): the block stays 0.
+            block *= mass / block.sum(dim=1, keepdim=True).clamp_min(_TINY)
         if self.any_density:
             # Fewer notes: note-ons lose to everything else. More notes: waiting (the time shifts) loses to
             # note events, note-offs as much as note-ons (a bias on note-ons alone struck new notes instead of
@@ -229,58 +234,53 @@ class Grammar:
             # clusters onto a sparse motif). The gap itself is chosen at the shift, where a note-on bias
             # cannot reach (after a shift, with nothing to close, a note-on is all the model considers): the
             # shifts are tilted toward longer ones when notes come too fast, shorter when too slow.
-            bias = self.density.bias  # (B,)
-            block = block + bias.clamp(max=0.0)[:, None]
-            struck_now = (self.onset == self.elapsed[:, None]).sum(dim=1)  # (B,) notes struck at this instant
-            wait = torch.where(struck_now >= DENSITY_CHORD, 0.0, -bias.clamp(min=0.0))  # (B,)
-            tilt = -DENSITY_SHIFT_TILT * bias  # (B,) nats per second of shift
-            shifts = slice(self.shift0, self.shift0 + self.max_shift)
-            logits[:, shifts] += wait[:, None] + tilt[:, None] * self.shift_seconds[None, :]
+            bias = self.density.bias[:, None]  # (B, 1)
+            block *= bias.clamp(max=0.0).exp()
+            struck_now = (self.onset == self.elapsed[:, None]).sum(dim=1, keepdim=True)  # (B, 1) now
+            wait = bias.clamp(min=0.0) * (struck_now < DENSITY_CHORD)  # (B, 1): nats the shifts lose
+            tilt = bias * self._constants().shift_tilt  # (B, max_shift): nats
+            probs[:, self.shift0 : self.shift0 + self.max_shift] *= (tilt - wait).exp()
         if self.any_cap:
             # A note struck and released on this step still sounds for one step (the codec decodes it so).
             sounding = self.open | (self.onset == self.elapsed[:, None])  # (B, 128)
-            full = (sounding.sum(dim=1) >= self.max_poly)[:, None] & ~sounding  # (B, 128): new notes wait
-            block = block.masked_fill(full, float("-inf"))
-        logits[:, on] = block
-        return logits
+            full = (sounding.sum(dim=1, keepdim=True) >= self.max_poly[:, None]) & ~sounding  # new notes wait
+            block.masked_fill_(full, 0.0)
+        return probs
 
-    def _vary(self, logits: Tensor) -> Tensor:
+    def _vary(self, probs: Tensor) -> Tensor:
         """Move the note-on mass of each pitch that has MAX_REPEATS of the row's last REPEAT_WINDOW note-ons
-        to the other note-ons, in the proportions the model (and the controls) gave them (`logits` is this
+        to the other note-ons, in the proportions the model (and the controls) gave them (`probs` is this
         step's own tensor). A row where no other pitch may sound (the controls masked them all) keeps its
         note-ons: the rule never forces a rest."""
-        pitch = torch.arange(128, device=logits.device)
-        counts = (self.recent_pitches[:, :, None] == pitch).sum(dim=1)  # (B, 128)
+        counts = (self.recent_pitches[:, :, None] == self._constants().pitch).sum(dim=1)  # (B, 128)
         worn = counts >= MAX_REPEATS  # (B, 128); no early return: `any` would cost a device sync per step
         if self.inst is not None:
             worn &= (self.inst.current != DRUMS)[:, None]  # a drum pattern repeats its pitches
-        on = slice(self.on0, self.on0 + 128)
-        block = logits[:, on]
-        varied = block.masked_fill(worn, float("-inf"))
-        keep_mass = block.logsumexp(dim=1) - varied.logsumexp(dim=1)  # (B,)
-        moved = varied + torch.where(keep_mass.isfinite(), keep_mass, 0.0)[:, None]
-        logits[:, on] = torch.where(varied.isfinite().any(dim=1, keepdim=True), moved, block)
-        return logits
+        block = probs[:, self.on0 : self.on0 + 128]
+        varied = block.masked_fill(worn, 0.0)
+        left = varied.sum(dim=1, keepdim=True)  # (B, 1)
+        moved = varied * (block.sum(dim=1, keepdim=True) / left.clamp_min(_TINY))
+        block.copy_(torch.where(left > 0, moved, block))
+        return probs
 
     def _repair_orphans(self, logits: Tensor) -> Tensor:
-        """Move the probability of each orphan note-off to the note-off of the nearest sounding pitch.
+        """The probabilities of `logits` (B, V), with the probability of each orphan note-off moved to the
+        note-off of the nearest sounding pitch (a tie: the lower one).
 
         A note-off for a pitch that is not sounding means "a note ends now" from a model that lost track of
         which one; masking it alone would spread that mass over every other token (mostly more note-ons and
         time), so notes the model meant to end ring on and pile up. On real piano/pop this took mean
-        polyphony from 8.5 to 3.8 (the pieces: 3.6). Rows with nothing sounding keep their logits."""
-        off = slice(self.off0, self.off0 + 128)
+        polyphony from 8.5 to 3.8 (the pieces: 3.6). Only the sounding pitches' note-offs mean anything
+        after this (a sounding pitch is its own nearest: it keeps its mass); `constrain` masks the others."""
         probs = logits.float().softmax(dim=-1)  # (B, V)
-        orphan = probs[:, off] * ~self.open  # (B, 128)
-        # nearest sounding pitch at or below / at or above each pitch (-1 / 128 where there is none)
-        pitch = torch.arange(128, device=logits.device).expand_as(self.open)
-        below = torch.where(self.open, pitch, -1).cummax(dim=1).values
-        above = torch.where(self.open, pitch, 128).flip(1).cummin(dim=1).values.flip(1)
-        use_below = (above > 127) | ((below >= 0) & (pitch - below <= above - pitch))
-        nearest = torch.where(use_below, below, above).clamp(0, 127)  # (B, 128)
-        moved = torch.zeros_like(orphan).scatter_add_(1, nearest, orphan) * self.open.any(dim=1, keepdim=True)
-        probs[:, off] += moved
-        return probs.log()  # orphans keep their mass here; `constrain` masks them next
+        # nearest sounding pitch at or below / at or above each pitch (far off where there is none)
+        k = self._constants()
+        below = torch.where(self.open, k.pitch, k.far_below).cummax(dim=1).values
+        above = torch.where(self.open, k.pitch, k.far_above).flip(1).cummin(dim=1).values.flip(1)
+        nearest = torch.where(below + above >= k.twice_pitch, below, above).clamp(0, 127)  # (B, 128)
+        off = probs[:, self.off0 : self.off0 + 128]
+        off.copy_(torch.zeros_like(off).scatter_add_(1, nearest, off))
+        return probs
 
     def select(self, rows: Tensor) -> None:
         """Keep only `rows` (dropped rows are done)."""
@@ -310,26 +310,29 @@ class Grammar:
     def advance(self, tokens: Tensor) -> Tensor:
         """Record the sampled tokens (B,); returns them with shifts that cross the row's time limit or a
         note's max_hold cut short to land on it."""
-        steps = self.steps_per_token[tokens]
         deadline = torch.where(self.open, self.deadline(), _FOREVER).amin(dim=1)  # (B,)
         if self.inst is not None:  # every instrument's notes, not only the current one's
             self._sync()
             deadline = torch.minimum(deadline, self.inst.deadline(self.max_hold))
         remaining = torch.minimum(self.limit, deadline) - self.elapsed
+        steps = self.steps_per_token[tokens]
         cut = (steps > remaining) & (remaining > 0)
-        tokens = torch.where(cut, self.shift0 + remaining.clamp(1, self.max_shift) - 1, tokens)
+        tokens = torch.where(cut, remaining.clamp(1, self.max_shift) + (self.shift0 - 1), tokens)
         dt = torch.where(cut, remaining, steps)
+        # what each token is, looked up: (B, 1) each; pitch 0 for a token that is no note event
+        kind, pitch = self._constants().kinds[tokens].unbind(dim=1)
+        is_on, pitch = (kind == 1)[:, None], pitch[:, None]
         if self.any_density:  # the loop measures the continuation: time before the cut is not its own
             music = (self.elapsed + dt).clamp(min=0) - self.elapsed.clamp(min=0)
-            self.density.update(self.codec.is_note_on(tokens), music.float() * self.step_s)
+            self.density.update(is_on.squeeze(1), music * self.step_s)
         self.elapsed += dt
-        is_on, is_off = self.codec.is_note_on(tokens), self.codec.is_note_off(tokens)
-        pitch = torch.where(is_on, tokens - self.on0, (tokens - self.off0).clamp(0, 127))[:, None]  # (B, 1)
-        now = torch.where(is_on | is_off, is_on, self.open.gather(1, pitch).squeeze(1))
-        self.open.scatter_(1, pitch, now[:, None])
+        # a note-on opens its pitch, a note-off closes it, any other token writes back what was there
+        now = torch.where(kind[:, None] > 0, is_on, self.open.gather(1, pitch))
+        self.open.scatter_(1, pitch, now)
         # a note-on (a re-strike too) starts the note's clock
-        onset = torch.where(is_on, self.elapsed, self.onset.gather(1, pitch).squeeze(1))
-        self.onset.scatter_(1, pitch, onset[:, None])
+        onset = torch.where(is_on, self.elapsed[:, None], self.onset.gather(1, pitch))
+        self.onset.scatter_(1, pitch, onset)
+        is_on = is_on.squeeze(1)
         shifted = torch.cat([self.recent_pitches[:, 1:], pitch], dim=1)
         pitched = is_on if self.inst is None else is_on & (self.inst.current != DRUMS)
         self.recent_pitches = torch.where(pitched[:, None], shifted, self.recent_pitches)
@@ -337,6 +340,32 @@ class Grammar:
             self._sync()
             self.open, self.onset = self.inst.switch(tokens, self.open, self.onset)
         return tokens
+
+    def _constants(self) -> _Constants:
+        """The tensors a step reads that depend on the codec alone, made at the first step."""
+        k = self.__dict__.get("_k")
+        if k is None:
+            k = self._k = _Constants(self)
+        return k
+
+
+class _Constants:
+    """What `Grammar.constrain` and `advance` read every step that depends on the codec alone, made once (a
+    tensor made per step is an operation per step)."""
+
+    def __init__(self, grammar: Grammar):
+        device = grammar.steps_per_token.device
+        self.pitch = torch.arange(128, device=device)
+        self.twice_pitch = 2 * self.pitch
+        self.far_below = torch.full((128,), -_FAR, device=device)
+        self.far_above = torch.full((128,), _FAR, device=device)
+        self.shift_tilt = -DENSITY_SHIFT_TILT * grammar.shift_seconds  # (max_shift,) nats per nat of bias
+        # (V, 2) per token: its kind (1 note-on, 2 note-off, 0 any other) and its pitch (0 for the others)
+        ids = torch.arange(len(grammar.steps_per_token), device=device)
+        on, off = grammar.codec.is_note_on(ids), grammar.codec.is_note_off(ids)
+        kind = torch.where(on, 1, torch.where(off, 2, 0))
+        pitch = torch.where(on, ids - grammar.on0, torch.where(off, ids - grammar.off0, 0))
+        self.kinds = torch.stack([kind, pitch], dim=1)
 
 
 _GRAMMAR_ROWS = (

@@ -350,3 +350,51 @@ def test_include_primer_puts_motif_then_continuation_and_keeps_tempo_program(mod
     shifted = sorted((p, v, round(s + end, 3), round(e + end, 3)) for p, v, s, e in notes_of(cont))
     assert sorted((p, v, round(s, 3), round(e, 3)) for p, v, s, e in full_notes if s >= end - 1e-6) == shifted
     assert full.get_end_time() == pytest.approx(end + cont.get_end_time())
+
+
+def test_the_batched_grammar_and_sampler_draw_each_row_s_tokens_alone(model):
+    """The grammar's rules, the controls and the sampler run batched, once per step for every row: each row
+    still draws what it draws decoding alone (its own seed's stream, its own controls), with rows of other
+    controls and settings beside it, joining mid-flight and leaving at other lengths."""
+    motif = prepare_primer(CODEC, make_motif(16), 30.0)
+    every = dict(key="C:major", chords="C:1 G:1 Am:1 F:1", density=8.0, low_note=40, high_note=90,
+                 max_polyphony=3)  # fmt: skip
+    jobs = [
+        (motif, SamplingParams(seconds=1000.0, max_new_tokens=60, seed=1, num_samples=2, controls=every)),
+        (motif, SamplingParams(seconds=1000.0, max_new_tokens=40, seed=2, controls=dict(density=2.0))),
+        (
+            motif,
+            SamplingParams(
+                seconds=1000.0,
+                max_new_tokens=50,
+                seed=3,
+                top_k=20,
+                top_p=0.9,
+                controls=dict(key="A:minor", key_strength="only", max_polyphony=2),
+            ),
+        ),  # fmt: skip
+        (motif, SamplingParams(seconds=1000.0, max_new_tokens=30, seed=4, shift_temperature=0.7)),
+        (
+            motif,
+            SamplingParams(
+                seconds=1.0,
+                seed=5,
+                num_samples=2,
+                temperature=1.3,
+                controls=dict(chords="Dm:0.5 G:0.5", chord_strength="only"),
+            ),
+        ),  # fmt: skip
+    ]
+    alone = [generate_batch(model, CODEC, [job])[0] for job in jobs]
+    batch = DecodeBatch(model, CODEC, max_rows=8)
+    ids = batch.admit(jobs[:3])
+    results: dict = {}
+    for step in range(200):
+        if step == 10:
+            ids += batch.admit(jobs[3:])  # rows join a batch of other controls mid-flight
+        results.update(batch.step())
+        if not batch.rows:
+            break
+    assert set(results) == set(ids)
+    for job_id, expected in zip(ids, alone, strict=True):
+        _assert_same(expected, results[job_id])

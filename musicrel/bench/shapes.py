@@ -36,7 +36,7 @@ from musicrel.bench.generate import EVENTS_PER_SECOND_OF_MUSIC, every_control, s
 from musicrel.bench.rss import fresh_process_env, reset_peak, status_kb
 from musicrel.bench.timing import medians, side_by_side
 from musicrel.errors import ConfigError
-from musicrel.model.checkpoint import DECODE_WEIGHTS, check_decode_weights
+from musicrel.model.checkpoint import HELD_WEIGHTS, check_decode_weights
 
 SHAPES = ("default", "2m", "8m", "20m")  # configs/gpu-<shape>.yaml, each layered over configs/gpu.yaml
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -81,9 +81,9 @@ def register(bench_sub) -> None:
     )
     parser.add_argument(
         "--weights",
-        default=",".join(DECODE_WEIGHTS),
+        default=",".join(HELD_WEIGHTS),
         help="how the weights are held while decoding, a comma list measured side by side (default: "
-        f"{','.join(DECODE_WEIGHTS)})",
+        f"{','.join(HELD_WEIGHTS)}; auto: what the service's probe chooses here)",
     )
     parser.add_argument("--tokens", type=int, default=128, help="tokens each row decodes per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (the median counts)")
@@ -324,6 +324,7 @@ def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]
     import torch
 
     from musicrel.generation.primer import default_max_primer_tokens
+    from musicrel.model.quantize import held_weights
 
     built = {shape.label: build(shape) for shape in shapes}
     primers = {
@@ -349,7 +350,7 @@ def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]
         results.append(
             ShapeResult(
                 name=shape.name,
-                weights=shape.weights,
+                weights=shape.weights if shape.weights != "auto" else f"auto: {held_weights(model)}",
                 layers=model.cfg.n_layers,
                 d_model=model.cfg.d_model,
                 params=model.num_parameters(),

@@ -152,6 +152,7 @@ def _generate(args) -> int:
     from musicrel.generation.primer import PRIMER_SECONDS
     from musicrel.generation.sampling import SamplingParams
     from musicrel.model.checkpoint import load_codec, load_model
+    from musicrel.model.quantize import held_weights
 
     # Options left out are not passed: their defaults live in SamplingParams (and PRIMER_SECONDS).
     options = params_options(args, "seconds", "shift_temperature", "max_new_tokens")
@@ -204,7 +205,7 @@ def _generate(args) -> int:
     counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "exists", "error")}
     summary = {
         "checkpoint": str(args.checkpoint),
-        "weights": args.weights,
+        "weights": held_weights(model),  # what the model holds ("auto": the probe's choice)
         "input": str(root),
         "settings": {
             **dataclasses.asdict(params),

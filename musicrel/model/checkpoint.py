@@ -31,10 +31,12 @@ CARD_FILE = "MODEL_CARD.md"
 MAX_SHARD_BYTES = 16 * 2**20
 # Storage dtypes: bfloat16 halves the files (a bf16-mixed run computed in bf16 anyway); loading upcasts.
 WEIGHT_DTYPES = ("float32", "bfloat16")
-# How a loaded model holds its weights while it decodes (musicrel.model.quantize says why int8 by default;
-# training, fine-tuning and `musicrel evaluate` load float32).
-DECODE_WEIGHTS = ("int8", "float32")
-DEFAULT_DECODE_WEIGHTS = "int8"
+# How a loaded model holds its weights while it decodes (musicrel.model.quantize; training, fine-tuning and
+# `musicrel evaluate` load float32): "auto" (the default) holds int8 where that decodes faster on the machine
+# at hand (a probe of a few steps at load), else float32.
+HELD_WEIGHTS = ("int8", "float32")
+DECODE_WEIGHTS = ("auto", *HELD_WEIGHTS)
+DEFAULT_DECODE_WEIGHTS = "auto"
 # Room in a shard for its JSON header: per tensor its name plus ~80 bytes of dtype/shape/offsets, and the
 # metadata (format, tied-weight aliases).
 _HEADER_BYTES_PER_TENSOR = 128
@@ -224,8 +226,8 @@ def read_config(folder) -> dict[str, Any]:
 
 def load_model(folder, device="cpu", weights: str = "float32"):
     """Rebuild the model saved in `folder` (one file or shards, float32 or bfloat16 storage), on `device`, in
-    eval mode, with the model's own float32 parameters; `weights="int8"` then quantizes it for decoding
-    (musicrel.model.quantize)."""
+    eval mode, with the model's own float32 parameters; `weights="int8"` then quantizes it for decoding,
+    "auto" where that decodes faster here (musicrel.model.quantize; `held_weights` says which)."""
     from musicrel.model.config import ModelConfig
     from musicrel.model.transformer import MusicTransformer
 

@@ -11,11 +11,17 @@ is float32 again before the bias, so the residual stream, attention, layer norms
 (tied to the embedding) stay float32. Measured in docs/BENCHMARKS.md: held-out NLL moves by under 0.001
 nats/token; decoding at batch 1 is 1.7x faster for the shipped model, 2.3x for one of 22 M parameters.
 
+Whether int8 pays depends on the machine: on a CPU whose cache holds the float32 weights (a recent Xeon with a
+300 MB L3) it gained nothing. So `weights="auto"` (the default) times a few decoding steps both ways on the
+loaded model and keeps the faster (`faster_weights`, a fraction of a second); `held_weights` says which.
+
 Only for a loaded model that decodes: training, fine-tuning and `musicrel evaluate` keep float32 weights
 unless asked, and a quantized model is never saved (a checkpoint folder stays what it always was).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.nn.functional as F
@@ -83,23 +89,103 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """Replace every nn.Linear of `model` but its output head by an Int8Linear where the int8 kernel takes
-    its shape on this CPU (KERNEL_IN_MULTIPLE, KERNEL_OUT_MULTIPLE), in place; returns `model`."""
+# The probe of weights="auto": this many decoding steps per round, over a context of this many positions (a
+# typical step's attention), in this many rounds alternating int8 and float32; each side's fastest round
+# counts (a shared machine only ever slows a round down).
+PROBE_STEPS = 3
+PROBE_CONTEXT = 256
+PROBE_ROUNDS = 3
+# A process probes each model shape once (per thread count): every later load of it holds what the first
+# chose, so a process that loads a model twice (a test, an evaluation, a command run twice) decodes a seed
+# the same way each time. Another process probes again: pin MUSICREL_WEIGHTS / --weights to fix it there.
+_VERDICTS: dict[tuple[str, int], dict[str, float]] = {}
+
+
+def _int8_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear, Int8Linear]]:
+    """(parent, name, the float32 layer, its int8 twin) for every nn.Linear but the output head whose shape
+    the int8 kernel takes on this CPU (KERNEL_IN_MULTIPLE, KERNEL_OUT_MULTIPLE)."""
     head = getattr(model, "head", None)
+    layers = []
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear) and child is not head:
                 quantized = Int8Linear(child)
                 if quantized.kernel:
-                    setattr(module, name, quantized)
+                    layers.append((module, name, child, quantized))
+    return layers
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Replace every nn.Linear of `model` but its output head by an Int8Linear where the int8 kernel takes
+    its shape on this CPU (KERNEL_IN_MULTIPLE, KERNEL_OUT_MULTIPLE), in place; returns `model`."""
+    for module, name, _, quantized in _int8_layers(model):
+        setattr(module, name, quantized)
     return model
 
 
+def faster_weights(model: nn.Module) -> nn.Module:
+    """`model` holding int8 weights where that decodes faster on this machine, else as it is (float32): a
+    few one-token steps of each, timed (PROBE_*); the verdict is `held_weights(model)` afterwards. Off the
+    CPU, or with no layer the kernel takes, there is nothing to choose."""
+    if next(model.parameters()).device.type != "cpu":
+        return model
+    layers = _int8_layers(model)
+    if not layers:
+        return model
+    key = (repr(model.cfg), torch.get_num_threads())
+    seconds = _VERDICTS.get(key)
+    if seconds is None:
+        seconds = {"float32": _probe(model), "int8": 0.0}
+        for module, name, _, quantized in layers:
+            setattr(module, name, quantized)
+        seconds["int8"] = _probe(model)
+        for _ in range(PROBE_ROUNDS - 1):  # alternate: load on a shared machine hits both alike
+            for held in ("float32", "int8"):
+                for module, name, linear, quantized in layers:
+                    setattr(module, name, quantized if held == "int8" else linear)
+                seconds[held] = min(seconds[held], _probe(model))
+        _VERDICTS[key] = seconds
+    held = "int8" if seconds["int8"] < seconds["float32"] else "float32"
+    for module, name, linear, quantized in layers:
+        setattr(module, name, quantized if held == "int8" else linear)
+    model.weights_probe = {f"{k}_step_ms": round(1e3 * v, 3) for k, v in seconds.items()}
+    return model
+
+
+@torch.inference_mode()
+def _probe(model: nn.Module) -> float:
+    """Seconds per one-token step of `model` over PROBE_CONTEXT cached positions (the fastest of
+    PROBE_STEPS, after one untimed step)."""
+    context = min(PROBE_CONTEXT, model.cfg.max_seq_len - 1)
+    cache = model.new_cache(1, context + 1)
+    token = torch.zeros(1, 1, dtype=torch.long)
+    was_training = model.training
+    model.eval()
+    best = float("inf")
+    try:
+        for step in range(PROBE_STEPS + 1):
+            cache.length = context  # the same step every time: attention over `context` positions
+            start = time.perf_counter()
+            model(token, cache=cache)
+            if step:
+                best = min(best, time.perf_counter() - start)
+    finally:
+        model.train(was_training)
+    return best
+
+
 def hold_weights(model: nn.Module, weights: str) -> nn.Module:
-    """`model` with its weights held as `weights` (DECODE_WEIGHTS) while it decodes; returns it."""
+    """`model` with its weights held as `weights` (DECODE_WEIGHTS: "auto" the faster of int8 and float32
+    here, `faster_weights`) while it decodes; returns it."""
+    if weights == "auto":
+        return faster_weights(model)
     return quantize_int8(model) if weights == "int8" else model
 
 
 def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def held_weights(model: nn.Module) -> str:
+    """How `model` holds its weights now (HELD_WEIGHTS): what reports say, whatever was asked for."""
+    return "int8" if is_quantized(model) else "float32"

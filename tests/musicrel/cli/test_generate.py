@@ -88,7 +88,8 @@ def test_generate_with_lightning_predict_matches_single_process(setup):
         name = f"sub/good.sample{i}.mid"
         assert (tmp_path / "pl" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
     summary = json.loads((tmp_path / "pl" / "summary.json").read_text())
-    assert summary["counts"]["ok"] == 1 and summary["weights"] == "int8"  # the default on a CPU
+    # the default, auto: what the probe chose on this CPU, said as the weights the model holds
+    assert summary["counts"]["ok"] == 1 and summary["weights"] in ("int8", "float32")
     # an accelerator that is not the CPU gets the weights as trained (Lightning moves the model after loading)
     assert run(tmp_path, motifs, tmp_path / "auto", "--devices", "1", "--accelerator", "auto") == 0
     assert json.loads((tmp_path / "auto" / "summary.json").read_text())["weights"] == "float32"

@@ -10,8 +10,24 @@ from torch import nn
 from musicrel.errors import CheckpointError, ConfigError
 from musicrel.generation.decode import decode_one_token, prefill
 from musicrel.midi.codec import EventCodec
-from musicrel.model.checkpoint import DECODE_WEIGHTS, load_model, save_model
-from musicrel.model.quantize import DEQUANTIZE_ROWS, Int8Linear, is_quantized, quantize_int8
+from musicrel.model import quantize
+from musicrel.model.checkpoint import (
+    DECODE_WEIGHTS,
+    DEFAULT_DECODE_WEIGHTS,
+    HELD_WEIGHTS,
+    load_model,
+    save_model,
+)
+from musicrel.model.quantize import (
+    DEQUANTIZE_ROWS,
+    PROBE_ROUNDS,
+    PROBE_STEPS,
+    Int8Linear,
+    faster_weights,
+    held_weights,
+    is_quantized,
+    quantize_int8,
+)
 from tests.musicrel.model.conftest import make, tokens
 
 # The kernel's shapes (KERNEL_IN_MULTIPLE): d_model and d_ff multiples of 64
@@ -96,7 +112,8 @@ def test_load_model_int8_and_the_refusals(tmp_path):
 
     cfg = ModelConfig(vocab_size=codec.vocab_size, n_layers=1, max_seq_len=64, **SHAPE)
     save_model(MusicTransformer(cfg).eval(), tmp_path / "m", codec=codec)
-    assert set(DECODE_WEIGHTS) == {"int8", "float32"}
+    assert DECODE_WEIGHTS == ("auto", "int8", "float32") and HELD_WEIGHTS == ("int8", "float32")
+    assert DEFAULT_DECODE_WEIGHTS == "auto"
     assert not is_quantized(load_model(tmp_path / "m"))  # float32 unless asked: training and NLL
     model = load_model(tmp_path / "m", weights="int8")
     assert is_quantized(model) and not model.training
@@ -106,3 +123,68 @@ def test_load_model_int8_and_the_refusals(tmp_path):
     with pytest.raises(CheckpointError, match="int8"):
         save_model(model, tmp_path / "again", codec=codec)
     assert not (tmp_path / "again" / "config.json").exists()
+
+
+def _model(**shape):
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=EventCodec().vocab_size, n_layers=2, max_seq_len=64, **(shape or SHAPE))
+    return MusicTransformer(cfg).eval()
+
+
+@pytest.mark.parametrize("faster", ["int8", "float32"])
+def test_auto_keeps_the_weights_that_decode_faster(monkeypatch, faster):
+    """The probe times one-token steps both ways, alternating, and keeps the faster: int8 layers, or the
+    model's own float32 ones (the very modules it had)."""
+    model = _model()
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    timed = []
+
+    def probe(m):
+        held = held_weights(m)
+        timed.append(held)
+        return 0.001 if held == faster else 0.002
+
+    monkeypatch.setattr(quantize, "_probe", probe)
+    monkeypatch.setattr(quantize, "_VERDICTS", {})
+    assert faster_weights(model) is model and held_weights(model) == faster
+    assert timed == ["float32", "int8"] + ["float32", "int8"] * (PROBE_ROUNDS - 1)
+    assert model.weights_probe == {"float32_step_ms": 1.0 if faster == "float32" else 2.0,
+                                   "int8_step_ms": 1.0 if faster == "int8" else 2.0}  # fmt: skip
+    if faster == "float32":
+        assert all(model.get_submodule(name) is m for name, m in linears.items())
+    # the same shape again in this process: the first verdict, no second probe
+    again = _model()
+    assert held_weights(faster_weights(again)) == faster and len(timed) == 2 * PROBE_ROUNDS
+
+
+def test_auto_probe_is_a_few_real_steps_and_its_choice_decodes_as_that_weights(tmp_path):
+    """A real probe: a bounded number of one-token forwards over a cached context; the model it leaves
+    decodes exactly as one loaded with the weights it chose."""
+    codec = EventCodec()
+    save_model(_model(), tmp_path / "m", codec=codec)
+    quantize._VERDICTS.clear()
+    calls = []
+    model = load_model(tmp_path / "m")  # float32, to count the probe's forwards below
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append(args[0].shape), with_kwargs=True
+    )
+    faster_weights(model)
+    hook.remove()
+    assert calls == [(1, 1)] * (2 * PROBE_ROUNDS * (PROBE_STEPS + 1))
+    assert set(model.weights_probe) == {"int8_step_ms", "float32_step_ms"}
+    held = held_weights(model)
+    assert model.weights_probe[f"{held}_step_ms"] == min(model.weights_probe.values())
+    auto, same = load_model(tmp_path / "m", weights="auto"), load_model(tmp_path / "m", weights=held)
+    assert held_weights(auto) == held  # the process's verdict for this shape
+    x = tokens(1, 12)
+    with torch.inference_mode():
+        assert torch.equal(auto(x), same(x))
+
+
+def test_auto_has_nothing_to_choose_off_the_kernel_s_shapes():
+    """A model whose layers the int8 kernel does not take stays float32 without a probe."""
+    model = _model(d_model=32, n_heads=2, d_ff=96)  # no layer with a multiple of 64 inputs
+    assert held_weights(faster_weights(model)) == "float32" and not hasattr(model, "weights_probe")

@@ -22,7 +22,7 @@ from server import openapi
 from server.errors import install_error_handlers
 from server.metrics import Metrics, worker_exited
 from server.middleware import AdmissionMiddleware, MetricsMiddleware, UploadLimitMiddleware
-from server.routes import router
+from server.routes import FORMS, router
 from server.service import Service
 from server.settings import Settings
 
@@ -80,7 +80,8 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
     app.state.service = service
     install_error_handlers(app)
     app.include_router(router)
-    openapi.install(app, settings, lambda: service.codec.vocab_size if service.codec is not None else None)
+    vocab_size = lambda: service.codec.vocab_size if service.codec is not None else None  # noqa: E731
+    openapi.install(app, settings, vocab_size, FORMS)
     if settings.static_dir.is_dir():
         app.mount("/static", StaticFiles(directory=settings.static_dir), name="static")
     # Last added runs first: metrics see every answer (refusals included); admission refuses a continuation

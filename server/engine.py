@@ -33,15 +33,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from server.jobs import (
-    Accompany,
     Failed,
     Finished,
-    Infill,
     Job,
     JobEvent,
+    JobRequest,
     Progress,
     QueueFullError,
     Started,
@@ -62,10 +61,6 @@ from server.metrics import Metrics
 from server.model import LoadedModel, load_accompanist, load_infiller
 from server.settings import Settings
 from server.worker import BatchPolicy, GenerationThread, warm_up
-
-if TYPE_CHECKING:
-    from musicrel.generation.primer import Primer
-    from musicrel.generation.sampling import SamplingParams
 
 log = logging.getLogger("musicrel.server")
 
@@ -140,64 +135,14 @@ class EngineProcess:
 
     def submit(
         self,
-        primer: Primer,
-        params: SamplingParams,
+        request: JobRequest,
         deadline: float,
         on_progress: Callable[[list[list[int]]], None] | None = None,
     ) -> Job:
         future, report = to_loop(asyncio.get_running_loop(), on_progress)
+        stream = on_progress is not None
         return self._queue(
-            lambda id: RemoteJob(
-                primer,
-                params,
-                rows=params.num_samples,
-                deadline=deadline,
-                report=report,
-                future=future,
-                id=id,
-                stream=on_progress is not None,
-                engine=self,
-            )
-        )
-
-    def submit_accompaniment(self, request: Accompany, deadline: float) -> Job:
-        future, report = to_loop(asyncio.get_running_loop())
-        rows = request.params.num_samples
-        return self._queue(
-            lambda id: RemoteJob(
-                None,
-                None,
-                rows,
-                deadline,
-                report=report,
-                future=future,
-                id=id,
-                accompany=request,
-                engine=self,
-            )
-        )
-
-    def submit_infill(
-        self,
-        request: Infill,
-        deadline: float,
-        on_progress: Callable[[list[list[int]]], None] | None = None,
-    ) -> Job:
-        future, report = to_loop(asyncio.get_running_loop(), on_progress)
-        rows = request.params.num_samples
-        return self._queue(
-            lambda id: RemoteJob(
-                None,
-                None,
-                rows,
-                deadline,
-                report=report,
-                future=future,
-                id=id,
-                stream=on_progress is not None,
-                infill=request,
-                engine=self,
-            )
+            lambda id: RemoteJob(request, deadline, report, future, id=id, stream=stream, engine=self)
         )
 
     def _queue(self, make: Callable[[int], RemoteJob]) -> Job:
@@ -428,20 +373,8 @@ def engine_main(conn: Any, settings: Settings) -> None:
             worker.stop(timeout=0)
             return
         match message:
-            case SubmitJob(job_id, primer, params, deadline, stream, accompany, infill):
-                side = accompany or infill
-                rows = side.params.num_samples if side is not None else params.num_samples
-                job = Job(
-                    primer,
-                    params,
-                    rows,
-                    deadline,
-                    report=report,
-                    id=job_id,
-                    stream=stream,
-                    accompany=accompany,
-                    infill=infill,
-                )
+            case SubmitJob(job_id, request, deadline, stream):
+                job = Job(request, deadline, report=report, id=job_id, stream=stream)
                 jobs[job_id] = job
                 try:
                     worker.enqueue(job)

@@ -1,8 +1,8 @@
-"""A generation job as the worker sees it (`Job`: a continuation of a primer, an accompaniment of a
-melody, `Accompany`, or a span of a file filled in, `Infill`), the events it reports (`Started`, `Progress`,
-`Finished`, `Failed`) and `to_loop`, which turns them into a request's future on its event loop. The worker
-(server/worker.py), the engine process (server/engine.py) and the request's path (continuations.py,
-streams.py, accompaniments.py, infills.py) all speak these."""
+"""A generation job as the worker sees it (`Job`, whatever its task: its `request` says what to run, a
+continuation of a primer, `Continue`, an accompaniment of a melody, `Accompany`, or a span of a file filled
+in, `Infill`), the events it reports (`Started`, `Progress`, `Finished`, `Failed`) and `to_loop`, which turns
+them into a request's future on its event loop. The worker (server/worker.py), the engine process
+(server/engine.py) and the request's path (server/tasks/) all speak these."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     from musicrel.generation.melody import AccompanimentParams, AccompanimentResult
     from musicrel.generation.primer import Primer
     from musicrel.generation.sampling import ContinuationResult, SamplingParams
@@ -52,33 +54,58 @@ JobEvent = Started | Progress | Finished | Failed
 
 
 @dataclass(frozen=True)
+class Continue:
+    """What a continuation job is: the parsed primer and the library's parameters. It joins the running
+    batch (DecodeBatch) with the other continuations."""
+
+    primer: Primer
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
 class Accompany:
     """What an accompaniment job is: the parsed file, its melody track (both checked by the HTTP process)
     and the library's parameters. It cannot join the continuation batch (the melody's grammar places tokens
-    at their steps); the worker runs it beside the batch, one token at a time."""
+    at their steps); the worker runs it beside the batch, one token at a time (`steps`)."""
 
     midi: Any  # pretty_midi.PrettyMIDI
     track: int
     params: AccompanimentParams
+    model: ClassVar[str] = "accompaniment"  # the engine's model it runs on
+
+    def steps(self, loaded: Any) -> Generator[Any, None, Any]:
+        """The job as a generator of one token a step, on `loaded` (server.model.LoadedModel)."""
+        from musicrel.generation.accompaniment import accompany_steps
+
+        return accompany_steps(loaded.model, loaded.codec, self.midi, self.track, self.params)
 
 
 @dataclass(frozen=True)
 class Infill:
     """What an infill job is: the parsed file, the span to regenerate (both checked by the HTTP process) and
     the library's parameters. Like an accompaniment it runs beside the continuation batch, a token at a time
-    (`musicrel.generation.infill.infill_steps`)."""
+    (`musicrel.generation.infill.infill_steps`, which yields each sample's tokens so far)."""
 
     midi: Any  # pretty_midi.PrettyMIDI
     start: float
     end: float
     params: InfillParams
+    model: ClassVar[str] = "infill"
+
+    def steps(self, loaded: Any) -> Generator[Any, None, Any]:
+        from musicrel.generation.infill import infill_steps
+
+        return infill_steps(
+            loaded.model, self.midi, self.start, self.end, codec=loaded.codec, params=self.params
+        )
+
+
+JobRequest = Continue | Accompany | Infill
 
 
 @dataclass(eq=False)
 class Job:
-    primer: Primer | None  # a continuation's (None for an accompaniment)
-    params: SamplingParams | None  # a continuation's (None for an accompaniment)
-    rows: int
+    request: JobRequest  # what to run (its params say how many rows)
     deadline: float  # time.monotonic() after which the job is abandoned
     report: Callable[[Job, JobEvent], None]  # where its events go: `to_loop`, or the engine's pipe
     future: asyncio.Future | None = None  # what the request awaits (server side; `to_loop` settles it)
@@ -92,13 +119,15 @@ class Job:
     batch_rows: int = 0  # the most rows (samples) decoded together while this one ran
     generation_s: float = 0.0
     stop_reason: str | None = None
-    accompany: Accompany | None = None  # set: an accompaniment job
-    infill: Infill | None = None  # set: an infill job
+
+    @property
+    def rows(self) -> int:
+        return self.request.params.num_samples
 
     @property
     def beside(self) -> bool:
         """Run beside the continuation batch, a token at a time (an accompaniment or an infill)."""
-        return self.accompany is not None or self.infill is not None
+        return not isinstance(self.request, Continue)
 
     def cancel(self, reason: str) -> None:
         """Called from the event loop (client gone, deadline): the worker stops the job at its next step."""

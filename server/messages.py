@@ -10,27 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from server.jobs import Accompany, Infill, Job, JobEvent
+from server.jobs import Job, JobEvent, JobRequest
 
 if TYPE_CHECKING:
-    from musicrel.generation.primer import Primer
-    from musicrel.generation.sampling import SamplingParams
     from server.model import ModelCard
 
 
 @dataclass(frozen=True)
 class SubmitJob:
     id: int
-    primer: Primer | None
-    params: SamplingParams | None
+    request: JobRequest  # what to run, whatever the task (server/jobs.py)
     deadline: float
     stream: bool
-    accompany: Accompany | None = None  # an accompaniment job (primer and params None)
-    infill: Infill | None = None  # an infill job (primer and params None)
 
     @classmethod
     def of(cls, job: Job) -> SubmitJob:
-        return cls(job.id, job.primer, job.params, job.deadline, job.stream, job.accompany, job.infill)
+        return cls(job.id, job.request, job.deadline, job.stream)
 
 
 @dataclass(frozen=True)

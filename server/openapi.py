@@ -16,6 +16,7 @@ schema-valid forms refused with 422.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI
@@ -30,16 +31,7 @@ from musicrel.generation.controls import (
 )
 from server.settings import Settings
 
-# Each form route and the model its fields come from: the plain and the streaming continuation take the same
-# form, /v1/motifs the part of it that decides the primer.
-FORMS = (
-    ("/v1/continuations", "post", "ContinuationParams"),
-    ("/v1/continuations/stream", "post", "ContinuationParams"),
-    ("/v1/motifs", "post", "MotifParams"),
-    ("/v1/accompaniments", "post", "AccompanimentParams"),  # server/routes/accompaniments.py
-    ("/v1/infills", "post", "InfillParams"),  # server/routes/infills.py
-    ("/v1/infills/stream", "post", "InfillParams"),
-)
+Forms = Iterable[tuple[str, str, str]]
 # What str.strip() removes (str.isspace), spelled out: ECMA's \s differs (it has U+FEFF, lacks U+001C-1F).
 _BLANK = "[ \t\n\r\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*"
 _INDEX = f"{_BLANK}0*(?:[0-9]{{1,3}}|10[01][0-9]|102[0-3]){_BLANK}"
@@ -123,11 +115,12 @@ def _form_fields(schema: dict[str, Any], limits: dict[str, float]) -> dict[str, 
     return params
 
 
-def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]:
-    """`document` with each form route's own copy of its parameters, bounded by `limits`."""
+def tailor(document: dict[str, Any], limits: dict[str, float], forms: Forms) -> dict[str, Any]:
+    """`document` with each form route's own copy of its parameters (`forms`: (path, method, the model its
+    fields come from), server.routes.FORMS), bounded by `limits`."""
     document = copy.deepcopy(document)
     components = document["components"]["schemas"]
-    for path, method, model in FORMS:
+    for path, method, model in forms:
         params = _form_fields(components[model], limits)
         content = document["paths"][path][method]["requestBody"]["content"]["multipart/form-data"]
         body = components[content["schema"]["$ref"].rsplit("/", 1)[1]]
@@ -142,7 +135,7 @@ def tailor(document: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]
     return document
 
 
-def install(app: FastAPI, settings: Settings, vocab_size: Any) -> None:
+def install(app: FastAPI, settings: Settings, vocab_size: Any, forms: Forms) -> None:
     """Serve the tailored document. `vocab_size()` is the loaded codec's (top_k's bound), None before the
     model is loaded: the document is cached only once it is known."""
     cached: dict[str, Any] = {}
@@ -153,7 +146,7 @@ def install(app: FastAPI, settings: Settings, vocab_size: Any) -> None:
             return cached
         document = generate()
         size = vocab_size()
-        tailored = tailor(document, form_limits(settings, size))
+        tailored = tailor(document, form_limits(settings, size), forms)
         if size is not None:
             cached.update(tailored)
         return tailored

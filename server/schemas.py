@@ -224,17 +224,26 @@ class AccompanimentParams(MusicForm):
     )
 
 
-class AccompanimentSample(BaseModel):
+class SampleFile(BaseModel):
+    """What every answer says of each sample: its file and how many notes and seconds it holds."""
+
     index: int
+    midi_base64: str = Field(description="a complete Standard MIDI File, base64-encoded")
+    notes: int
+    duration_s: float = Field(description="end of the file's last note, in seconds")
+
+
+class AccompanimentSample(SampleFile):
     midi_base64: str = Field(
         description="a complete Standard MIDI File, base64-encoded: the melody track unchanged, then the "
         "accompaniment's track (named `accompaniment`)"
     )
     notes: int = Field(description="notes of the accompaniment")
-    duration_s: float = Field(description="end of the file's last note, in seconds")
 
 
-class AccompanimentTimings(BaseModel):
+class Timings(BaseModel):
+    """Every answer's timings, in milliseconds."""
+
     parse_ms: float
     queue_ms: float = Field(description="waiting in the engine's queue")
     generation_ms: float
@@ -254,7 +263,7 @@ class AccompanimentResponse(BaseModel):
         None, description="what the controls applied (the key `auto` found, ...); null when none was set"
     )
     warnings: list[str] = Field(default_factory=list)
-    timings: AccompanimentTimings
+    timings: Timings
 
 
 # ---------------------------------------------------------------- POST /v1/infills
@@ -322,22 +331,13 @@ class NewNote(BaseModel):
     end: float = Field(description="seconds in the file, by the span's end")
 
 
-class InfillSample(BaseModel):
-    index: int
+class InfillSample(SampleFile):
     midi_base64: str = Field(
         description="a complete Standard MIDI File, base64-encoded: the upload with the span regenerated"
     )
     notes: int = Field(description="new notes in the span")
     new_tokens: int = Field(description="tokens the model wrote for the span")
-    duration_s: float = Field(description="end of the file's last note, in seconds")
     new_notes: list[NewNote] = Field(description="the new notes, by onset")
-
-
-class InfillTimings(BaseModel):
-    parse_ms: float
-    queue_ms: float = Field(description="waiting in the engine's queue")
-    generation_ms: float
-    total_ms: float
 
 
 class InfillResponse(BaseModel):
@@ -352,7 +352,7 @@ class InfillResponse(BaseModel):
         None, description="what the controls applied (the key `auto` found, ...); null when none was set"
     )
     warnings: list[str] = Field(default_factory=list)
-    timings: InfillTimings
+    timings: Timings
 
 
 # ---------------------------------------------------------------- answers
@@ -372,12 +372,8 @@ class Copy(BaseModel):
     occurrences: int = Field(description="places in the training data that hold the stretch")
 
 
-class Sample(BaseModel):
-    index: int
-    midi_base64: str = Field(description="a complete Standard MIDI File, base64-encoded")
+class Sample(SampleFile):
     new_tokens: int
-    notes: int
-    duration_s: float = Field(description="end of the last note, in seconds")
     novelty: Copy | None = Field(
         None,
         description="the longest stretch shared with the training data, transposition-invariant; null when "
@@ -411,11 +407,7 @@ class InstrumentInfo(BaseModel):
     reason: str = Field(description='why: "the program field", or the motif\'s (see primer.program_reason)')
 
 
-class Timings(BaseModel):
-    parse_ms: float
-    queue_ms: float
-    generation_ms: float
-    total_ms: float
+class ContinuationTimings(Timings):
     prefill_ms: float | None = None
     decode_ms: float | None = None
 
@@ -442,7 +434,7 @@ class ContinuationResponse(BaseModel):
         default_factory=list,
         description="settings honoured that pull against each other, e.g. a chord with notes outside the key",
     )
-    timings: Timings
+    timings: ContinuationTimings
     batch: BatchInfo
 
 

@@ -83,15 +83,15 @@ class Settings(BaseSettings):
     max_primer_seconds: float = Field(120.0, gt=0, le=3600)
     max_num_samples: int = Field(4, ge=1, le=64)
 
-    # The accompaniment model (POST /v1/accompaniments, server/accompaniments.py): loaded at start-up when the
-    # folder holds a checkpoint; without one the route answers 503 no_accompaniment_model.
+    # The accompaniment model (POST /v1/accompaniments, server/tasks/accompaniment.py): loaded at start-up
+    # when the folder holds a checkpoint; without one the route answers 503 no_accompaniment_model.
     accompany_checkpoint: Path = Field(
         Path("checkpoints/accompany"), description="folder of the accompaniment model (melody tokens)"
     )
     # An accompaniment is generated as long as its melody (about 4x real time on 2 cores), one at a time.
     max_melody_seconds: float = Field(300.0, gt=0, le=3600, description="longest melody accompanied (422)")
 
-    # The infill model (POST /v1/infills, server/infills.py): loaded at start-up when the folder holds a
+    # The infill model (POST /v1/infills, server/tasks/infill.py): loaded at start-up when the folder holds a
     # checkpoint whose codec has infill tokens; without one the route answers 503 infill_unavailable.
     infill_checkpoint: Path = Field(
         Path("checkpoints/infill"), description="folder of the infill model (FUTURE/PAST/FILL tokens)"

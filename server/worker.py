@@ -8,15 +8,15 @@ worker is idle, the first job waits up to `batch_window_s` for companions, so th
 (one prefill). Results go back to the loop with `call_soon_threadsafe`. A job whose client left or whose
 deadline passed is skipped if still queued, and stopped at its next step if already decoding.
 
-Accompaniments (`Job.accompany`) wait in the same queue but cannot join the batch: the melody's grammar places
-its tokens at their steps. The worker runs them beside it, one token at a time, in turn, and shares its time:
-after a batch step that took d seconds the accompaniments get ACCOMPANIMENT_SHARE x d seconds of steps (a
-credit), taken in turns of at least TURN_S: switching between the two models every token left each step
-running on caches the other model had just filled. The batch keeps the larger share, so that a continuation
-beside accompaniments takes less than twice its time alone; with no continuation running the accompaniments
-run back to back.
+Accompaniments (a Job whose request is an `Accompany`) wait in the same queue but cannot join the batch: the
+melody's grammar places its tokens at their steps. The worker runs them beside it, one token at a time, in
+turn, and shares its time: after a batch step that took d seconds the accompaniments get ACCOMPANIMENT_SHARE x
+d seconds of steps (a credit), taken in turns of at least TURN_S: switching between the two models every
+token left each step running on caches the other model had just filled. The batch keeps the larger share,
+so that a continuation beside accompaniments takes less than twice its time alone; with no continuation
+running the accompaniments run back to back.
 
-Infills (`Job.infill`: a span of a file regenerated, musicrel.generation.infill) run beside the batch the same
+Infills (`Infill`: a span of a file regenerated, musicrel.generation.infill) run beside the batch the same
 way, in the same turns as the accompaniments: `infill_steps` yields after each token (with each sample's
 tokens so far, which a streamed infill reports as Progress).
 
@@ -39,14 +39,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from musicrel.runtime.threads import CpuSampler, ThreadChoice, request_reserve, set_torch_threads
-from server.jobs import Accompany, Infill, Job, QueueFullError, WorkerStoppedError, to_loop
+from server.jobs import (
+    Accompany,
+    Continue,
+    Infill,
+    Job,
+    JobRequest,
+    QueueFullError,
+    WorkerStoppedError,
+    to_loop,
+)
 from server.metrics import Metrics
 
 if TYPE_CHECKING:
     from collections.abc import Generator
 
-    from musicrel.generation.primer import Primer
-    from musicrel.generation.sampling import SamplingParams
     from musicrel.midi.codec import EventCodec
     from musicrel.model.transformer import MusicTransformer
     from server.model import LoadedModel
@@ -131,6 +138,13 @@ def warm_up(codec: Any, batch: Any) -> None:
     log.info("warm-up generation took %.0f ms", 1000 * (time.perf_counter() - start))
 
 
+def _pair(job: Job) -> tuple[Any, Any]:
+    """A continuation job as the running batch admits it: (primer, params)."""
+    request = job.request
+    assert isinstance(request, Continue)
+    return request.primer, request.params
+
+
 class GenerationWorker(Protocol):
     """What the service needs of the generation worker: `GenerationThread` runs it on a thread of this
     process, `server.engine.EngineProcess` in a child process. `on_dequeue(jobs, still_waiting)`, given to
@@ -143,27 +157,13 @@ class GenerationWorker(Protocol):
 
     def submit(
         self,
-        primer: Primer,
-        params: SamplingParams,
+        request: JobRequest,
         deadline: float,
         on_progress: Callable[[list[list[int]]], None] | None = None,
     ) -> Job:
-        """Queue a job (from the event loop); QueueFullError or WorkerStoppedError. With `on_progress`, it
-        is called on the loop with each sample's new tokens after every step that made some."""
-        ...
-
-    def submit_accompaniment(self, request: Accompany, deadline: float) -> Job:
-        """Queue an accompaniment (from the event loop), in the same queue and with the same refusals."""
-        ...
-
-    def submit_infill(
-        self,
-        request: Infill,
-        deadline: float,
-        on_progress: Callable[[list[list[int]]], None] | None = None,
-    ) -> Job:
-        """Queue an infill (from the event loop), in the same queue and with the same refusals; with
-        `on_progress`, it hears each sample's new gap tokens as they are written."""
+        """Queue a job of any task (from the event loop); QueueFullError or WorkerStoppedError. With
+        `on_progress`, it is called on the loop with each sample's new tokens after every step that made
+        some."""
         ...
 
     @property
@@ -236,6 +236,8 @@ class GenerationThread:
         self._running: dict[int, Job] = {}  # by the batch's job id
         self.accompanist = accompanist
         self.infiller = infiller  # the infill model, if the server has one (its jobs run beside the batch)
+        # The models the jobs beside the batch run on, by their request's `model`
+        self.beside_models = {Accompany.model: accompanist, Infill.model: infiller}
         self._side: list[tuple[Job, Generator[None, None, Any]]] = []  # accompaniments running, in turn
         self._turn = 0  # the next of them to step
         self._credit = 0.0  # seconds of accompaniment steps the batch's steps have left them
@@ -252,49 +254,12 @@ class GenerationThread:
 
     def submit(
         self,
-        primer: Primer,
-        params: SamplingParams,
+        request: JobRequest,
         deadline: float,
         on_progress: Callable[[list[list[int]]], None] | None = None,
     ) -> Job:
         future, report = to_loop(asyncio.get_running_loop(), on_progress)
-        job = Job(
-            primer,
-            params,
-            rows=params.num_samples,
-            deadline=deadline,
-            report=report,
-            future=future,
-            stream=on_progress is not None,
-        )
-        self.enqueue(job)
-        return job
-
-    def submit_accompaniment(self, request: Accompany, deadline: float) -> Job:
-        future, report = to_loop(asyncio.get_running_loop())
-        rows = request.params.num_samples
-        job = Job(None, None, rows, deadline, report=report, future=future, accompany=request)
-        self.enqueue(job)
-        return job
-
-    def submit_infill(
-        self,
-        request: Infill,
-        deadline: float,
-        on_progress: Callable[[list[list[int]]], None] | None = None,
-    ) -> Job:
-        future, report = to_loop(asyncio.get_running_loop(), on_progress)
-        rows = request.params.num_samples
-        job = Job(
-            None,
-            None,
-            rows,
-            deadline,
-            report=report,
-            future=future,
-            stream=on_progress is not None,
-            infill=request,
-        )
+        job = Job(request, deadline, report=report, future=future, stream=on_progress is not None)
         self.enqueue(job)
         return job
 
@@ -354,8 +319,7 @@ class GenerationThread:
                 return
             if jobs:
                 self._admit(batch, [job for job in jobs if not job.beside])
-                self._start_accompaniments([job for job in jobs if job.accompany is not None])
-                self._start_infills([job for job in jobs if job.infill is not None])
+                self._start_beside([job for job in jobs if job.beside])
             if batch.rows:
                 started = time.monotonic()
                 batch = self._step(batch)
@@ -426,7 +390,7 @@ class GenerationThread:
             return
         start = time.monotonic()
         try:
-            admitted = list(zip(batch.admit([(job.primer, job.params) for job in live]), live, strict=True))
+            admitted = list(zip(batch.admit([_pair(job) for job in live]), live, strict=True))
         except Exception as exc:
             # One bad job must not fail the requests it arrived with: admit each alone (admit changes nothing
             # when it raises).
@@ -435,7 +399,7 @@ class GenerationThread:
             admitted = []
             for job in live:
                 try:
-                    admitted += zip(batch.admit([(job.primer, job.params)]), [job], strict=True)
+                    admitted += zip(batch.admit([_pair(job)]), [job], strict=True)
                 except Exception as single_exc:
                     job._deliver(error=single_exc)
         if not admitted:
@@ -449,31 +413,14 @@ class GenerationThread:
 
     # ---- accompaniments, beside the batch --------------------------------------------------------
 
-    def _start_accompaniments(self, jobs: list[Job]) -> None:
-        from musicrel.generation.accompaniment import accompany_steps
-
+    def _start_beside(self, jobs: list[Job]) -> None:
+        """Start accompaniments and infills beside the batch, each on its model (`request.model`)."""
         for job in self._live(jobs):
-            if self.accompanist is None:  # the HTTP process refuses them first; a guard, not a path
-                job._deliver(error=WorkerStoppedError("no accompaniment model in the engine"))
+            loaded = self.beside_models.get(job.request.model)
+            if loaded is None:  # the HTTP process refuses them first; a guard, not a path
+                job._deliver(error=WorkerStoppedError(f"no {job.request.model} model in the engine"))
                 continue
-            request = job.accompany
-            model, codec = self.accompanist.model, self.accompanist.codec
-            steps = accompany_steps(model, codec, request.midi, request.track, request.params)
-            job._started(time.monotonic())
-            self._side.append((job, steps))
-
-    def _start_infills(self, jobs: list[Job]) -> None:
-        from musicrel.generation.infill import infill_steps
-
-        for job in self._live(jobs):
-            if self.infiller is None:  # the HTTP process refuses them first; a guard, not a path
-                job._deliver(error=WorkerStoppedError("no infill model in the engine"))
-                continue
-            request = job.infill
-            model, codec = self.infiller.model, self.infiller.codec
-            steps = infill_steps(
-                model, request.midi, request.start, request.end, codec=codec, params=request.params
-            )
+            steps = job.request.steps(loaded)
             job._started(time.monotonic())
             self._side.append((job, steps))
 

@@ -1,12 +1,25 @@
-"""The HTTP routes, one thin module per resource: each parses a request (its dependencies in server/deps.py),
-submits the work (server/continuations.py, streams.py, accompaniments.py, infills.py) and renders the
-answer."""
+"""The HTTP routes: each task's made from its definition (server/routes/tasks.py, server/tasks/), the other
+resources one thin module each (their dependencies in server/deps.py)."""
 
 from fastapi import APIRouter
 
-from server.routes import accompaniments, continuations, health, infills, model, motifs, page
+from server.middleware import MOTIFS_PATH
+from server.routes import health, model, motifs, page
+from server.routes.tasks import task_router
+from server.tasks import TASKS
 
 router = APIRouter()
 # In this order in the OpenAPI document.
-for resource in (continuations, motifs, model, page, health, accompaniments, infills):
-    router.include_router(resource.router)
+for resource in (*map(task_router, TASKS), motifs.router, model.router, page.router, health.router):
+    router.include_router(resource)
+
+# Each form route and the model its fields come from (server/openapi.py tailors their copies): every task's
+# and its stream's, and /v1/motifs' (the part of a continuation's form that decides the primer).
+FORMS = (
+    *(
+        (path, "post", task.form.__name__)
+        for task in TASKS
+        for path in (task.path, *([f"{task.path}/stream"] if task.stream_summary else []))
+    ),
+    (MOTIFS_PATH, "post", "MotifParams"),
+)

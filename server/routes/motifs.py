@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, File, Request, UploadFile
 from fastapi.responses import Response
 
-from server import continuations
 from server.deps import MotifParamsDep, ServiceDep
 from server.errors import CLIENT_CLOSED
-from server.middleware import ADMISSION_TICKET
-from server.routes.continuations import MotifFile
-from server.routes.uploads import ERRORS
+from server.middleware import ADMISSION_TICKET, MOTIFS_PATH
+from server.routes.uploads import ERRORS, FILE_SCHEMA
 from server.schemas import PreparedMotif
+from server.tasks import continuation
 
 router = APIRouter()
+MotifFile = Annotated[
+    UploadFile, File(description=continuation.CONTINUATION.file_description, json_schema_extra=FILE_SCHEMA)
+]
 
 
 @router.post(
-    "/v1/motifs",
+    MOTIFS_PATH,
     summary="Prepare a motif: parse it and prefill its primer ahead of its continuations",
     response_model=PreparedMotif,
     responses=ERRORS,
@@ -35,7 +37,7 @@ async def prepare_motif(
     keeps the last `MUSICREL_PRIMER_CACHE` motifs, least recently used out first). Its answer says what the
     model will read of the file (`primer`), before anything is generated. Admitted, bounded and drained as a
     continuation is; a motif already prepared costs nothing (`cached`)."""
-    prepared = await continuations.prepare_motif(
+    prepared = await continuation.prepare_motif(
         service, file, params, request.scope.get(ADMISSION_TICKET), request.is_disconnected
     )
     if prepared is None:

@@ -392,7 +392,7 @@ def test_the_service_calibrates_its_parse_speed_and_prices_the_uploads_it_admitt
 ):
     from musicrel.generation.primer import prepare_primer
     from musicrel.midi.codec import EventCodec
-    from server import continuations
+    from server.tasks import continuation as continuations
 
     release = threading.Event()
 
@@ -428,7 +428,7 @@ def test_the_service_calibrates_its_parse_speed_and_prices_the_uploads_it_admitt
 def test_a_finished_continuation_is_not_held_behind_uploads_being_parsed(tiny_checkpoint, monkeypatch):
     """One parse thread, busy with a slow upload: a continuation that has finished generating is answered
     anyway (its MIDI was written on the parse threads, behind every queued parse)."""
-    from server import continuations
+    from server.tasks import continuation as continuations
 
     slow = b"MThd-slow"
     release = threading.Event()
@@ -599,7 +599,7 @@ def test_extreme_but_valid_sampling_fails_no_request_of_its_batch(tiny_checkpoin
 def test_a_parse_that_hangs_costs_its_own_request_not_the_server(tiny_checkpoint, monkeypatch):
     """One parse thread, and a parse that never returns: its request gets 504 at the request deadline and the
     thread's place is given back, so the next upload is parsed (before, both waited for ever)."""
-    from server import continuations
+    from server.tasks import continuation as continuations
 
     hang = threading.Event()
     parse = continuations.prepare_primer

@@ -693,7 +693,7 @@ def prepare(client: TestClient, data: bytes, **fields) -> httpx.Response:
 
 
 def test_a_prepared_motif_is_not_parsed_again_by_its_continuations(client, monkeypatch):
-    import server.continuations as continuations
+    import server.tasks.continuation as continuations
 
     parses = []
     real = continuations.prepare_primer

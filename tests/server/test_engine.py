@@ -209,7 +209,7 @@ def test_the_pipe_carries_typed_messages_and_tokens_not_midi():
         tokens=[np.arange(5)], seed=3, primer_tokens=4, new_tokens=5, seconds=0.1, timings={"decode": 0.0}
     )
     messages = [
-        SubmitJob(1, None, None, 2.0, stream=True), CancelJob(1, "disconnected"), Stop(None),
+        SubmitJob(1, None, 2.0, stream=True), CancelJob(1, "disconnected"), Stop(None),
         Ready(ModelCard({"parameters": 1})),
         JobUpdate(1, Started(1.0)), JobUpdate(1, Progress([[1, 2]])),
         MetricUpdate("stopped", ("x",), "inc", ()),

@@ -202,16 +202,17 @@ def test_the_stream_leaves_out_a_new_note_struck_under_a_kept_one():
 
     from musicrel.generation.streaming import NoteEvent
     from musicrel.midi.codec import CodecConfig, EventCodec
-    from server.infills import InfillStream
+    from server.tasks.infill import INFILL
+    from server.tasks.stream import TaskStream
 
     pm = read(TUNE)
     pm.instruments[0].notes.append(pretty_midi.Note(90, 50, 4.0, 7.0))  # sounds into the 5-8 s gap
     codec = EventCodec(CodecConfig(infill=True))
     service = SimpleNamespace(infill=SimpleNamespace(codec=codec))
-    params = SimpleNamespace(start=5.0, num_samples=1)
+    form = SimpleNamespace(start=5.0, num_samples=1)
     segments = SimpleNamespace(pm=pm, past=np.zeros(0, dtype=np.int64))
-    request = SimpleNamespace(segments=segments, params=params)
-    stream = InfillStream(service, request)
+    request = SimpleNamespace(found=segments, form=form)
+    stream = TaskStream(INFILL, service, request)
     events = [
         NoteEvent("on", 0, 50, 0.5, 80),  # 5.5 s: under the kept 50 -> left out
         NoteEvent("on", 1, 52, 0.5, 80),  # another pitch -> reported

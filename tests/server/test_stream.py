@@ -15,7 +15,7 @@ import pretty_midi
 import pytest
 from fastapi.testclient import TestClient
 
-from server.streams import MEDIA_TYPE
+from server.tasks.stream import MEDIA_TYPE
 from tests.server.conftest import MOTIF, Broken, Gate, error_of, metric, motif, serve, wait_for
 
 PATH = "/v1/continuations/stream"
@@ -253,12 +253,12 @@ def test_streams_from_the_engine_process(tiny_checkpoint):
 
 
 def test_a_reroll_of_the_same_motif_is_not_parsed_again(app_client, monkeypatch):
-    import server.continuations
+    import server.tasks.continuation
 
     parsed: list = []
-    real = server.continuations.prepare_primer
+    real = server.tasks.continuation.prepare_primer
     monkeypatch.setattr(
-        server.continuations, "prepare_primer", lambda *a, **k: parsed.append(1) or real(*a, **k)
+        server.tasks.continuation, "prepare_primer", lambda *a, **k: parsed.append(1) or real(*a, **k)
     )
     client = app_client[0]
     again = motif(12)  # not posted by the other tests

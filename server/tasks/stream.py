@@ -1,16 +1,18 @@
-"""The service layer behind POST /v1/continuations/stream: the plain endpoint's upload, limits and job, then
-the continuation as NDJSON events (one JSON object per line) while it is generated.
+"""A task's stream route (POST <path>/stream), one for every task that has one: the plain route's upload,
+limits and job, then the task's notes as NDJSON events (one JSON object per line) while they are generated.
 
-Until the job is queued everything is as on the plain endpoint, errors included (a plain JSON error with
-its HTTP status: 413, 422, 429, 503, ...). Then the 200 goes out with these lines, `type` first:
+Until the job is queued everything is as on the plain route, errors included (a plain JSON error with its
+HTTP status: 413, 422, 429, 503, ...). Then the 200 goes out with these lines, `type` first:
 
-- `start`: seed (drawn here when the request left it empty, so that it is known at once), settings, primer
-  (as in the plain response) and the number of samples;
+- `start`: seed (drawn here when the request left it empty, so that it is known at once), settings, the
+  task's own fields (a continuation's primer, an infill's start and end) and the number of samples;
 - `note_on` {sample, id, pitch, velocity, time} as soon as the note-on is generated; `note_off` {sample, id,
   time} when its end is known; `note_drop` {sample, id} for a strike the MIDI file leaves out (see
-  musicrel/generation/streaming.py). Times are seconds from the start of the continuation;
-- `result`: the plain JSON response (every sample's MIDI in base64, timings, ...) plus `first_note_ms`;
-- or `error` {status, error: {code, message}}: what the plain endpoint would have answered (504 timeout,
+  musicrel/generation/streaming.py). Times are the answer's (`NoteSource.offset`): seconds from the start of
+  a continuation, seconds of the file for an infill; a strike the answer leaves out (an infill's note under
+  a kept one) is never reported;
+- `result`: the plain JSON answer (every sample's MIDI in base64, timings, ...) plus `first_note_ms`;
+- or `error` {status, error: {code, message}}: what the plain route would have answered (504 timeout,
   503 draining, 500 internal, ...); nothing follows it.
 
 Each sample's notes, applied in order, are exactly the notes of its MIDI file in `result`.
@@ -23,40 +25,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import UploadFile
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from musicrel.generation.primer import Primer
 from musicrel.generation.sampling import draw_seed
-from musicrel.generation.streaming import NoteEvent, NoteStream
+from musicrel.generation.streaming import NoteEvent
 from server.admission import Ticket
-from server.continuations import as_json, finish, parse_upload, primer_info, submit
 from server.errors import ApiError, describe
 from server.jobs import Job, WorkerStoppedError
-from server.schemas import ContinuationParams
+from server.schemas import MusicForm
 from server.service import Service
-
-if TYPE_CHECKING:
-    from musicrel.generation.sampling import ContinuationResult
+from server.tasks.base import Parsed, Task, parse, submit
 
 log = logging.getLogger("musicrel.server")
 
 MEDIA_TYPE = "application/x-ndjson"
-DEADLINE_MESSAGE = "the continuation did not finish within the request deadline"
 
 
-def _line(event: dict[str, Any]) -> bytes:
+def line(event: dict[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode() + b"\n"
 
 
-def _note_line(sample: int, e: NoteEvent) -> bytes:
+def note_line(sample: int, e: NoteEvent) -> bytes:
     if e.kind == "on":
         event = {"type": "note_on", "sample": sample, "id": e.id, "pitch": e.pitch, "velocity": e.velocity,
                  "time": round(e.time, 6)}  # fmt: skip
@@ -64,26 +62,24 @@ def _note_line(sample: int, e: NoteEvent) -> bytes:
         event = {"type": "note_off", "sample": sample, "id": e.id, "time": round(e.time, 6)}
     else:
         event = {"type": "note_drop", "sample": sample, "id": e.id}
-    return _line(event)
+    return line(event)
 
 
-class ContinuationStream:
-    """One streamed continuation: collects the worker's progress (on the loop) and writes the events."""
+class TaskStream:
+    """One streamed request of any task: collects the worker's progress (on the loop), writes the events."""
 
-    def __init__(
-        self, service: Service, params: ContinuationParams, primer: Primer, start: float, parsed: float
-    ) -> None:
-        self.service, self.params, self.primer = service, params, primer
-        self.start, self.parsed = start, parsed
-        self.job: Job | None = None
-        assert service.codec is not None
-        self.notes = [
-            NoteStream(service.codec, primer.tokens, primer.tail_steps) for _ in range(params.num_samples)
-        ]
-        self.pending: list[list[int]] = [[] for _ in range(params.num_samples)]  # reported, not yet decoded
-        self.decoded = [0] * params.num_samples  # tokens decoded so far, per sample
+    def __init__(self, task: Task, service: Service, request: Parsed) -> None:
+        self.task, self.service, self.request = task, service, request
+        source = task.note_source(service, request)
+        self.notes, self.offset, self.left_out = source.streams, source.offset, source.left_out
+        n = len(self.notes)
+        self.dropped: list[set[int]] = [set() for _ in range(n)]  # per sample, ids of the notes left out
+        self.pending: list[list[int]] = [[] for _ in range(n)]  # reported, not yet decoded
+        self.decoded = [0] * n  # tokens decoded so far, per sample
         self.first_note_at: float | None = None
+        self.job: Job | None = None
         self._wake = asyncio.Event()
+        self.deadline_message = f"the {task.name} did not finish within the request deadline"
 
     def progress(self, tokens: list[list[int]]) -> None:
         """on_progress, called on the loop: keep the new tokens for the writer."""
@@ -91,11 +87,22 @@ class ContinuationStream:
             pending.extend(new)
         self._wake.set()
 
+    def _events(self, i: int, events: list[NoteEvent]) -> list[bytes]:
+        """Sample i's events in the answer's time, the strikes it leaves out dropped with their ends."""
+        out = []
+        for e in events:
+            at = e.time + self.offset
+            if e.kind == "on" and self.left_out is not None and self.left_out(e.pitch, at):
+                self.dropped[i].add(e.id)
+            if e.id not in self.dropped[i]:
+                out.append(note_line(i, dataclasses.replace(e, time=at) if self.offset else e))
+        return out
+
     def _decode(self) -> bytes:
         out = []
         for i, (stream, pending) in enumerate(zip(self.notes, self.pending, strict=True)):
             if pending:
-                out += [_note_line(i, e) for e in stream.feed(pending)]
+                out += self._events(i, stream.feed(pending))
                 self.decoded[i] += len(pending)
                 pending.clear()
         if out and self.first_note_at is None and any(b'"note_on"' in line for line in out):
@@ -103,23 +110,24 @@ class ContinuationStream:
         return b"".join(out)
 
     def _start_event(self) -> bytes:
-        primer = primer_info(self.primer, len(self.primer.tokens))
-        return _line({
-            "type": "start", "seed": self.params.seed, "settings": self.params.model_dump(mode="json"),
-            "primer": primer.model_dump(mode="json"), "samples": self.params.num_samples,
+        form = self.request.form
+        return line({
+            "type": "start", "seed": form.seed, "settings": form.model_dump(mode="json"),
+            **self.task.start_fields(self.request), "samples": form.num_samples,
         })  # fmt: skip
 
-    async def _result(self, result: ContinuationResult) -> bytes:
+    async def _result(self, result: Any) -> bytes:
         """The tokens the reports did not carry yet, the notes still open, then the result event."""
         assert self.job is not None
         tails = []
         for i, (stream, tokens) in enumerate(zip(self.notes, result.tokens, strict=True)):
-            events = stream.feed(tokens[self.decoded[i] :]) + stream.close()
-            tails += [_note_line(i, e) for e in events]
-        c = await finish(self.service, self.params, self.primer, self.job, result, self.start, self.parsed)
-        first = None if self.first_note_at is None else round(1000 * (self.first_note_at - self.start), 2)
-        body = as_json(c).model_dump(mode="json")
-        return b"".join(tails) + _line({"type": "result", **body, "first_note_ms": first})
+            tails += self._events(i, stream.feed(tokens[self.decoded[i] :]) + stream.close())
+        body = await self.task.answer(self.service, self.request, self.job, result)
+        first = self.first_note_at
+        first_ms = None if first is None else round(1000 * (first - self.request.start), 2)
+        return b"".join(tails) + line(
+            {"type": "result", **body.model_dump(mode="json"), "first_note_ms": first_ms}
+        )
 
     async def events(self) -> AsyncIterator[bytes]:
         job = self.job
@@ -137,13 +145,13 @@ class ContinuationStream:
                 remaining = job.deadline - time.monotonic()
                 if remaining <= 0:
                     job.cancel("deadline")
-                    raise ApiError(504, "timeout", DEADLINE_MESSAGE)
+                    raise ApiError(504, "timeout", self.deadline_message)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), remaining)
             # The worker may reach the deadline first and end the job with what it has: still a timeout,
-            # as on the plain endpoint (under load this race answered a cut-short continuation as a result).
+            # as on the plain route (under load this race answered a cut-short continuation as a result).
             if job.stop_reason == "deadline":
-                raise ApiError(504, "timeout", DEADLINE_MESSAGE)
+                raise ApiError(504, "timeout", self.deadline_message)
             try:
                 result = job.future.result()
             except WorkerStoppedError as exc:
@@ -151,12 +159,12 @@ class ContinuationStream:
             yield await self._result(result)
         except Exception as exc:
             status, body = describe(exc)
-            yield _line({"type": "error", "status": status, **body})
+            yield line({"type": "error", "status": status, **body})
         finally:
             # Cancelled (the client left, or a forced shutdown) or closed early: free the rows.
             if not job.future.done() and job.stop_reason is None:
                 job.cancel("disconnected")
-                log.info("stream client disconnected; generation stopped")
+                log.info("%s stream client disconnected; generation stopped", self.task.name)
 
 
 class NdjsonStream(StreamingResponse):
@@ -173,21 +181,17 @@ class NdjsonStream(StreamingResponse):
 
 
 async def start_stream(
-    service: Service, file: UploadFile, params: ContinuationParams, ticket: Ticket | None
+    task: Task, service: Service, file: UploadFile, form: MusicForm, ticket: Ticket | None
 ) -> NdjsonStream:
-    """Parse and queue as the plain endpoint does (its errors are plain HTTP errors), then the response."""
-    start = time.monotonic()
-    deadline = start + service.settings.request_timeout_s
-    primer = await parse_upload(service, file, params)
-    parsed = time.monotonic()
-    service.metrics.parse_seconds.observe(parsed - start)
-    if params.seed is None:
-        params = params.model_copy(update={"seed": draw_seed()})
-    stream = ContinuationStream(service, params, primer, start, parsed)
-    stream.job = submit(service, primer, params.library_params(), deadline, ticket, stream.progress)
+    """Parse and queue as the plain route does (its errors are plain HTTP errors), then the NDJSON."""
+    if form.seed is None:  # drawn here, so that the start event can say it at once
+        form = form.model_copy(update={"seed": draw_seed()})
+    request = await parse(task, service, file, form)
+    stream = TaskStream(task, service, request)
+    stream.job = submit(service, request, request.deadline, ticket, stream.progress)
     headers = {
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",  # nginx would otherwise hold the lines back until its buffer fills
-        "X-Musicrel-Seed": str(params.seed),
+        "X-Musicrel-Seed": str(request.form.seed),
     }
     return NdjsonStream(stream.events(), headers=headers)

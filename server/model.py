@@ -76,9 +76,11 @@ def view_infiller(folder: str | Path) -> tuple[CheckpointView | None, str]:
 
 @dataclass(frozen=True)
 class ModelCard:
-    """What /v1/model says of a loaded model (picklable: the engine sends it to the HTTP process)."""
+    """What /v1/model says of a loaded model, and its card (picklable: the engine sends it to the HTTP
+    process)."""
 
-    info: dict[str, Any]  # checkpoint, sha256, parameters, vocab_size, model, codec, card
+    info: dict[str, Any]  # checkpoint, sha256, parameters, vocab_size, model, codec
+    text: str | None = None  # MODEL_CARD.md, served at a URL of its own (routes/model.py); None: none
 
 
 @dataclass
@@ -110,10 +112,10 @@ class LoadedModel:
             "vocab_size": codec.vocab_size,
             "model": model.cfg.to_dict(),
             "codec": codec.config.to_dict(),
-            "card": card.read_text(errors="replace") if card.is_file() else None,
         }
         log.info("loaded %s: %d parameters, sha256 %s", folder, info["parameters"], info["sha256"][:12])
-        return cls(model, codec, ModelCard(info))
+        text = card.read_text(errors="replace") if card.is_file() else None
+        return cls(model, codec, ModelCard(info, text))
 
 
 def load_accompanist(

@@ -483,7 +483,11 @@ class ModelInfo(BaseModel):
     model: dict[str, Any]
     codec: dict[str, Any]
     limits: dict[str, Any]
-    card: str | None = Field(None, description="MODEL_CARD.md, when the checkpoint has one")
+    card_url: str | None = Field(
+        None,
+        description="where this model's card (its checkpoint's MODEL_CARD.md) is served as text/markdown; "
+        "null when the checkpoint has none. The accompaniment and infill models' have their own card_url",
+    )
     novelty_index: dict[str, int] | None = Field(
         None, description="pieces and notes of the training data's novelty index beside the checkpoint"
     )

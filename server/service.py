@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("musicrel.server")
 
+# The models a server may hold, by the names /v1/model uses.
+MODELS = ("continuation", "accompaniment", "infill")
+
 
 class Service:
     def __init__(self, settings: Settings, metrics: Metrics, decoder: Callable[..., Any] | None = None):
@@ -113,34 +116,36 @@ class Service:
         elif not self.uses_engine_process:
             self.infiller = load_infiller(folder, weights=self.settings.weights)
 
+    def model_card(self, name: str) -> ModelCard | None:
+        """The card of model `name` (one of MODELS): from the model loaded here, or from the engine once it
+        is ready; None before, and when the server has no such model."""
+        views = {"continuation": self.view, "accompaniment": self.accompaniment, "infill": self.infill}
+        if views[name] is None:
+            return None
+        here = {"continuation": self.loaded, "accompaniment": self.accompanist, "infill": self.infiller}[name]
+        if here is not None:
+            return here.card
+        ready = self.worker.cards if isinstance(self.worker, EngineProcess) else None
+        if ready is None:
+            return None
+        return {"continuation": ready.card, "accompaniment": ready.accompaniment, "infill": ready.infill}[
+            name
+        ]
+
     def infill_info(self) -> dict[str, Any] | None:
         """What /v1/model says of the infill model: null when the route is unavailable."""
         from musicrel.generation.span import MAX_SPAN_SECONDS
 
-        if self.infill is None:
-            return None
-        if self.infiller is not None:
-            card = self.infiller.card
-        else:
-            ready = self.worker.cards if isinstance(self.worker, EngineProcess) else None
-            card = ready.infill if ready is not None else None
+        card = self.model_card("infill")
         if card is None:
             return None
         info = {key: value for key, value in card.info.items() if key != "codec"}
         return {**info, "max_span_seconds": MAX_SPAN_SECONDS}
 
-    def cards(self) -> tuple[ModelCard | None, ModelCard | None]:
-        """The continuation and accompaniment models' cards: from the models loaded here, or from the engine
-        once it is ready (None before)."""
-        if self.loaded is not None:
-            return self.loaded.card, self.accompanist.card if self.accompanist is not None else None
-        ready = self.worker.cards if isinstance(self.worker, EngineProcess) else None
-        return (ready.card, ready.accompaniment) if ready is not None else (None, None)
-
     @property
     def info(self) -> dict[str, Any]:
         """What /v1/model says of the continuation model; empty until it is loaded."""
-        card, _ = self.cards()
+        card = self.model_card("continuation")
         if card is None:
             return {}
         novelty = self.novelty and {"pieces": len(self.novelty.names), "notes": self.novelty.notes}
@@ -148,8 +153,8 @@ class Service:
 
     def accompaniment_info(self) -> dict[str, Any] | None:
         """What /v1/model says of the accompaniment model: null when the route is unavailable."""
-        _, card = self.cards()
-        if self.accompaniment is None or card is None:
+        card = self.model_card("accompaniment")
+        if card is None:
             return None
         info = {key: value for key, value in card.info.items() if key != "codec"}
         # The page sets its shared sampling fields to these when it switches to accompanying.

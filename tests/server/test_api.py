@@ -786,3 +786,28 @@ def test_every_form_route_documents_the_rules_its_fields_are_checked_by(client):
     assert number["maximum"] == 127 and number["type"] == "integer"
     assert re.match(name["pattern"], " violin ") and re.match(name["pattern"], "fx 1 (RAIN)")
     assert not re.match(name["pattern"], "Violinn") and not re.match(name["pattern"], "40")
+
+
+def test_model_info_links_the_card_and_serves_it_at_its_own_url(client, tiny_checkpoint, tmp_path):
+    """/v1/model describes in short: no card inline, a link to it (null without one), and the card is served
+    at its own URL as Markdown; 404 JSON without a card or for a model the server has not."""
+    import shutil
+
+    info = client.get("/v1/model").json()
+    assert "card" not in info and info["card_url"] is None  # the tiny checkpoint has no MODEL_CARD.md
+    missing = client.get("/v1/model/card")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "no_card"
+    unknown = client.get("/v1/model/drums/card")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "no_such_model"
+    folder = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, folder)
+    text = "# A tiny model\n\nIt continues motifs, badly. ♪\n"
+    (folder / "MODEL_CARD.md").write_text(text)
+    with serve(folder, batch_window_ms=0) as (carded, _):
+        info = carded.get("/v1/model").json()
+        assert "card" not in info and info["card_url"] == "/v1/model/card"
+        for url in (info["card_url"], "/v1/model/continuation/card"):
+            card = carded.get(url)
+            assert card.status_code == 200 and card.text == text
+            assert card.headers["content-type"].startswith("text/markdown")
+        assert len(carded.get("/v1/model").content) < 10_000  # a summary, whatever the card's size

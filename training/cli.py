@@ -206,6 +206,7 @@ def _finetune(args) -> int:
         resume=args.resume,
         progress=not args.quiet,
         command=_command_line("finetune", args),
+        instruments=args.instruments,
     )
     s = finetune(run, FinetuneConfig(**overrides))
     for split in ("val", "test"):
@@ -240,6 +241,11 @@ def _add_finetune(subparsers) -> None:
     p.add_argument("--precision", default=None, help="Lightning's (default: bf16-mixed on a GPU with it)")
     p.add_argument("--max-time", default=None, help="stop after DD:HH:MM:SS")
     p.add_argument("--resume", action="store_true", help="continue from WORK's last checkpoint")
+    p.add_argument(
+        "--instruments",
+        action="store_true",
+        help="prepare with instrument tokens (drums kept) and grow the model's vocabulary by them",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_finetune)
 

@@ -7,6 +7,10 @@ when the validation NLL has not improved for `patience` validations (or at `max_
 step is exported. The folder's MODEL_CARD.md records the base (its weights' sha256), the data (files, tokens,
 a hash of the files' contents), the command, and the held-out NLL before and after.
 
+With `instruments=True` (`--instruments`) the files are prepared with the base's codec plus INSTRUMENT tokens
+(docs/INSTRUMENTS.md: every track's program, drums kept) and the base's vocabulary grows by their rows
+(training/module.py `_instrument_rows`); the "before" figures are then the grown model's, untrained.
+
 Lightning runs it (`accelerator`, `devices`, `precision` as in `musicrel train`), checkpoints every validation
 into WORK and resumes from WORK's last checkpoint with `resume=True`. `FinetuneRun` holds what a run reads,
 writes and runs on; `FinetuneConfig` how the model trains.
@@ -28,8 +32,8 @@ from lightning.pytorch.loggers import CSVLogger
 
 from musicrel.data.prepared import MANIFEST, load_manifest
 from musicrel.errors import ConfigError, is_int
-from musicrel.midi.codec import CodecConfig
-from musicrel.model.checkpoint import load_codec, load_model, read_config, weights_sha256
+from musicrel.midi.codec import CodecConfig, EventCodec
+from musicrel.model.checkpoint import load_codec, load_model, read_config, save_model, weights_sha256
 from musicrel.model.config import ModelConfig
 from training.evaluate import evaluate
 from training.export import export_checkpoint
@@ -114,18 +118,30 @@ def data_summary(manifest: dict) -> dict:
 
 
 def build_module(base, codec, fc: FinetuneConfig) -> MusicLM:
-    """A MusicLM with the base model's configuration and weights and the fine-tuning schedule."""
+    """A MusicLM with the base model's configuration and weights and the fine-tuning schedule; a codec with
+    more tokens than the base's (instruments) grows its vocabulary as `model.init_from` does."""
+    config = read_config(base)["model"]
+    grows = codec.vocab_size != config["vocab_size"]
     lm = MusicLM(
-        ModelConfig.from_dict(read_config(base)["model"]),
+        ModelConfig.from_dict({**config, "vocab_size": codec.vocab_size}),
         codec=codec.config.to_dict(),
         lr=fc.lr,
         weight_decay=fc.weight_decay,
         warmup_steps=fc.warmup_steps,
         decay_steps=fc.max_steps,
         min_lr_ratio=fc.min_lr_ratio,
+        init_from=str(base) if grows else None,
     )
-    lm.model.load_state_dict(load_model(base).state_dict())
+    if not grows:
+        lm.model.load_state_dict(load_model(base).state_dict())
     return lm
+
+
+def with_instruments(codec) -> EventCodec:
+    """The base's codec with INSTRUMENT tokens (the same codec when it has them)."""
+    if codec.config.instruments:
+        return codec
+    return EventCodec(CodecConfig.from_dict({**codec.config.to_dict(), "instruments": True}))
 
 
 class _Estimate(Callback):
@@ -167,6 +183,7 @@ class FinetuneRun:
     resume: bool = False  # from WORK's last checkpoint
     progress: bool = True
     command: str | None = None  # for the card (None: this process' own command line)
+    instruments: bool = False  # prepare with INSTRUMENT tokens and grow the base's vocabulary by them
 
     def __post_init__(self):
         if isinstance(self.sources, (str, Path)) or not self.sources:
@@ -190,6 +207,8 @@ def finetune(run: FinetuneRun, config: FinetuneConfig | None = None) -> dict:
     fc = config or FinetuneConfig()
     base, out, work, sources = run.base, run.out, run.work, run.sources
     codec = load_codec(base)  # also checks that base is a model folder
+    if run.instruments:
+        codec = with_instruments(codec)
     last = work / "checkpoints" / "last.ckpt"
     if run.resume and not last.is_file():
         raise ConfigError(f"nothing to resume: no {last}", code="nothing_to_resume")
@@ -238,7 +257,10 @@ def finetune(run: FinetuneRun, config: FinetuneConfig | None = None) -> dict:
         enable_model_summary=False,
         log_every_n_steps=1,
     )
-    before = {s: evaluate(base, data, split=s, max_windows=fc.val_windows)["nll"] for s in ("val", "test")}
+    scored = base
+    if lm.cfg.vocab_size != read_config(base)["model"]["vocab_size"]:  # the grown model, as it starts
+        scored = save_model(lm.model, work / "grown", codec=codec)
+    before = {s: evaluate(scored, data, split=s, max_windows=fc.val_windows)["nll"] for s in ("val", "test")}
     start = time.perf_counter()
     L.seed_everything(fc.seed, verbose=False)
     trainer.fit(lm, datamodule=dm, ckpt_path=str(last) if run.resume else None)
@@ -248,7 +270,7 @@ def finetune(run: FinetuneRun, config: FinetuneConfig | None = None) -> dict:
     export_checkpoint(chosen, out)
     after = {s: evaluate(out, data, split=s, max_windows=fc.val_windows)["nll"] for s in ("val", "test")}
     summary = {
-        "base": {"path": str(base), "weights_sha256": base_sha},
+        "base": {"path": str(base), "weights_sha256": base_sha, "grown": scored != base},
         "data": {"sources": [str(s) for s in sources], **data_summary(prepared["manifest"])},
         "config": asdict(fc),
         "steps": int(trainer.global_step),
@@ -275,13 +297,18 @@ def model_card(s: dict, lm: MusicLM) -> str:
     )
     arch = f"{cfg.attention}, {cfg.n_layers} x {cfg.d_model}, {cfg.n_heads} heads, context {cfg.max_seq_len}"
     stop = "stopped early" if s["stopped_early"] else "ran to the cap"
+    grown = (
+        " with INSTRUMENT tokens (its vocabulary grown; 'base' below: the grown model)"
+        if s["base"].get("grown")
+        else ""
+    )
     return f"""# musicrel model, fine-tuned
 
 Fine-tuned from `{s["base"]["path"]}` (weights sha256 `{s["base"]["weights_sha256"]}`) with
 
     {s["command"]}
 
-- architecture: {arch} ({lm.model.num_parameters():,} parameters), the base's codec
+- architecture: {arch} ({lm.model.num_parameters():,} parameters), the base's codec{grown}
 - data: {d["files"]["train"]} training files ({d["tokens"]["train"]:,} tokens), {d["skipped"]} skipped;
   content hash `{d["sha256"]}`
 - training: {s["steps"]} steps of {c["batch_size"]} x {cfg.max_seq_len} tokens, lr {c["lr"]:g},

@@ -5,6 +5,7 @@ a run on a piano + band mix from it, export, load)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -149,3 +150,28 @@ def test_crops_know_the_instrument_they_start_in():
     up = augment(c, crop, 2, 1.0, instrument_at(c, stream, 4, index))
     assert up.tolist() == [128 + 36, 38, shift, 128 + 38, bass, 42, shift, 128 + 42, c.eos_id, c.bos_id, 62,
                            shift, 128 + 62, c.eos_id]  # fmt: skip
+
+
+def test_musicrel_finetune_with_instruments(tmp_path):
+    from musicrel.model.checkpoint import save_model
+
+    torch.manual_seed(0)
+    small = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, max_seq_len=32, dropout=0.0)
+    piano = save_model(
+        MusicTransformer(ModelConfig(vocab_size=391, **small)), tmp_path / "piano", codec=EventCodec()
+    )
+    band = tmp_path / "band"
+    band.mkdir()
+    for k in range(5):
+        _band_file(band / f"song{k}.mid", 10 + k)
+    out = tmp_path / "out"
+    args = ["finetune", "--checkpoint", str(piano), "--data", str(band), "--out", str(out), "--instruments"]
+    assert main([*args, "--max-steps", "4", "--val-every", "2", "--batch-size", "2", "--quiet"]) == 0
+    codec = load_codec(out)
+    assert codec.config.instruments and load_model(out).tok_emb.weight.shape[0] == 520
+    summary = json.loads((out / "finetune.json").read_text())
+    assert summary["base"]["grown"] and summary["steps"] == 4
+    assert all(np.isfinite(v) for v in summary["nll_before"].values())
+    assert "INSTRUMENT tokens" in (out / "MODEL_CARD.md").read_text()
+    grown = load_model(out.with_name("out.work") / "grown")  # what "before" scored: the base, grown
+    assert torch.equal(grown.tok_emb.weight[:391], load_model(piano).tok_emb.weight)

@@ -3,6 +3,7 @@ user's clone, so tests that need it skip with a reason when it is absent."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -10,6 +11,24 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_MIDI = Path(os.environ.get("MUSICREL_SHARED", REPO.parent / "shared")) / "midi"
+
+
+def pytest_configure(config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers, one a core
+        import torch
+
+        # A tiny model's op is too small to split: a second thread per worker only waits at each op's
+        # barrier for the core the other worker holds. Tests and commands that choose threads still do.
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under xdist (`make test`: `--dist loadfile --no-loadscope-reorder` hands out whole files in this
+    order) the files with a `long` test go first: one worker is on them while the other takes the many
+    short files, instead of one starting a minutes-long test when the rest is done."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        long = {item.path for item in items if item.get_closest_marker("long")}
+        items.sort(key=lambda item: item.path not in long)  # stable: each file's tests stay in order
 
 
 def _shared_dir(name: str) -> Path:
@@ -27,6 +46,15 @@ def real_midi_dir() -> Path:
 @pytest.fixture(scope="session")
 def real_midi_files(real_midi_dir) -> list[Path]:
     return sorted(real_midi_dir.glob("*.mid"))
+
+
+@pytest.fixture(scope="session")
+def read_real_midi():
+    """path -> the PrettyMIDI the codec reads from it, each file parsed once a session (0.1-2.5 s a file;
+    several tests read them all). Shared: a test must not change what it gets."""
+    from musicrel.midi.codec import EventCodec
+
+    return functools.cache(EventCodec().read)
 
 
 @pytest.fixture(scope="session")

@@ -184,11 +184,11 @@ def test_the_instrument_is_counted_in_the_window_read():
     assert prepare_primer(CODEC, pm, 1.5).program == 73  # the window holds the flute alone
 
 
-def test_real_merged_songs_are_read_as_their_main_instrument_or_piano(real_midi_files):
+def test_real_merged_songs_are_read_as_their_main_instrument_or_piano(real_midi_files, read_real_midi):
     """Every real file gets a program that plays more than half the window's notes, or piano."""
     for path in real_midi_files:
-        primer = prepare_primer(CODEC, path, 30.0)
-        pm = pretty_midi.PrettyMIDI(str(path))
+        pm = read_real_midi(path)
+        primer = prepare_primer(CODEC, pm, 30.0)
         window = [
             inst.program
             for inst in pm.instruments
@@ -232,11 +232,11 @@ def test_a_motif_end_before_every_note_is_no_notes():
     assert err.value.code == "no_notes"
 
 
-def test_a_window_shortened_by_the_token_cap_says_so(real_midi_files):
+def test_a_window_shortened_by_the_token_cap_says_so(real_midi_files, read_real_midi):
     """A dense song's "30 s" was 5 s of it, silently: the primer says it was cropped, and how much it read."""
     cropped = []
     for path in real_midi_files:
-        primer = prepare_primer(CODEC, path, 30.0, max_tokens=384)
+        primer = prepare_primer(CODEC, read_real_midi(path), 30.0, max_tokens=384)
         assert primer.requested_seconds == 30.0
         asked_start = max(min(n.start for n in primer.motif_notes), primer.end_time - 30.0)
         assert primer.cropped == (primer.start_time > asked_start + 1e-9 or len(primer.tokens) == 384)

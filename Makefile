@@ -47,8 +47,11 @@ audio:
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 
+# Two workers (pytest-xdist), whole files each so a module's fixtures are built once; the files with `long`
+# tests first (tests/conftest.py). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed browser audio lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"

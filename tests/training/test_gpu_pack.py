@@ -237,6 +237,7 @@ def _run_sh(pack: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.long
 def test_run_sh_starts_waits_and_collects_on_a_cpu(tiny_data, tmp_path):
     """The steps a GPU lease takes, one device command each: start (returns while training goes on in its own
     session), status, wait, collect."""
@@ -310,6 +311,7 @@ def test_run_sh_wait_fails_on_a_failed_run(tiny_data, tmp_path):
     assert "no_such_option" in waited.stdout  # the log's tail says why
 
 
+@pytest.mark.long
 def test_the_shared_corpora_pack_under_the_limit(tmp_path):
     """At the corpora's real size (every shared corpus, as the shipped model's recipe prepares them): the data
     fits beside the checkout's files with room for the wheels (1.6 MiB when last packed, pretty_midi's

@@ -24,11 +24,14 @@ def pytest_configure(config) -> None:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Under xdist (`make test`: `--dist loadfile --no-loadscope-reorder` hands out whole files in this
-    order) the files with a `long` test go first: one worker is on them while the other takes the many
-    short files, instead of one starting a minutes-long test when the rest is done."""
+    order) the files with `long(seconds)` tests go first, the longest first: one worker is on them while the
+    other takes the many short files, instead of one starting a minutes-long test when the rest is done."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        long = {item.path for item in items if item.get_closest_marker("long")}
-        items.sort(key=lambda item: item.path not in long)  # stable: each file's tests stay in order
+        seconds: dict[Path, float] = {}
+        for item in items:
+            mark = item.get_closest_marker("long")
+            seconds[item.path] = seconds.get(item.path, 0.0) + (mark.args[0] if mark else 0.0)
+        items.sort(key=lambda item: -seconds[item.path])  # stable: each file's tests stay in order
 
 
 def _shared_dir(name: str) -> Path:

@@ -116,7 +116,7 @@ def user_repo(tmp_path) -> Path:
     return repo
 
 
-@pytest.mark.long
+@pytest.mark.long(40)
 def test_readme_training_path_gives_an_exported_model_and_its_music(user_repo):
     from musicrel.model.checkpoint import load_model
 

@@ -236,13 +236,13 @@ class Grammar:
             # shifts are tilted toward longer ones when notes come too fast, shorter when too slow.
             bias = self.density.bias[:, None]  # (B, 1)
             block *= bias.clamp(max=0.0).exp()
-            struck_now = (self.onset == self.elapsed[:, None]).sum(dim=1, keepdim=True)  # (B, 1) now
-            wait = bias.clamp(min=0.0) * (struck_now < DENSITY_CHORD)  # (B, 1): nats the shifts lose
+            struck = self.onset == self.elapsed[:, None]  # (B, 128) notes struck at this instant
+            wait = bias.clamp(min=0.0) * (struck.sum(dim=1, keepdim=True) < DENSITY_CHORD)  # (B, 1): nats
             tilt = bias * self._constants().shift_tilt  # (B, max_shift): nats
             probs[:, self.shift0 : self.shift0 + self.max_shift] *= (tilt - wait).exp()
         if self.any_cap:
             # A note struck and released on this step still sounds for one step (the codec decodes it so).
-            sounding = self.open | (self.onset == self.elapsed[:, None])  # (B, 128)
+            sounding = self.open | (struck if self.any_density else self.onset == self.elapsed[:, None])
             full = (sounding.sum(dim=1, keepdim=True) >= self.max_poly[:, None]) & ~sounding  # new notes wait
             block.masked_fill_(full, 0.0)
         return probs

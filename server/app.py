@@ -22,7 +22,7 @@ from server import openapi
 from server.errors import install_error_handlers
 from server.metrics import Metrics, worker_exited
 from server.middleware import AdmissionMiddleware, MetricsMiddleware, UploadLimitMiddleware
-from server.routes import FORMS, router
+from server.routes import FORMS, GENERATION_PATHS, router
 from server.service import Service
 from server.settings import Settings
 
@@ -87,8 +87,8 @@ def create_app(settings: Settings | None = None, decoder: Callable[..., Any] | N
     # Last added runs first: metrics see every answer (refusals included); admission refuses a continuation
     # (503, 429) before its body is read; the upload bounds (413, 408, 429) apply to every read of it.
     app.add_middleware(UploadLimitMiddleware, settings=settings)
-    app.add_middleware(AdmissionMiddleware, service=service)
-    app.add_middleware(MetricsMiddleware, metrics=metrics, service=service)
+    app.add_middleware(AdmissionMiddleware, service=service, paths=GENERATION_PATHS)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, service=service, paths=GENERATION_PATHS)
     return app
 
 

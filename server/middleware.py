@@ -16,22 +16,6 @@ from server.errors import ApiError, error_response
 from server.metrics import Metrics
 from server.settings import Settings
 
-CONTINUATIONS_PATH = "/v1/continuations"
-MOTIFS_PATH = "/v1/motifs"
-ACCOMPANIMENTS_PATH = "/v1/accompaniments"
-INFILLS_PATH = "/v1/infills"
-# The routes that generate (preparing a motif prefills it in the engine): admitted, counted in flight and
-# drained the same way.
-GENERATION_PATHS = frozenset(
-    {
-        CONTINUATIONS_PATH,
-        f"{CONTINUATIONS_PATH}/stream",
-        MOTIFS_PATH,
-        ACCOMPANIMENTS_PATH,
-        INFILLS_PATH,
-        f"{INFILLS_PATH}/stream",
-    }
-)
 # Scope key: was the service draining when this request arrived? One that arrived before SIGTERM is served
 # even if its upload is still being read when the signal comes.
 DRAINING_AT_ARRIVAL = "musicrel.draining_at_arrival"
@@ -215,16 +199,17 @@ class _Upload:
 
 
 class AdmissionMiddleware:
-    """POST /v1/continuations and /v1/continuations/stream are admitted (or refused: 503 not ready or
-    draining, 429 queue full) as they arrive, before the upload is read; the route submits with the ticket
-    kept in the scope."""
+    """The routes that generate (every task's, its stream's, /v1/motifs) are admitted (or refused: 503 not
+    ready or draining, 429 queue full) as they arrive, before the upload is read; the route submits with the
+    ticket kept in the scope."""
 
-    def __init__(self, app: ASGIApp, service: Any):
+    def __init__(self, app: ASGIApp, service: Any, paths: frozenset[str]):
         self.app = app
         self.service = service
+        self.paths = paths  # the routes that generate (server.routes.GENERATION_PATHS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS or scope["method"] != "POST":
+        if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         length = Headers(scope=scope).get("content-length", "")
@@ -255,10 +240,11 @@ class MetricsMiddleware:
     """Counts requests by route template, method and status; tracks continuation requests in flight from the
     moment they arrive (upload included) so that a drain waits for them."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, service: Any):
+    def __init__(self, app: ASGIApp, metrics: Metrics, service: Any, paths: frozenset[str]):
         self.app = app
         self.metrics = metrics
         self.service = service
+        self.paths = paths  # the routes that generate (server.routes.GENERATION_PATHS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -266,7 +252,7 @@ class MetricsMiddleware:
             return
         start = time.perf_counter()
         status = 500  # if the app raises before answering, ServerErrorMiddleware sends a 500
-        is_generation = scope["path"] in GENERATION_PATHS and scope["method"] == "POST"
+        is_generation = scope["path"] in self.paths and scope["method"] == "POST"
 
         async def status_send(message: Message) -> None:
             nonlocal status

@@ -3,8 +3,8 @@ resources one thin module each (their dependencies in server/deps.py)."""
 
 from fastapi import APIRouter
 
-from server.middleware import MOTIFS_PATH
 from server.routes import health, model, motifs, page
+from server.routes.motifs import MOTIFS_PATH
 from server.routes.tasks import task_router
 from server.tasks import TASKS
 
@@ -23,3 +23,6 @@ FORMS = (
     ),
     (MOTIFS_PATH, "post", "MotifParams"),
 )
+# The routes that generate (preparing a motif prefills it in the engine): admitted, counted in flight and
+# drained the same way (server/middleware.py).
+GENERATION_PATHS = frozenset(path for path, _, _ in FORMS)

@@ -9,12 +9,13 @@ from fastapi.responses import Response
 
 from server.deps import MotifParamsDep, ServiceDep
 from server.errors import CLIENT_CLOSED
-from server.middleware import ADMISSION_TICKET, MOTIFS_PATH
+from server.middleware import ADMISSION_TICKET
 from server.routes.uploads import ERRORS, FILE_SCHEMA
 from server.schemas import PreparedMotif
 from server.tasks import continuation
 
 router = APIRouter()
+MOTIFS_PATH = "/v1/motifs"
 MotifFile = Annotated[
     UploadFile, File(description=continuation.CONTINUATION.file_description, json_schema_extra=FILE_SCHEMA)
 ]

@@ -18,7 +18,6 @@ from musicrel.errors import InvalidMidiError
 from musicrel.generation.controls import gm_program_name
 from server.errors import ApiError
 from server.jobs import Accompany, Job
-from server.middleware import ACCOMPANIMENTS_PATH
 from server.schemas import AccompanimentParams, AccompanimentResponse, AccompanimentSample, Timings
 from server.service import Service
 from server.submit import parse_on_thread
@@ -42,7 +41,7 @@ def parse_melody(codec: Any, data: bytes, track: int | None, max_seconds: float)
 
 class AccompanimentTask(Task):
     name = "accompaniment"
-    path = ACCOMPANIMENTS_PATH
+    path = "/v1/accompaniments"
     form = AccompanimentParams
     response = AccompanimentResponse
     summary = "Accompany an uploaded melody"

@@ -25,7 +25,6 @@ from musicrel.generation.sampling import SamplingParams
 from musicrel.generation.streaming import NoteStream
 from server.admission import Ticket
 from server.jobs import Continue, Job
-from server.middleware import CONTINUATIONS_PATH
 from server.openapi import form_limits
 from server.schemas import (
     BatchInfo,
@@ -127,7 +126,7 @@ def write_samples(
 
 class ContinuationTask(Task):
     name = "continuation"
-    path = CONTINUATIONS_PATH
+    path = "/v1/continuations"
     form = ContinuationParams
     response = ContinuationResponse
     summary = "Continue an uploaded MIDI motif"

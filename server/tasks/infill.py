@@ -32,7 +32,6 @@ from musicrel.generation.span import (
 from musicrel.generation.streaming import NoteStream
 from server.errors import ApiError, in_bars
 from server.jobs import Infill, Job
-from server.middleware import INFILLS_PATH
 from server.schemas import InfillParams, InfillResponse, InfillSample, NewNote, Timings
 from server.service import Service
 from server.submit import parse_on_thread
@@ -54,7 +53,7 @@ def _cut(codec, data: bytes, params: InfillParams) -> tuple[InfillSegments, tupl
 
 class InfillTask(Task):
     name = "infill"
-    path = INFILLS_PATH
+    path = "/v1/infills"
     form = InfillParams
     response = InfillResponse
     summary = "Regenerate a span of an uploaded MIDI file, keeping everything else"

@@ -41,6 +41,7 @@ from server.jobs import (
     Job,
     JobEvent,
     JobRequest,
+    OnProgress,
     Progress,
     QueueFullError,
     Started,
@@ -133,12 +134,7 @@ class EngineProcess:
 
     # ---- event-loop side -------------------------------------------------------------------------
 
-    def submit(
-        self,
-        request: JobRequest,
-        deadline: float,
-        on_progress: Callable[[list[list[int]]], None] | None = None,
-    ) -> Job:
+    def submit(self, request: JobRequest, deadline: float, on_progress: OnProgress = None) -> Job:
         future, report = to_loop(asyncio.get_running_loop(), on_progress)
         stream = on_progress is not None
         return self._queue(

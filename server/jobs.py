@@ -51,6 +51,8 @@ class Failed:
 
 
 JobEvent = Started | Progress | Finished | Failed
+# Called on the request's loop with each sample's new tokens (a streamed job); None: not streamed.
+OnProgress = Callable[[list[list[int]]], None] | None
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ class Job:
 
 
 def to_loop(
-    loop: asyncio.AbstractEventLoop, on_progress: Callable[[list[list[int]]], None] | None = None
+    loop: asyncio.AbstractEventLoop, on_progress: OnProgress = None
 ) -> tuple[asyncio.Future, Callable[[Job, JobEvent], None]]:
     """A future on `loop` for a request to await, and the `report` that settles it from any thread (Finished
     or Failed) and calls on_progress(tokens per sample) on the loop for each Progress."""

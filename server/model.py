@@ -54,24 +54,24 @@ class CheckpointView:
         return cls(folder, codec, max_primer_tokens(window), codec.melody_on_offset is not None, infills)
 
 
+def _view(folder: str | Path, what: str, can: str, lacks: str) -> tuple[CheckpointView | None, str]:
+    """The `what` checkpoint in `folder` (one whose view says `can`), or None and why the server has none."""
+    if not has_checkpoint(folder):
+        return None, f"no {what} model on this server ({folder} holds no checkpoint)"
+    view = CheckpointView.read(folder)
+    if not getattr(view, can):
+        return None, f"{folder} is not an {what} model ({lacks})"
+    return view, ""
+
+
 def view_accompanist(folder: str | Path) -> tuple[CheckpointView | None, str]:
     """The accompaniment checkpoint in `folder`, or None and why the server has none."""
-    if not has_checkpoint(folder):
-        return None, f"no accompaniment model on this server ({folder} holds no checkpoint)"
-    view = CheckpointView.read(folder)
-    if not view.accompanies:
-        return None, f"{folder} is not an accompaniment model (its codec has no melody tokens)"
-    return view, ""
+    return _view(folder, "accompaniment", "accompanies", "its codec has no melody tokens")
 
 
 def view_infiller(folder: str | Path) -> tuple[CheckpointView | None, str]:
     """The infill checkpoint in `folder`, or None and why the server has none."""
-    if not has_checkpoint(folder):
-        return None, f"no infill model on this server ({folder} holds no checkpoint)"
-    view = CheckpointView.read(folder)
-    if not view.infills:
-        return None, f"{folder} is not an infill model (its model has no infill tokens)"
-    return view, ""
+    return _view(folder, "infill", "infills", "its model has no infill tokens")
 
 
 @dataclass(frozen=True)

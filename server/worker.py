@@ -45,6 +45,7 @@ from server.jobs import (
     Infill,
     Job,
     JobRequest,
+    OnProgress,
     QueueFullError,
     WorkerStoppedError,
     to_loop,
@@ -155,12 +156,7 @@ class GenerationWorker(Protocol):
 
     def start(self) -> None: ...
 
-    def submit(
-        self,
-        request: JobRequest,
-        deadline: float,
-        on_progress: Callable[[list[list[int]]], None] | None = None,
-    ) -> Job:
+    def submit(self, request: JobRequest, deadline: float, on_progress: OnProgress = None) -> Job:
         """Queue a job of any task (from the event loop); QueueFullError or WorkerStoppedError. With
         `on_progress`, it is called on the loop with each sample's new tokens after every step that made
         some."""
@@ -252,12 +248,7 @@ class GenerationThread:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(
-        self,
-        request: JobRequest,
-        deadline: float,
-        on_progress: Callable[[list[list[int]]], None] | None = None,
-    ) -> Job:
+    def submit(self, request: JobRequest, deadline: float, on_progress: OnProgress = None) -> Job:
         future, report = to_loop(asyncio.get_running_loop(), on_progress)
         job = Job(request, deadline, report=report, future=future, stream=on_progress is not None)
         self.enqueue(job)

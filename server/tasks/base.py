@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from server.admission import Ticket
 from server.errors import ApiError
-from server.jobs import Job, JobRequest
+from server.jobs import Job, JobRequest, OnProgress
 from server.schemas import MusicForm, Timings
 from server.service import Service
 from server.submit import queue_job, read_upload, wait_for_result
@@ -172,7 +172,7 @@ def submit(
     request: Parsed | JobRequest,
     deadline: float,
     ticket: Ticket | None,
-    on_progress: Callable[[list[list[int]]], None] | None = None,
+    on_progress: OnProgress = None,
 ) -> Job:
     """Queue the job (server/submit.py: 429 queue_full, 503 draining); `on_progress`: see
     GenerationWorker.submit."""

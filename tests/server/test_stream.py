@@ -19,7 +19,8 @@ from server.tasks.stream import MEDIA_TYPE
 from tests.server.conftest import MOTIF, Broken, Gate, error_of, metric, motif, serve, wait_for
 
 PATH = "/v1/continuations/stream"
-FIELDS = {"seconds": "1", "seed": "11", "num_samples": "2"}
+# a seed whose two samples strike notes within the second (the tiny model's draws: RowRandom's streams)
+FIELDS = {"seconds": "1", "seed": "12", "num_samples": "2"}
 RESPONSE_FIELDS = {"seed", "settings", "primer", "samples", "new_tokens", "stopped", "timings", "batch"}
 
 
@@ -87,7 +88,7 @@ def test_events_in_order_notes_are_the_final_midi_and_it_equals_the_plain_answer
     events = events_of(stream(client, **FIELDS))
     start, result = events[0], events[-1]
     assert start["type"] == "start" and result["type"] == "result"
-    assert start["seed"] == result["seed"] == 11 and start["samples"] == 2
+    assert start["seed"] == result["seed"] == 12 and start["samples"] == 2
     assert start["settings"] == result["settings"] and start["primer"] == result["primer"]
     assert {e["type"] for e in events[1:-1]} <= {"note_on", "note_off", "note_drop"}
     assert set(result) >= RESPONSE_FIELDS and result["first_note_ms"] > 0

@@ -228,8 +228,6 @@ def _cache_rows(bench: _Bench, model, stream, note: str) -> list[tuple]:
 def _batch_row(bench: _Bench) -> tuple:
     """Throughput of the generation loop itself (sampling + grammar), 8 rows vs 1, after a 256-token
     primer."""
-    import torch
-
     from musicrel.generation.decode import generate
     from musicrel.generation.grammar import Grammar
 
@@ -238,9 +236,8 @@ def _batch_row(bench: _Bench) -> tuple:
 
     def loop(batch):
         grammar = Grammar(bench.codec, list(prompts[:batch]), [10**9] * batch, device=bench.device)
-        gens = [torch.Generator().manual_seed(i) for i in range(batch)]
         it = generate(
-            bench.model, bench.stream[:batch, :prompt_len], n, generators=gens, grammar=grammar, top_p=0.95
+            bench.model, bench.stream[:batch, :prompt_len], n, seeds=range(batch), grammar=grammar, top_p=0.95
         )
         next(it)  # the prefill and the first token
         bench.sync()

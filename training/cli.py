@@ -83,7 +83,13 @@ def _prepare(args) -> int:
         if not sep:
             raise ConfigError(f"--weight wants NAME=NUMBER, got {item!r}", code="bad_sources")
     m = prepare(
-        args.sources, args.out, codec=codec, workers=args.workers, progress=not args.quiet, weights=weights
+        args.sources,
+        args.out,
+        codec=codec,
+        workers=args.workers,
+        progress=not args.quiet,
+        weights=weights,
+        novelty=not args.no_novelty,
     )
     c, g = m["counts"], m["compositions"]
     print(
@@ -138,6 +144,11 @@ def _add_prepare(subparsers) -> None:
         "--instruments",
         action="store_true",
         help="an instrument token before notes of another instrument; drums kept (docs/INSTRUMENTS.md)",
+    )
+    p.add_argument(
+        "--no-novelty",
+        action="store_true",
+        help="write no novelty index (faster; the service then reports no copied stretches for this data)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_prepare)

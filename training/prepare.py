@@ -157,10 +157,12 @@ def prepare(
     progress: bool = True,
     split_percent: tuple[int, int, int] = SPLIT_PERCENT,
     weights: dict[str, float] | None = None,
+    novelty: bool = True,
 ) -> dict:
     """Encode every MIDI file under `sources` (`[NAME=]PATH` each) into OUT (see the module docstring);
     returns the manifest. `split_percent` (train, val, test) is the share of the hash space per split; it sums
-    to 100. `weights` maps source names to mixing weights (default 1)."""
+    to 100. `weights` maps source names to mixing weights (default 1). `novelty=False` writes no novelty
+    index (a third of preparing a large corpus; only a served checkpoint's novelty answers read it)."""
     from musicrel.midi.codec import EventCodec
 
     codec = codec or EventCodec()
@@ -235,7 +237,7 @@ def prepare(
             f["tokens"] = n
         info["sources"] = _source_layout(files, names)
         manifest["splits"][split] = {**info, "files": files}
-        if split == "train":
+        if split == "train" and novelty:
             manifest["novelty"] = _write_novelty(
                 out_dir, members, first_path, [p for _, p in specs], cache_dir, codec, key
             )

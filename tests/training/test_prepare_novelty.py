@@ -68,3 +68,13 @@ def test_a_damaged_index_is_rebuilt_by_prepare(pattern_midi_dir, tmp_path):
     assert e.value.code == "novelty_index_corrupt"
     assert prepare([pattern_midi_dir], out, workers=1, progress=False)["novelty"]["written"]
     assert np.all(load_index(out).sa >= 0)
+
+
+def test_prepare_without_novelty_writes_the_splits_and_no_index(pattern_midi_dir, tmp_path):
+    """`--no-novelty` (novelty=False): the same splits, no index file and none in the manifest."""
+    with_index = prepare([pattern_midi_dir], tmp_path / "a", workers=1, progress=False)
+    without = prepare([pattern_midi_dir], tmp_path / "b", workers=1, progress=False, novelty=False)
+    assert "novelty" not in without and not (tmp_path / "b" / "novelty.npz").exists()
+    assert without["splits"]["train"]["stream_tokens"] == with_index["splits"]["train"]["stream_tokens"] > 0
+    with pytest.raises(NoveltyIndexError):
+        load_index(tmp_path / "b")

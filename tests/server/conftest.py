@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from fastapi.testclient import TestClient
 from musicrel.generation.decode_batch import DecodeBatch
 from server.app import create_app
 from server.settings import Settings
+from tests.conftest import SHARED_MIDI
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 60.0
@@ -339,3 +341,65 @@ def post_then_leave(
 
     client.portal.call(call_and_leave)
     return messages
+
+
+# ---- the page in headless Chromium (test_page_browser.py, test_page_modes_browser.py) ------------
+CHROMIUM = os.environ.get("MUSICREL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+GENERATION_TIMEOUT_MS = 30_000
+
+
+def _require_chromium() -> None:
+    if Path(CHROMIUM).is_file() or shutil.which(CHROMIUM):
+        return
+    message = f"headless Chromium not found at {CHROMIUM}: run `make browser` (apt-get install chromium)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)  # CI must run the browser test, never skip it silently
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, live_server):
+    context = browser.new_context(accept_downloads=True, viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{live_server}/")
+    yield page
+    context.close()
+    assert errors == [], f"uncaught JavaScript errors: {errors}"
+
+
+@pytest.fixture(scope="module")
+def motif_file(tmp_path_factory) -> Path:
+    """A short real file from the shared set when present, else a pretty_midi-written motif."""
+    shared = SHARED_MIDI / "real" / "POP909_008.mid"
+    if shared.is_file():
+        return shared
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    piano = pretty_midi.Instrument(program=0)
+    for i, pitch in enumerate([60, 64, 67, 72, 67, 64, 62, 65, 69, 74, 69, 65]):
+        piano.notes.append(pretty_midi.Note(90, pitch, i * 0.3, i * 0.3 + 0.28))
+    pm.instruments.append(piano)
+    path = tmp_path_factory.mktemp("motif") / "motif.mid"
+    pm.write(str(path))
+    return path

@@ -334,7 +334,7 @@ def test_report_html_has_rolls_and_audio_that_open_offline(report, written):
 
 
 def test_report_html_in_a_real_browser(written):
-    from tests.server.test_page_browser import CHROMIUM, CHROMIUM_ARGS, _require_chromium
+    from tests.server.conftest import CHROMIUM, CHROMIUM_ARGS, _require_chromium
 
     _require_chromium()
     from playwright.sync_api import sync_playwright

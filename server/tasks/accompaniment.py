@@ -10,20 +10,16 @@ job reports no tokens as it goes, so the task has no stream route.
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any
 
 from musicrel.errors import InvalidMidiError
 from musicrel.generation.controls import gm_program_name
 from server.errors import ApiError
 from server.jobs import Accompany, Job
-from server.schemas import AccompanimentParams, AccompanimentResponse, AccompanimentSample, Timings
+from server.schemas import AccompanimentParams, AccompanimentResponse, AccompanimentSample
 from server.service import Service
 from server.submit import parse_on_thread
-from server.tasks.base import Parsed, Task, b64, job_timings, render
-
-log = logging.getLogger("musicrel.server")
+from server.tasks.base import Parsed, Task, b64, finished_files
 
 # Errors about the melody track: the page shows them beside its track menu.
 TRACK_CODES = frozenset({"which_track", "no_such_track", "melody_has_chords"})
@@ -82,16 +78,8 @@ class AccompanimentTask(Task):
         return form, Accompany(pm, track, form.library_params()), notes
 
     async def answer(self, service: Service, request: Parsed, job: Job, result: Any) -> AccompanimentResponse:
-        rendered = await render(service, result.midis)
-        timings = Timings(**job_timings(request, job, time.monotonic()))
-        log.info(
-            "accompaniment: seed=%d melody=%d notes, %.1f s, queue=%.0f ms gen=%.0f ms",
-            result.seed,
-            request.found,
-            result.seconds,
-            timings.queue_ms,
-            timings.generation_ms,
-        )
+        what = f"melody={request.found} notes, {result.seconds:.1f} s,"
+        rendered, timings = await finished_files(self, service, request, job, result, what)
         form = request.form
         program = form.program if form.program is not None else 0
         return AccompanimentResponse(

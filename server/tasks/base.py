@@ -146,6 +146,20 @@ async def render(service: Service, midis: list) -> list[bytes]:
     )
 
 
+async def finished_files(
+    task: Task, service: Service, request: Parsed, job: Job, result: Any, what: str
+) -> tuple[list[bytes], Timings]:
+    """A finished job's files (rendered off the loop) and timings, logged once with `what` (the task's own
+    figures, e.g. "span=12.00-18.00 s removed=22")."""
+    rendered = await render(service, result.midis)
+    timings = Timings(**job_timings(request, job, time.monotonic()))
+    log.info(
+        "%s: seed=%d %s queue=%.0f ms gen=%.0f ms",
+        task.name, result.seed, what, timings.queue_ms, timings.generation_ms,
+    )  # fmt: skip
+    return rendered, timings
+
+
 def job_timings(request: Parsed, job: Job, done: float) -> dict[str, float]:
     """The timings every answer has: parsing, the wait in the engine's queue, generation, all of it."""
     started = job.started_at or request.parsed

@@ -14,8 +14,6 @@ in seconds of the file, leaving out those the edge rules drop.
 from __future__ import annotations
 
 import functools
-import logging
-import time
 from typing import Any
 
 from musicrel.errors import InfillError
@@ -32,12 +30,10 @@ from musicrel.generation.span import (
 from musicrel.generation.streaming import NoteStream
 from server.errors import ApiError, in_bars
 from server.jobs import Infill, Job
-from server.schemas import InfillParams, InfillResponse, InfillSample, NewNote, Timings
+from server.schemas import InfillParams, InfillResponse, InfillSample, NewNote
 from server.service import Service
 from server.submit import parse_on_thread
-from server.tasks.base import NoteSource, Parsed, Task, b64, job_timings, render
-
-log = logging.getLogger("musicrel.server")
+from server.tasks.base import NoteSource, Parsed, Task, b64, finished_files
 
 
 def _cut(codec, data: bytes, params: InfillParams) -> tuple[InfillSegments, tuple[float, float]]:
@@ -127,17 +123,8 @@ class InfillTask(Task):
         return form, Infill(segments.pm, form.start, form.end, form.library_params()), segments
 
     async def answer(self, service: Service, request: Parsed, job: Job, result: Any) -> InfillResponse:
-        rendered = await render(service, result.midis)
-        timings = Timings(**job_timings(request, job, time.monotonic()))
-        log.info(
-            "infill: seed=%d span=%.2f-%.2f s removed=%d queue=%.0f ms gen=%.0f ms",
-            result.seed,
-            result.start,
-            result.end,
-            result.removed,
-            timings.queue_ms,
-            timings.generation_ms,
-        )
+        what = f"span={result.start:.2f}-{result.end:.2f} s removed={result.removed}"
+        rendered, timings = await finished_files(self, service, request, job, result, what)
         samples = []
         for i, (data, notes, midi) in enumerate(zip(rendered, result.notes, result.midis, strict=True)):
             tokens = result.tokens[i] if i < len(result.tokens) else []

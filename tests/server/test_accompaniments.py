@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from musicrel.generation.accompaniment import ACCOMPANIMENT_NAME
-from tests.server.test_api import error_of, metric, serve, wait_for
+from tests.server.conftest import error_of, metric, serve, wait_for
 
 FIELDS = {"seed": "7"}
 

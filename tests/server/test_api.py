@@ -200,9 +200,9 @@ def test_out_of_range_field_is_422(client, field, value):
 
 
 def test_a_shift_temperature_reaches_the_sampler(client):
-    """The same seed with the time shifts re-tempered is other music; at 1 it is the default's own. (Sharpened:
-    the tiny random model's shifts are near uniform already, and each row's draws are the same numbers either
-    way, so flattening them further moved few notes.)"""
+    """The same seed with the time shifts re-tempered is other music; at 1 it is the default's own.
+    (Sharpened: the tiny random model's shifts are near uniform already, and each row's draws are the same
+    numbers either way, so flattening them further moved few notes.)"""
     plain = post(client, seed="3", seconds="3")
     assert plain.status_code == 200, plain.text
     assert post(client, seed="3", seconds="3", shift_temperature="1").content == plain.content

@@ -1,6 +1,6 @@
 """`musicrel bench ...`: side-by-side measurements printed as tables of ratios (never timed in tests).
 
-`serve` and `reliability` (with loadgen and genfuzz) measure the service from outside: they start
+`serve`, `listeners` and `reliability` (with loadgen and genfuzz) measure the service from outside: they start
 `uvicorn server.app:app` as a process and talk HTTP to it, never importing `server`. Benches of packages above
 the library (training's `bench train`) are handed in by the `musicrel` command, which imports them."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from musicrel.bench import attention, codec, generate, neighbour, probes, serve, shapes
+from musicrel.bench import attention, codec, generate, gpucheck, listeners, neighbour, probes, serve, shapes
 
-BENCH_MODULES = (codec, attention, generate, shapes, neighbour, serve, probes)
+BENCH_MODULES = (codec, attention, generate, shapes, neighbour, serve, listeners, gpucheck, probes)
 
 
 def register(subparsers, more: tuple[ModuleType, ...] = ()) -> None:

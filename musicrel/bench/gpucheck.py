@@ -1,0 +1,323 @@
+"""`musicrel bench gpu-check OUT`: issue 43's one device check, for the first minutes of a GPU lease.
+
+Run it on the GPU machine through `scripts/gpu-check.sh OUT`, which installs the wheels the bare image lacks
+first, then runs `python -m musicrel.bench gpu-check OUT` (docs/BENCHMARKS.md says how). In at most
+--budget-s seconds (6 minutes by default), each step a process of its own with a time limit (one that fails
+or runs out is logged and the next one runs):
+
+1. device: nvidia-smi, and what torch sees (version, CUDA, the GPU, its memory, bfloat16);
+2. batch1: the checkpoint loaded on the device as the service loads it, then bench shapes' measurements
+   (`decode`, `first_note`: generate_batch with every control on, after a 256-event primer of real notes):
+   the real-time factor at batch 1 and 8 (median of 3, after a warm-up), the first-note latency at batch 1,
+   where a batch-1 step goes (the model's forward timed inside the steps, the device synchronised around
+   it), and torch.cuda.max_memory_allocated;
+3. listeners: `bench listeners` at 1, 64, 256 and 1,024 streams with the same checkpoint.
+
+Everything goes to OUT: gpu-check.log (every step's output), listeners.json, and gpu-check.json (each step's
+command, exit status and seconds, and the batch-1 figures). Without a GPU it refuses at once, one line.
+`--device cpu` runs the same steps on the CPU (the tests do, with a tiny model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from musicrel.errors import ConfigError, MusicrelError
+
+REPO = Path(__file__).resolve().parents[2]
+BUDGET_S = 360.0  # the issue's bound on the whole check
+DEVICE_STEP_S = 60.0
+BATCH1_STEP_S = 120.0
+BATCH1_TOKENS = 512  # per row, per timed job (12.8 s of dense music)
+LOG = "gpu-check.log"
+SUMMARY = "gpu-check.json"
+LISTENERS_JSON = "listeners.json"
+
+
+class NoGpuError(MusicrelError):
+    code = "no_gpu"
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser(
+        "gpu-check",
+        help="issue 43's device check: the GPU, batch-1 real-time factor on it, the listener benchmark",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+    step = bench_sub.add_parser("gpu-check-step", help="one step of gpu-check, in a process of its own")
+    step.add_argument("step", choices=("device", "batch1"))
+    step.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    step.add_argument("--checkpoint", type=Path, default=Path("checkpoints/default"))
+    step.add_argument("--tokens", type=int, default=BATCH1_TOKENS)
+    step.add_argument("--json", type=Path, default=None, help="write the batch-1 figures here")
+    step.set_defaults(func=run_one_step)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", type=Path, help="folder for the log and the JSON (the device tool's $OUT)")
+    p.add_argument("--checkpoint", type=Path, default=Path("checkpoints/default"))
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run of the steps")
+    p.add_argument("--listeners", default="1,64,256,1024", help="N of the listener benchmark")
+    p.add_argument("--seconds", type=float, default=10.0, help="music per stream of the listener benchmark")
+    p.add_argument("--tokens", type=int, default=BATCH1_TOKENS, help="tokens per row of each batch-1 job")
+    p.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole check's time limit")
+
+
+def check_gpu(device: str) -> str:
+    """A line saying what torch sees; NoGpuError (one line) when `device` is cuda and it sees no GPU."""
+    import torch
+
+    if device != "cuda":
+        return f"torch {torch.__version__}, device cpu (a dry run: no GPU asked for)"
+    if not torch.cuda.is_available():
+        raise NoGpuError(
+            f"no GPU: torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}) sees no CUDA device; "
+            "run this on a GPU machine (docs/BENCHMARKS.md), or --device cpu for a dry run"
+        )
+    return f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)"
+
+
+def step_env() -> dict[str, str]:
+    """A step's environment: this checkout first on PYTHONPATH (the GPU machine has no musicrel installed),
+    output unbuffered (a step cut off at its limit still leaves what it printed)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def run_step(name: str, command: list[str], timeout_s: float, log) -> dict:
+    """Run `command` (from the repository root) with its output appended to `log`; its record: exit status
+    (None when it ran out of time and was killed), seconds, whether it timed out."""
+    log.write(f"\n===== {name}: {' '.join(command)} (limit {timeout_s:.0f} s)\n")
+    log.flush()
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=step_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        rc: int | None = proc.wait(timeout=max(1.0, timeout_s))
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # the step and what it started (a service, its engine)
+        proc.wait()
+        rc, timed_out = None, True
+    took = time.monotonic() - start
+    log.write(f"===== {name}: {'timed out' if timed_out else f'exit {rc}'} after {took:.1f} s\n")
+    log.flush()
+    return {"step": name, "command": command, "rc": rc, "timed_out": timed_out, "seconds": round(took, 1)}
+
+
+def _bench(*args: str) -> list[str]:
+    return [sys.executable, "-m", "musicrel.bench", *args]
+
+
+def steps(args: argparse.Namespace) -> list[tuple[str, list[str], float]]:
+    """(name, command, own time limit) of each step, in order; the listeners get what the budget leaves."""
+    out = args.out.resolve()
+    on = ["--device", args.device, "--checkpoint", str(args.checkpoint)]
+    batch1 = ["--tokens", str(args.tokens), "--json", str(out / "batch1.part")]
+    listeners = [
+        "--listeners",
+        args.listeners,
+        "--seconds",
+        f"{args.seconds:g}",
+        "--out",
+        str(out / LISTENERS_JSON),
+    ]
+    return [
+        ("device", _bench("gpu-check-step", "device", "--device", args.device), DEVICE_STEP_S),
+        ("batch1", _bench("gpu-check-step", "batch1", *on, *batch1), BATCH1_STEP_S),
+        ("listeners", _bench("listeners", *on, *listeners), float("inf")),
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.budget_s <= 0 or args.seconds <= 0 or args.tokens < 1:
+        raise ConfigError("--budget-s and --seconds must be > 0, --tokens >= 1")
+    if not (args.checkpoint / "config.json").is_file():
+        raise ConfigError(f"{args.checkpoint} holds no checkpoint (config.json)", code="no_checkpoint")
+    seen = check_gpu(args.device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    records = []
+    with open(args.out / LOG, "a") as log:
+        log.write(f"musicrel bench gpu-check {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: {seen}\n")
+        for name, command, limit in steps(args):
+            left = args.budget_s - (time.monotonic() - started)
+            if left < 5:
+                records.append({"step": name, "command": command, "rc": None, "skipped": "budget spent"})
+                continue
+            records.append(run_step(name, command, min(limit, left), log))
+            print(f"gpu-check: {name}: {_verdict(records[-1])}", flush=True)
+    summary = {
+        "commit": _git_commit(),
+        "seen": seen,
+        "budget_s": args.budget_s,
+        "seconds": round(time.monotonic() - started, 1),
+        "steps": records,
+        "batch1": _read_json(args.out / "batch1.part", remove=True),
+        "listeners": _read_json(args.out / LISTENERS_JSON),
+    }
+    (args.out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"gpu-check: {summary['seconds']:.0f} s; wrote {args.out / LOG}, {args.out / SUMMARY}")
+    return 0 if all(r.get("rc") == 0 for r in records) else 1
+
+
+def _verdict(record: dict) -> str:
+    if record.get("timed_out"):
+        return f"timed out after {record['seconds']} s"
+    return f"exit {record['rc']} after {record['seconds']} s"
+
+
+def _read_json(path: Path, remove: bool = False):
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if remove:
+        path.unlink()
+    return value
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None  # the device tool's copy may have no .git
+    return out.stdout.strip() or None
+
+
+# ---------------------------------------------------------------- the steps, each in a process of its own
+
+
+def run_one_step(args: argparse.Namespace) -> int:
+    if args.step == "device":
+        device_step(args.device)
+    else:
+        batch1_step(args.checkpoint, args.device, args.tokens, args.json)
+    return 0
+
+
+def device_step(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        subprocess.run(["nvidia-smi"], check=False)
+    print(check_gpu(device))
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        print(
+            f"GPU 0: {props.name}, {props.total_memory / 2**30:.1f} GiB, {props.multi_processor_count} SMs, "
+            f"capability {props.major}.{props.minor}, bfloat16 {torch.cuda.is_bf16_supported()}"
+        )
+
+
+class _SyncTimedModel:
+    """`model` as the decode loop sees it, adding up the seconds of its one-token forward passes with the
+    device synchronised before and after each (on a GPU a call returns before its kernels end)."""
+
+    def __init__(self, model, sync):
+        self.__dict__.update(model=model, sync=sync, seconds=0.0)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, tokens, *args, **kwargs):
+        if tokens.size(1) != 1:
+            return self.model(tokens, *args, **kwargs)
+        self.sync()
+        start = time.perf_counter()
+        out = self.model(tokens, *args, **kwargs)
+        self.sync()
+        self.__dict__["seconds"] += time.perf_counter() - start
+        return out
+
+
+def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) -> dict:
+    """The checkpoint on `device` as served, then bench shapes' batch-1 and batch-8 decoding, first note and
+    the step's split; prints and returns the figures."""
+    import torch
+
+    from musicrel.bench.generate import EVENTS_PER_SECOND_OF_MUSIC, every_control
+    from musicrel.bench.shapes import PRIMER_EVENTS, decode, first_note, motif_primer
+    from musicrel.generation.decode_batch import DecodeBatch
+    from musicrel.generation.primer import default_max_primer_tokens
+    from musicrel.generation.sampling import SamplingParams
+    from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, load_codec, load_model
+    from musicrel.model.quantize import held_weights
+
+    cuda = device == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    model = load_model(checkpoint, device=device, weights=DEFAULT_DECODE_WEIGHTS)
+    codec = load_codec(checkpoint)
+    sync()
+    load_s = time.perf_counter() - start
+    primer = motif_primer(codec, min(PRIMER_EVENTS, default_max_primer_tokens(model)))
+    decode(model, codec, primer, 16, 1)  # warm-up: kernels, allocator, lazy initialisation
+    rtf = {}
+    for rows in (1, 8):
+        rates = []
+        for _ in range(3):
+            events, seconds = decode(model, codec, primer, tokens, rows)
+            rates.append(events / seconds / EVENTS_PER_SECOND_OF_MUSIC)
+        rtf[rows] = statistics.median(rates)
+    firsts = [first_note(model, codec, primer, tokens) for _ in range(3)]
+    timed = _SyncTimedModel(model, sync)
+    batch = DecodeBatch(timed, codec, max_rows=1)
+    # as bench shapes' jobs: every control on, the music far away (the row decodes every token asked for)
+    params = SamplingParams(seconds=10_000.0, max_new_tokens=tokens + 1, seed=0, controls=every_control())
+    batch.admit([(primer, params)])
+    batch.step()  # the first step grows the cache: not a typical step
+    timed.seconds = 0.0
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(min(tokens, 256)):
+        batch.step()
+    sync()
+    steps_timed = min(tokens, 256)
+    step_ms = 1000 * (time.perf_counter() - t0) / steps_timed
+    model_ms = 1000 * timed.seconds / steps_timed
+    result = {
+        "checkpoint": str(checkpoint),
+        "device": device,
+        "weights": held_weights(model),
+        "parameters": model.num_parameters(),
+        "load_s": round(load_s, 2),
+        "primer_events": len(primer.tokens),
+        "tokens_per_row": tokens,
+        "rtf_b1": rtf[1],
+        "rtf_b8": rtf[8],
+        "first_note_ms": [None if s is None else 1000 * s for s, _ in firsts],
+        "first_note_tokens": firsts[-1][1],
+        "step_ms": step_ms,
+        "model_ms": model_ms,
+        "rest_ms": step_ms - model_ms,
+        "max_memory_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+    }
+    print(
+        f"batch1: {checkpoint} on {device} ({result['weights']} weights, loaded in {load_s:.1f} s): "
+        f"real-time factor b1 {rtf[1]:.1f}x, b8 {rtf[8]:.1f}x ({tokens} tokens per row, median of 3); "
+        f"first note {', '.join('n/a' if s is None else f'{1000 * s:.0f}' for s, _ in firsts)} ms; "
+        f"batch-1 step "
+        f"{step_ms:.2f} ms, of which model {model_ms:.2f} ms, rest {step_ms - model_ms:.2f} ms"
+        + (f"; max allocated {result['max_memory_allocated_mib']:.0f} MiB" if cuda else "")
+    )
+    if out is not None:
+        out.write_text(json.dumps(result) + "\n")
+    return result

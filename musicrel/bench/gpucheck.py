@@ -245,8 +245,9 @@ class _SyncTimedModel:
 
 
 def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) -> dict:
-    """The checkpoint on `device` as served, then bench shapes' batch-1 and batch-8 decoding, first note and
-    the step's split; prints and returns the figures."""
+    """The checkpoint on `device` as served, then bench shapes' batch-1 decoding, the step's split, the first
+    note and batch-8 decoding, in that order of importance: each figure printed, and written to `out`, as it
+    is measured (a step cut off at its limit keeps what it has). Returns the figures."""
     import torch
 
     from musicrel.bench.generate import EVENTS_PER_SECOND_OF_MUSIC, every_control
@@ -258,10 +259,27 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     from musicrel.model.quantize import held_weights
 
     cuda = device == "cuda"
+    result: dict = {"checkpoint": str(checkpoint), "device": device, "tokens_per_row": tokens}
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize()
+
+    def got(line: str, **figures) -> None:
+        result.update(figures)
+        if cuda:
+            result["max_memory_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        print(f"batch1: {line}", flush=True)
+        if out is not None:
+            out.write_text(json.dumps(result) + "\n")
+
+    def rtf(rows: int) -> float:
+        """Median of 3 jobs: events decoded per second / 40."""
+        rates = []
+        for _ in range(3):
+            events, seconds = decode(model, codec, primer, tokens, rows)
+            rates.append(events / seconds / EVENTS_PER_SECOND_OF_MUSIC)
+        return statistics.median(rates)
 
     start = time.perf_counter()
     model = load_model(checkpoint, device=device, weights=DEFAULT_DECODE_WEIGHTS)
@@ -270,14 +288,14 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     load_s = time.perf_counter() - start
     primer = motif_primer(codec, min(PRIMER_EVENTS, default_max_primer_tokens(model)))
     decode(model, codec, primer, 16, 1)  # warm-up: kernels, allocator, lazy initialisation
-    rtf = {}
-    for rows in (1, 8):
-        rates = []
-        for _ in range(3):
-            events, seconds = decode(model, codec, primer, tokens, rows)
-            rates.append(events / seconds / EVENTS_PER_SECOND_OF_MUSIC)
-        rtf[rows] = statistics.median(rates)
-    firsts = [first_note(model, codec, primer, tokens) for _ in range(3)]
+    got(
+        f"{checkpoint} on {device}: {held_weights(model)} weights, loaded in {load_s:.1f} s",
+        weights=held_weights(model), parameters=model.num_parameters(), load_s=round(load_s, 2),
+        primer_events=len(primer.tokens),
+    )  # fmt: skip
+    b1 = rtf(1)
+    got(f"real-time factor b1 {b1:.1f}x ({tokens} tokens, median of 3)", rtf_b1=b1)
+
     timed = _SyncTimedModel(model, sync)
     batch = DecodeBatch(timed, codec, max_rows=1)
     # as bench shapes' jobs: every control on, the music far away (the row decodes every token asked for)
@@ -285,39 +303,24 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     batch.admit([(primer, params)])
     batch.step()  # the first step grows the cache: not a typical step
     timed.seconds = 0.0
+    n = min(tokens, 256)
     sync()
     t0 = time.perf_counter()
-    for _ in range(min(tokens, 256)):
+    for _ in range(n):
         batch.step()
     sync()
-    steps_timed = min(tokens, 256)
-    step_ms = 1000 * (time.perf_counter() - t0) / steps_timed
-    model_ms = 1000 * timed.seconds / steps_timed
-    result = {
-        "checkpoint": str(checkpoint),
-        "device": device,
-        "weights": held_weights(model),
-        "parameters": model.num_parameters(),
-        "load_s": round(load_s, 2),
-        "primer_events": len(primer.tokens),
-        "tokens_per_row": tokens,
-        "rtf_b1": rtf[1],
-        "rtf_b8": rtf[8],
-        "first_note_ms": [None if s is None else 1000 * s for s, _ in firsts],
-        "first_note_tokens": firsts[-1][1],
-        "step_ms": step_ms,
-        "model_ms": model_ms,
-        "rest_ms": step_ms - model_ms,
-        "max_memory_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
-    }
-    print(
-        f"batch1: {checkpoint} on {device} ({result['weights']} weights, loaded in {load_s:.1f} s): "
-        f"real-time factor b1 {rtf[1]:.1f}x, b8 {rtf[8]:.1f}x ({tokens} tokens per row, median of 3); "
-        f"first note {', '.join('n/a' if s is None else f'{1000 * s:.0f}' for s, _ in firsts)} ms; "
-        f"batch-1 step "
-        f"{step_ms:.2f} ms, of which model {model_ms:.2f} ms, rest {step_ms - model_ms:.2f} ms"
-        + (f"; max allocated {result['max_memory_allocated_mib']:.0f} MiB" if cuda else "")
-    )
-    if out is not None:
-        out.write_text(json.dumps(result) + "\n")
+    step_ms, model_ms = 1000 * (time.perf_counter() - t0) / n, 1000 * timed.seconds / n
+    got(
+        f"batch-1 step {step_ms:.2f} ms, of which model {model_ms:.2f} ms, rest {step_ms - model_ms:.2f} ms",
+        step_ms=step_ms, model_ms=model_ms, rest_ms=step_ms - model_ms,
+    )  # fmt: skip
+
+    firsts = [first_note(model, codec, primer, tokens) for _ in range(3)]
+    shown = ", ".join("n/a" if s is None else f"{1000 * s:.0f}" for s, _ in firsts)
+    got(
+        f"first note {shown} ms ({firsts[-1][1]} tokens to it)",
+        first_note_ms=[None if s is None else 1000 * s for s, _ in firsts], first_note_tokens=firsts[-1][1],
+    )  # fmt: skip
+    b8 = rtf(8)
+    got(f"real-time factor b8 {b8:.1f}x (all 8 rows together)", rtf_b8=b8)
     return result

@@ -48,10 +48,10 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 
 # Two workers (pytest-xdist), whole files each so a module's fixtures are built once; the files with `long`
-# tests first (tests/conftest.py). TEST_WORKERS=0 runs in one process.
+# tests first (tests/conftest.py). TEST_WORKERS=0 runs in one process; the 20 slowest tests are listed at the end.
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed browser audio lint
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 bench: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"

@@ -30,6 +30,7 @@ from tests.server.conftest import MOTIF
 # Per operation and mode: about 45 s for the file on 2 shared cores. The long run sets more
 # (`musicrel bench reliability --fuzz-api N`).
 EXAMPLES = int(os.environ.get("MUSICREL_FUZZ_EXAMPLES", "10"))
+READ_TIMEOUT_S = 60
 
 
 @pytest.fixture  # one app per test: schemathesis' plugin ends the app's lifespan as each test ends
@@ -102,7 +103,10 @@ def test_every_operation_passes_every_check(schema, mode):
             nonlocal calls
             calls += 1
             try:
-                case.call_and_validate(checks=checks)
+                # schemathesis' default read timeout is 10 s between bytes: a stream of 20 s of sparse music
+                # (a density of 35 notes/s under a 1-note cap and pitch 0 alone: 1,900 steps, 12 notes) went
+                # quiet that long while other test files loaded both cores (CI's two xdist workers)
+                case.call_and_validate(checks=checks, timeout=READ_TIMEOUT_S)
             except FailureGroup as group:  # collected, so one run reports every operation that fails
                 failures.append(f"{case.operation.label}: {group}")
 

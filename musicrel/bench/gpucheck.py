@@ -250,7 +250,7 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     is measured (a step cut off at its limit keeps what it has). Returns the figures."""
     import torch
 
-    from musicrel.bench.generate import EVENTS_PER_SECOND_OF_MUSIC, every_control
+    from musicrel.bench.generate import EVENTS_PER_SECOND_OF_MUSIC, every_control, set_threads
     from musicrel.bench.shapes import PRIMER_EVENTS, decode, first_note, motif_primer
     from musicrel.generation.decode_batch import DecodeBatch
     from musicrel.generation.primer import default_max_primer_tokens
@@ -281,6 +281,7 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
             rates.append(events / seconds / EVENTS_PER_SECOND_OF_MUSIC)
         return statistics.median(rates)
 
+    threads = set_threads(None)  # as bench shapes: what `musicrel generate` chooses on this machine's CPUs
     start = time.perf_counter()
     model = load_model(checkpoint, device=device, weights=DEFAULT_DECODE_WEIGHTS)
     codec = load_codec(checkpoint)
@@ -289,9 +290,10 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     primer = motif_primer(codec, min(PRIMER_EVENTS, default_max_primer_tokens(model)))
     decode(model, codec, primer, 16, 1)  # warm-up: kernels, allocator, lazy initialisation
     got(
-        f"{checkpoint} on {device}: {held_weights(model)} weights, loaded in {load_s:.1f} s",
+        f"{checkpoint} on {device}: {held_weights(model)} weights, loaded in {load_s:.1f} s; torch threads "
+        f"{torch.get_num_threads()} ({threads})",
         weights=held_weights(model), parameters=model.num_parameters(), load_s=round(load_s, 2),
-        primer_events=len(primer.tokens),
+        primer_events=len(primer.tokens), torch_threads=torch.get_num_threads(),
     )  # fmt: skip
     b1 = rtf(1)
     got(f"real-time factor b1 {b1:.1f}x ({tokens} tokens, median of 3)", rtf_b1=b1)

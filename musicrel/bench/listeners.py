@@ -2,7 +2,8 @@
 
 Per N (a list), a fresh `uvicorn server.app:app` (MUSICREL_DEVICE from --device, its batch N rows wide, its
 queue and upload bounds above N) and N concurrent clients in this process (asyncio, one httpx.AsyncClient
-with a connection per client), all sent at once (--ramp-s spreads them), each POSTing a real motif to
+with a connection per client; --client-processes splits them among processes), all sent at once (--ramp-s
+spreads them), each POSTing a real motif to
 /v1/continuations/stream for --seconds of music and reading the NDJSON as it comes. Per N, one row:
 
 - on time: the share of streams that a listener hears without a gap, played as the page plays a stream
@@ -91,6 +92,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a MIDI file the clients upload in turn (repeatable); none: server/static/examples/*.mid",
     )
     p.add_argument("--ramp-s", type=float, default=0.0, help="spread the N sends over this many seconds")
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="split the N clients among this many processes (when one process's event loop lags: the lag is "
+        "printed per N)",
+    )
     p.add_argument("--lead-s", type=float, default=LEAD_S, help="the player's lead before the first note")
     p.add_argument("--hold-share", type=float, default=0.99, help="on-time share that counts as held")
     p.add_argument(
@@ -147,9 +155,10 @@ class Stream:
     def take(self, line: bytes, at: float) -> None:
         """One NDJSON line, arrived at `at`."""
         if line.startswith(b'{"type":"note_on"'):
-            event = json.loads(line)
+            # its last field is the time (server/tasks/stream.py `note_line`): no JSON parse per note, the
+            # client's main work at a thousand streams
             self.arrivals.append(at)
-            self.times.append(float(event["time"]))
+            self.times.append(float(line[line.rindex(b'"time":') + 7 : line.rindex(b"}")]))
         elif line.startswith(b'{"type":"result"'):
             event = json.loads(line)
             self.done = at
@@ -195,10 +204,23 @@ async def _ticker(lags: list[float], stop: asyncio.Event, period: float = 0.01) 
 
 
 async def _phase(
-    url: str, motifs: list[bytes], n: int, seconds: float, ramp_s: float, timeout_s: float
+    url: str,
+    motifs: list[bytes],
+    n: int,
+    seconds: float,
+    ramp_s: float,
+    timeout_s: float,
+    first: int = 0,
+    total: int | None = None,
+    go_at: float | None = None,
 ) -> tuple[list[Stream], float, list[float]]:
-    """N streams at once (or over ramp_s); (streams, wall seconds first send to last answer, loop lags)."""
+    """Streams first .. first + n - 1 of `total` (default n), sent at once at `go_at` (time.monotonic(); now
+    when None) or spread over ramp_s; (streams, wall seconds from go to the last answer, loop lags)."""
     import httpx
+
+    total = total or n
+    if go_at is not None:
+        await asyncio.sleep(max(0.0, go_at - time.monotonic()))
 
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     timeout = httpx.Timeout(timeout_s, connect=60.0)
@@ -209,9 +231,10 @@ async def _phase(
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
 
         async def one(i: int) -> None:
+            k = first + i  # the stream's number among all: its motif, seed and place in the ramp
             if ramp_s > 0:
-                await asyncio.sleep(ramp_s * i / n)
-            await _listen(http, streams[i], motifs[i % len(motifs)], seconds, seed=i)
+                await asyncio.sleep(ramp_s * k / total)
+            await _listen(http, streams[i], motifs[k % len(motifs)], seconds, seed=k)
 
         start = time.monotonic()
         tasks = [asyncio.create_task(one(i)) for i in range(n)]
@@ -228,9 +251,44 @@ async def _phase(
     return streams, wall, lags
 
 
-def run_phase(url: str, motifs: list[bytes], n: int, seconds: float, ramp_s: float, timeout_s: float):
+def run_phase(
+    url: str, motifs: list[bytes], n: int, seconds: float, ramp_s: float, timeout_s: float, processes: int = 1
+) -> tuple[list[Stream], float, list[float]]:
+    """N streams from this process, or from `processes` processes (spawned, each a share of the streams on
+    its own event loop, all sent at the same moment: arrival times on the one monotonic clock)."""
+    processes = max(1, min(processes, n))
+    if processes == 1:
+        return _run_share(url, motifs, n, seconds, ramp_s, timeout_s)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    shares = [n // processes + (i < n % processes) for i in range(processes)]
+    firsts = [sum(shares[:i]) for i in range(processes)]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        list(pool.map(_ready, range(processes)))  # started and imported before the clock starts
+        go_at = time.monotonic() + 1.0
+        futures = [
+            pool.submit(_run_share, url, motifs, k, seconds, ramp_s, timeout_s, f, n, go_at)
+            for k, f in zip(shares, firsts, strict=True)
+        ]
+        parts = [future.result() for future in futures]
+    streams = [stream for part, _, _ in parts for stream in part]
+    ends = [s.done for s in streams if s.done is not None]
+    wall = (max(ends) - go_at) if ends else max(w for _, w, _ in parts)
+    return streams, wall, [lag for _, _, lags in parts for lag in lags]
+
+
+def _ready(_: int) -> bool:
+    import httpx  # noqa: F401  (the import a client process pays before its first request)
+
+    return True
+
+
+def _run_share(url: str, motifs: list[bytes], n: int, seconds: float, ramp_s: float, timeout_s: float,
+               first: int = 0, total: int | None = None, go_at: float | None = None):  # fmt: skip
     """`_phase` on an event loop of its own (uvloop's where installed: the GPU image has it)."""
-    coro = _phase(url, motifs, n, seconds, ramp_s, timeout_s)
+    coro = _phase(url, motifs, n, seconds, ramp_s, timeout_s, first, total, go_at)
     try:
         import uvloop
     except ImportError:
@@ -479,7 +537,9 @@ def measure_one(args: argparse.Namespace, n: int, uploads: list[bytes], timeout_
         memory = MemorySampler(pid, args.device)
         with memory:
             idle = memory.peak
-            streams, wall, lags = run_phase(url, uploads, n, args.seconds, args.ramp_s, timeout_s)
+            streams, wall, lags = run_phase(
+                url, uploads, n, args.seconds, args.ramp_s, timeout_s, args.client_processes
+            )
     row = summarize(n, streams, wall, args.lead_s)
     row.update(
         memory_kind=memory.kind,
@@ -511,6 +571,7 @@ def measure(args: argparse.Namespace) -> dict:
         "seconds": args.seconds,
         "motifs": [p.name for p in args.motif] or sorted(p.name for p in EXAMPLES.glob("*.mid")),
         "ramp_s": args.ramp_s,
+        "client_processes": args.client_processes,
         "lead_s": args.lead_s,
         "hold_share": args.hold_share,
         "phase_timeout_s": timeout_s,

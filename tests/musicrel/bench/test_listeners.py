@@ -57,9 +57,10 @@ def test_stream_reads_the_ndjson_lines():
     s = Stream(sent=1.0)
     s.take(b'{"type":"start","seed":3,"samples":1}', 1.1)
     s.take(b'{"type":"note_on","sample":0,"id":0,"pitch":60,"velocity":80,"time":0.5}', 1.5)
+    s.take(b'{"type":"note_on","sample":0,"id":1,"pitch":64,"velocity":80,"time":12.125}', 1.5)
     s.take(b'{"type":"note_off","sample":0,"id":0,"time":0.7}', 1.6)
     s.take(b'{"type":"result","new_tokens":42,"timings":{"decode_ms":100.0},"first_note_ms":3}', 2.0)
-    assert (s.arrivals, s.times) == ([1.5], [0.5])
+    assert (s.arrivals, s.times) == ([1.5, 1.5], [0.5, 12.125])
     assert s.first_note_s == pytest.approx(0.5)
     assert (s.done, s.new_tokens, s.decode_ms, s.finished) == (2.0, 42, 100.0, True)
     e = Stream()
@@ -86,20 +87,8 @@ def test_bench_listeners_on_the_cpu(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "listeners.json"
     parser = argparse.ArgumentParser()
     listeners.add_arguments(parser)
-    args = parser.parse_args(
-        [
-            "--checkpoint",
-            str(tiny_checkpoint),
-            "--device",
-            "cpu",
-            "--listeners",
-            "1,3",
-            "--seconds",
-            "1",
-            "--out",
-            str(out),
-        ]  # fmt: skip
-    )
+    argv = ["--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--listeners", "1,3", "--seconds", "1"]
+    args = parser.parse_args([*argv, "--client-processes", "2", "--out", str(out)])
     assert listeners.run(args) == 0
     printed = capsys.readouterr().out
     header = next(line for line in printed.splitlines() if line.startswith("N "))
@@ -107,6 +96,7 @@ def test_bench_listeners_on_the_cpu(tiny_checkpoint, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert [r["listeners"] for r in report["rows"]] == [1, 3]
     assert report["device"] == "cpu" and report["motifs"]  # the bundled examples
+    assert report["client_processes"] == 2  # N=1 from this process, N=3 from two (2 + 1 streams)
     for row in report["rows"]:
         assert all(key in row for _, key, _ in COLUMNS)
         assert row["finished"] == row["listeners"] and row["errors"] == {}

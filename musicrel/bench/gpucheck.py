@@ -70,6 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listeners", default="1,64,256,1024", help="N of the listener benchmark")
     p.add_argument("--seconds", type=float, default=10.0, help="music per stream of the listener benchmark")
     p.add_argument("--tokens", type=int, default=BATCH1_TOKENS, help="tokens per row of each batch-1 job")
+    p.add_argument("--client-processes", type=int, default=1, help="the listener clients' processes")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole check's time limit")
 
 
@@ -125,14 +126,8 @@ def steps(args: argparse.Namespace) -> list[tuple[str, list[str], float]]:
     out = args.out.resolve()
     on = ["--device", args.device, "--checkpoint", str(args.checkpoint)]
     batch1 = ["--tokens", str(args.tokens), "--json", str(out / "batch1.part")]
-    listeners = [
-        "--listeners",
-        args.listeners,
-        "--seconds",
-        f"{args.seconds:g}",
-        "--out",
-        str(out / LISTENERS_JSON),
-    ]
+    listeners = ["--listeners", args.listeners, "--seconds", f"{args.seconds:g}"]
+    listeners += ["--client-processes", str(args.client_processes), "--out", str(out / LISTENERS_JSON)]
     return [
         ("device", _bench("gpu-check-step", "device", "--device", args.device), DEVICE_STEP_S),
         ("batch1", _bench("gpu-check-step", "batch1", *on, *batch1), BATCH1_STEP_S),

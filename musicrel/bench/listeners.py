@@ -398,20 +398,24 @@ def _rss_bytes(pids: list[int]) -> int:
     return total
 
 
-def _gpu_bytes(pids: list[int]) -> int:
-    """GPU memory nvidia-smi gives these processes (0 when it names none of them)."""
+def _smi(query: str) -> list[list[str]]:
     out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=10,
+        ["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
     ).stdout
-    wanted, total = set(pids), 0
-    for row in out.splitlines():
-        parts = [x.strip() for x in row.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) in wanted and parts[1].isdigit():
-            total += int(parts[1]) * MIB
-    return total
+    return [[x.strip() for x in row.split(",")] for row in out.splitlines()]
+
+
+def _gpu_bytes(pids: list[int]) -> int:
+    """GPU memory nvidia-smi gives these processes; where it names none of them (a sandbox whose process ids
+    it does not see), the memory used on GPU 0, nothing else running there."""
+    wanted, total, seen = set(pids), 0, False
+    for row in _smi("--query-compute-apps=pid,used_memory"):
+        if len(row) == 2 and row[0].isdigit() and int(row[0]) in wanted and row[1].isdigit():
+            total, seen = total + int(row[1]) * MIB, True
+    if seen:
+        return total
+    rows = _smi("--query-gpu=memory.used")
+    return int(rows[0][0]) * MIB if rows and rows[0] and rows[0][0].isdigit() else 0
 
 
 class MemorySampler:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 import pytest
 
@@ -106,3 +107,20 @@ def test_bench_listeners_on_the_cpu(tiny_checkpoint, tmp_path, capsys):
         assert row["memory_kind"] == "rss" and row["memory_idle_mib"] > 0
         assert row["memory_peak_mib"] >= row["memory_idle_mib"] and row["memory_per_stream_mib"] >= 0
     assert report["holds"] in (None, 1, 3)
+
+
+def test_gpu_memory_of_the_service_processes_from_nvidia_smi(tmp_path, monkeypatch):
+    # nvidia-smi's own output format (csv, noheader, nounits), from a stand-in on PATH: the parsing is tested
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        '  --query-compute-apps=*) printf "101, 1500\\n102, 500\\n999, 7000\\n" ;;\n'
+        '  --query-gpu=*) printf "9000\\n" ;;\n'
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    mib = 1024 * 1024
+    assert listeners._gpu_bytes([101, 102]) == 2000 * mib  # the service's two processes, not pid 999
+    assert listeners._gpu_bytes([5]) == 9000 * mib  # none of them named: the GPU's used memory

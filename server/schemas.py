@@ -476,8 +476,8 @@ class ModelInfo(BaseModel):
     )
     parameters: int
     weights: Literal[DECODE_WEIGHTS] = Field(
-        description="how the model holds its weights while decoding: int8 where the CPU's int8 kernel takes "
-        "its layers (MUSICREL_WEIGHTS, docs/BENCHMARKS.md), else float32 as trained"
+        description="how the model holds its weights while decoding: int8 or float32 as trained, what "
+        "MUSICREL_WEIGHTS asked or, under auto, what the probe at load found faster (docs/BENCHMARKS.md)"
     )
     vocab_size: int
     model: dict[str, Any]

@@ -20,9 +20,9 @@ class Settings(BaseSettings):
         Path("checkpoints/default"), description="Folder with config.json + model.safetensors"
     )
     device: str = Field("cpu", description="torch device the model runs on (cpu, cuda, cuda:1, ...)")
-    # auto: int8 where a probe at load finds it decodes faster on this machine (musicrel.model.checkpoint),
-    # else float32; int8: every layer the CPU's int8 kernel takes (held-out NLL within 0.001 nats/token);
-    # float32: the weights as trained.
+    # int8 (the default): every layer the CPU's int8 kernel takes (held-out NLL within 0.001 nats/token);
+    # auto: int8 where a probe at load finds it decodes faster here (musicrel.model.checkpoint says why it is
+    # not the default), else float32; float32: the weights as trained.
     weights: Literal[DECODE_WEIGHTS] = Field(DEFAULT_DECODE_WEIGHTS, description="weights while decoding")
     # "process": the model and the decoding loop live in a child process, so request handling (multipart,
     # MIDI parsing and writing, HTTP) never competes with decoding for the GIL: a Python thread busy 5 % of

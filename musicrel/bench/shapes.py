@@ -466,7 +466,7 @@ def run(args) -> int:
         "rest is the grammar, the controls, the sampler and the batch's bookkeeping, measured in one run "
         "beside the rows above.",
         "Weights: as held while decoding (int8: every layer the CPU's int8 kernel takes; the service's "
-        "default, auto, holds the faster of the two here). KV: the cache at the whole context. Peak RSS: its "
+        "default; auto holds the faster of the two here). KV: the cache at the whole context. Peak RSS: its "
         "growth while a job with a 3/4-window primer decodes into the whole window (prefill included), in a "
         "fresh process.",
     ):

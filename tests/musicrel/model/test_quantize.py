@@ -113,7 +113,7 @@ def test_load_model_int8_and_the_refusals(tmp_path):
     cfg = ModelConfig(vocab_size=codec.vocab_size, n_layers=1, max_seq_len=64, **SHAPE)
     save_model(MusicTransformer(cfg).eval(), tmp_path / "m", codec=codec)
     assert DECODE_WEIGHTS == ("auto", "int8", "float32") and HELD_WEIGHTS == ("int8", "float32")
-    assert DEFAULT_DECODE_WEIGHTS == "auto"
+    assert DEFAULT_DECODE_WEIGHTS == "int8"
     assert not is_quantized(load_model(tmp_path / "m"))  # float32 unless asked: training and NLL
     model = load_model(tmp_path / "m", weights="int8")
     assert is_quantized(model) and not model.training

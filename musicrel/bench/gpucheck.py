@@ -11,11 +11,19 @@ or runs out is logged and the next one runs):
    the real-time factor at batch 1 and 8 (median of 3, after a warm-up), the first-note latency at batch 1,
    where a batch-1 step goes (the model's forward timed inside the steps, the device synchronised around
    it), and torch.cuda.max_memory_allocated;
-3. listeners: `bench listeners` at 1, 64, 256 and 1,024 streams with the same checkpoint.
+3. listeners: `bench listeners` with the same checkpoint, one process per N (1, 1,024, 256, 64: the first
+   N, then the largest, so that the issue's 1,024 runs before the rest of the budget), each with its own
+   limit (a fresh service's start, the phase's own limit, its shutdown): a step that runs out loses its N
+   alone.
 
-Everything goes to OUT: gpu-check.log (every step's output), listeners.json, and gpu-check.json (each step's
-command, exit status and seconds, and the batch-1 figures). Without a GPU it refuses at once, one line.
-`--device cpu` runs the same steps on the CPU (the tests do, with a tiny model).
+Everything goes to OUT, and is rewritten after every step (a check cut off by the device tool's limit keeps
+what the finished steps measured): gpu-check.log (every step's output), listeners.json (every N's row so
+far), gpu-check.json (each step's command, exit status and seconds, the batch-1 figures, the listener rows).
+Three files, the log capped at LOG_CAP_BYTES: the device tool brings back at most 8 files of at most 16 MiB
+from its $OUT, so the command that runs this check writes nothing else there (the first lease's
+listeners.json and log were left out because another step of the same command had filled $OUT with 7 files);
+at the end the check counts what $OUT holds and says when something would not come back. Without a GPU it
+refuses at once, one line. `--device cpu` runs the same steps on the CPU (the tests do, with a tiny model).
 """
 
 from __future__ import annotations
@@ -36,9 +44,16 @@ BUDGET_S = 360.0  # the issue's bound on the whole check
 DEVICE_STEP_S = 60.0
 BATCH1_STEP_S = 120.0
 BATCH1_TOKENS = 512  # per row, per timed job (12.8 s of dense music)
+LISTENER_SECONDS = 5.0  # music per stream: 1,024 streams of it fit the budget (docs/BENCHMARKS.md)
+# A listener step's limit beyond its phase's own (bench listeners: 3 x seconds + 60 s): the service's start
+# (imports, the CUDA context, the model, its engine process) and its shutdown.
+LISTENER_START_S, LISTENER_STOP_S = 60.0, 30.0
 LOG = "gpu-check.log"
 SUMMARY = "gpu-check.json"
 LISTENERS_JSON = "listeners.json"
+# What the device tool brings back from $OUT (its docs: /work/.library/device/README.md, Limits)
+OUT_MAX_FILES, OUT_MAX_FILE_BYTES, OUT_MAX_DEPTH = 8, 16 * 2**20, 2
+LOG_CAP_BYTES = 15 * 2**20  # under the 16 MiB a file may have: a longer log keeps its head and tail
 
 
 class NoGpuError(MusicrelError):
@@ -68,7 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", type=Path, default=Path("checkpoints/default"))
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run of the steps")
     p.add_argument("--listeners", default="1,64,256,1024", help="N of the listener benchmark")
-    p.add_argument("--seconds", type=float, default=10.0, help="music per stream of the listener benchmark")
+    p.add_argument(
+        "--seconds", type=float, default=LISTENER_SECONDS, help="music per stream of the listener benchmark"
+    )
     p.add_argument("--tokens", type=int, default=BATCH1_TOKENS, help="tokens per row of each batch-1 job")
     p.add_argument("--client-processes", type=int, default=1, help="the listener clients' processes")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole check's time limit")
@@ -121,17 +138,42 @@ def _bench(*args: str) -> list[str]:
     return [sys.executable, "-m", "musicrel.bench", *args]
 
 
+def listener_order(text: str) -> list[int]:
+    """The N of the listener steps in the order they run: the first given, then the rest largest first."""
+    from musicrel.bench.listeners import listener_counts
+
+    counts = listener_counts(text, "cuda")
+    return counts[:1] + sorted(counts[1:], reverse=True)
+
+
+def listener_step_s(seconds: float) -> float:
+    """A listener step's own limit: its service's start and stop around the phase's limit."""
+    from musicrel.bench.listeners import phase_timeout_s
+
+    return LISTENER_START_S + phase_timeout_s(seconds) + LISTENER_STOP_S
+
+
+def _part(out: Path, n: int) -> Path:
+    return out / f"listeners-{n}.part"
+
+
 def steps(args: argparse.Namespace) -> list[tuple[str, list[str], float]]:
-    """(name, command, own time limit) of each step, in order; the listeners get what the budget leaves."""
+    """(name, command, own time limit) of each step, in order; each runs at most what the budget leaves."""
     out = args.out.resolve()
     on = ["--device", args.device, "--checkpoint", str(args.checkpoint)]
     batch1 = ["--tokens", str(args.tokens), "--json", str(out / "batch1.part")]
-    listeners = ["--listeners", args.listeners, "--seconds", f"{args.seconds:g}"]
-    listeners += ["--client-processes", str(args.client_processes), "--out", str(out / LISTENERS_JSON)]
+    listeners = ["--seconds", f"{args.seconds:g}", "--client-processes", str(args.client_processes)]
     return [
         ("device", _bench("gpu-check-step", "device", "--device", args.device), DEVICE_STEP_S),
         ("batch1", _bench("gpu-check-step", "batch1", *on, *batch1), BATCH1_STEP_S),
-        ("listeners", _bench("listeners", *on, *listeners), float("inf")),
+        *(
+            (
+                f"listeners-{n}",
+                _bench("listeners", *on, "--listeners", str(n), *listeners, "--out", str(_part(out, n))),
+                listener_step_s(args.seconds),
+            )
+            for n in listener_order(args.listeners)
+        ),
     ]
 
 
@@ -140,31 +182,84 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--budget-s and --seconds must be > 0, --tokens >= 1")
     if not (args.checkpoint / "config.json").is_file():
         raise ConfigError(f"{args.checkpoint} holds no checkpoint (config.json)", code="no_checkpoint")
+    listener_order(args.listeners)  # a bad list fails here, not in every step
     seen = check_gpu(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    records = []
+    summary = {"commit": _git_commit(), "seen": seen, "budget_s": args.budget_s, "steps": []}
+    records = summary["steps"]
     with open(args.out / LOG, "a") as log:
         log.write(f"musicrel bench gpu-check {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: {seen}\n")
         for name, command, limit in steps(args):
             left = args.budget_s - (time.monotonic() - started)
             if left < 5:
                 records.append({"step": name, "command": command, "rc": None, "skipped": "budget spent"})
-                continue
-            records.append(run_step(name, command, min(limit, left), log))
-            print(f"gpu-check: {name}: {_verdict(records[-1])}", flush=True)
-    summary = {
-        "commit": _git_commit(),
-        "seen": seen,
-        "budget_s": args.budget_s,
-        "seconds": round(time.monotonic() - started, 1),
-        "steps": records,
-        "batch1": _read_json(args.out / "batch1.part", remove=True),
-        "listeners": _read_json(args.out / LISTENERS_JSON),
-    }
-    (args.out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+            else:
+                records.append(run_step(name, command, min(limit, left), log))
+                print(f"gpu-check: {name}: {_verdict(records[-1])}", flush=True)
+            _write_summary(args.out, summary, started)
+    _read_json(args.out / "batch1.part", remove=True)  # its figures are in the summary
+    cap_log(args.out / LOG)
+    for line in out_warnings(Path(os.environ.get("OUT") or args.out)):
+        print(f"gpu-check: warning: {line}", flush=True)
     print(f"gpu-check: {summary['seconds']:.0f} s; wrote {args.out / LOG}, {args.out / SUMMARY}")
     return 0 if all(r.get("rc") == 0 for r in records) else 1
+
+
+def _write_summary(out: Path, summary: dict, started: float) -> None:
+    """gpu-check.json and listeners.json as they stand: the finished steps' figures, every listener row so
+    far (each N's part merged in, then removed)."""
+    from musicrel.bench.listeners import holds
+
+    listeners = _read_json(out / LISTENERS_JSON)
+    for part in sorted(out.glob("listeners-*.part")):
+        report = _read_json(part, remove=True)
+        if report is None:
+            continue
+        rows = ([] if listeners is None else listeners["rows"]) + report["rows"]
+        listeners = {**report, "rows": sorted(rows, key=lambda r: r["listeners"])}
+        listeners["holds"] = holds([r for r in rows if "failed" not in r], report["hold_share"])
+    if listeners is not None:
+        (out / LISTENERS_JSON).write_text(json.dumps(listeners, indent=1) + "\n")
+    summary.update(
+        seconds=round(time.monotonic() - started, 1),
+        batch1=_read_json(out / "batch1.part"),
+        listeners=listeners,
+    )
+    (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def cap_log(path: Path, cap: int = LOG_CAP_BYTES) -> None:
+    """A log over `cap` bytes keeps its first and last cap/2 (a file over 16 MiB would not come back)."""
+    size = path.stat().st_size
+    if size <= cap:
+        return
+    with open(path, "rb") as f:
+        head = f.read(cap // 2)
+        f.seek(size - cap // 2)
+        tail = f.read()
+    cut = f"\n[... {size - len(head) - len(tail)} bytes of the log cut: it would not come back ...]\n"
+    path.write_bytes(head + cut.encode() + tail)
+
+
+def out_warnings(root: Path) -> list[str]:
+    """What under `root` (the device tool's $OUT) would not come back: more than OUT_MAX_FILES files, a file
+    over OUT_MAX_FILE_BYTES, one deeper than OUT_MAX_DEPTH folders, a name of other characters."""
+    if not root.is_dir():
+        return []
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    found = []
+    if len(files) > OUT_MAX_FILES:
+        found.append(f"{root} holds {len(files)} files; {OUT_MAX_FILES} come back: write nothing else there")
+    for p in files:
+        rel = p.relative_to(root)
+        if p.stat().st_size > OUT_MAX_FILE_BYTES:
+            found.append(f"{rel} is over {OUT_MAX_FILE_BYTES // 2**20} MiB: it will not come back")
+        if len(rel.parts) - 1 > OUT_MAX_DEPTH:
+            found.append(f"{rel} is more than {OUT_MAX_DEPTH} folders down: it will not come back")
+        if any(not all(c.isascii() and (c.isalnum() or c in "._-") for c in part) for part in rel.parts):
+            found.append(f"{rel} has characters other than letters, digits, '.', '_', '-'")
+    return found
 
 
 def _verdict(record: dict) -> str:

@@ -486,7 +486,8 @@ def service(env: dict, backlog: int, ready_timeout_s: float = 300.0):
     path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     server = subprocess.Popen(command, env={**env, "PYTHONPATH": path}, cwd=REPO)
     try:
-        deadline = time.monotonic() + ready_timeout_s
+        started = time.monotonic()
+        deadline = started + ready_timeout_s
         while True:
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(f"{url}/readyz").status_code == 200:
@@ -496,6 +497,8 @@ def service(env: dict, backlog: int, ready_timeout_s: float = 300.0):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the service was not ready within {ready_timeout_s:g} s")
             time.sleep(0.2)
+        # what the device check's listener steps budget for a start (gpucheck.LISTENER_START_S)
+        print(f"  service ready in {time.monotonic() - started:.1f} s", flush=True)
         yield url, server.pid
     finally:
         server.send_signal(signal.SIGTERM)
@@ -513,6 +516,11 @@ def _raise_open_files(n: int) -> None:
     want = hard if hard != resource.RLIM_INFINITY else max(soft, 4 * n + 1024)
     if soft != resource.RLIM_INFINITY and soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def phase_timeout_s(seconds: float) -> float:
+    """The default limit of a phase's streams: three times their music, and a minute."""
+    return 3 * seconds + 60
 
 
 def listener_counts(text: str | None, device: str) -> list[int]:
@@ -566,7 +574,7 @@ def measure(args: argparse.Namespace) -> dict:
     if not (args.checkpoint / "config.json").is_file():
         raise ConfigError(f"{args.checkpoint} holds no checkpoint (config.json)", code="no_checkpoint")
     uploads = load_motifs(args.motif)
-    timeout_s = args.phase_timeout_s or 3 * args.seconds + 60
+    timeout_s = args.phase_timeout_s or phase_timeout_s(args.seconds)
     _raise_open_files(max(counts))
     rows: list[dict] = []
     report = {

@@ -60,28 +60,87 @@ def test_a_step_that_fails_or_runs_out_of_time_is_recorded_and_killed(tmp_path):
     assert "hello" in text and "===== failed: exit 3" in text and "===== slow: timed out" in text
 
 
-def test_the_listeners_get_what_the_budget_leaves():
+def test_each_listener_count_is_a_step_of_its_own_the_largest_after_the_first():
     import argparse
 
     p = argparse.ArgumentParser()
     gpucheck.add_arguments(p)
     args = p.parse_args(["/tmp/x"])
-    assert (args.device, args.listeners, args.budget_s) == ("cuda", "1,64,256,1024", 360.0)
+    assert (args.device, args.listeners, args.budget_s, args.seconds) == ("cuda", "1,64,256,1024", 360.0, 5.0)
+    listener_s = 60.0 + (3 * 5.0 + 60) + 30.0  # start, the phase's own limit, stop
     names = [(name, limit) for name, _, limit in gpucheck.steps(args)]
-    assert names == [("device", 60.0), ("batch1", 120.0), ("listeners", float("inf"))]
-    listeners_command = gpucheck.steps(args)[-1][1]
-    assert listeners_command[listeners_command.index("--listeners") + 1] == "1,64,256,1024"
+    assert names == [("device", 60.0), ("batch1", 120.0)] + [
+        (f"listeners-{n}", listener_s) for n in (1, 1024, 256, 64)
+    ]
+    for n, (_, command, _) in zip((1, 1024, 256, 64), gpucheck.steps(args)[2:], strict=True):
+        assert command[command.index("--listeners") + 1] == str(n)
+        assert command[command.index("--seconds") + 1] == "5"
+    # every step fits the budget alone; the budget is what bounds them together
+    assert max(limit for _, _, limit in gpucheck.steps(args)) < args.budget_s
+
+
+def test_the_listener_parts_merge_into_one_file_as_they_come(tmp_path):
+    def part(n: int, share: float) -> dict:
+        row = {"listeners": n, "on_time_share": share}
+        return {"device": "cpu", "hold_share": 0.99, "rows": [row], "holds": None}
+
+    summary = {"steps": []}
+    (tmp_path / "listeners-1.part").write_text(json.dumps(part(1, 1.0)))
+    gpucheck._write_summary(tmp_path, summary, 0.0)
+    first = json.loads((tmp_path / gpucheck.LISTENERS_JSON).read_text())
+    assert [r["listeners"] for r in first["rows"]] == [1] and first["holds"] == 1
+    (tmp_path / "listeners-1024.part").write_text(json.dumps(part(1024, 0.995)))
+    (tmp_path / "listeners-256.part").write_text(json.dumps(part(256, 0.5)))
+    gpucheck._write_summary(tmp_path, summary, 0.0)
+    merged = json.loads((tmp_path / gpucheck.LISTENERS_JSON).read_text())
+    assert [r["listeners"] for r in merged["rows"]] == [1, 256, 1024] and merged["holds"] == 1024
+    assert json.loads((tmp_path / gpucheck.SUMMARY).read_text())["listeners"] == merged
+    assert sorted(p.name for p in tmp_path.iterdir()) == [gpucheck.SUMMARY, gpucheck.LISTENERS_JSON]
+
+
+def test_what_would_not_come_back_from_out_is_named(tmp_path):
+    assert gpucheck.out_warnings(tmp_path / "none") == []
+    (tmp_path / "check").mkdir()
+    for i in range(8):
+        (tmp_path / "check" / f"f{i}").write_text("x")
+    assert gpucheck.out_warnings(tmp_path) == []
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "model.bin").write_bytes(b"\0" * (gpucheck.OUT_MAX_FILE_BYTES + 1))
+    deep = tmp_path / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    (deep / "x y").write_text("x")
+    found = gpucheck.out_warnings(tmp_path)
+    assert len(found) == 4, found
+    assert "holds 10 files; 8 come back" in found[0]
+    assert any("model.bin is over 16 MiB" in line for line in found)
+    assert any("more than 2 folders down" in line for line in found)
+    assert any("x y has characters" in line for line in found)
+
+
+def test_a_long_log_keeps_its_head_and_tail_under_the_cap(tmp_path):
+    log = tmp_path / "log"
+    log.write_bytes(b"head" + b"." * 5000 + b"tail")
+    gpucheck.cap_log(log, cap=1000)
+    text = log.read_bytes()
+    assert text.startswith(b"head") and text.endswith(b"tail") and len(text) < 1100
+    assert b"bytes of the log cut" in text
+    short = tmp_path / "short"
+    short.write_text("all of it")
+    gpucheck.cap_log(short, cap=1000)
+    assert short.read_text() == "all of it"
 
 
 @pytest.mark.long(25)
 def test_a_dry_run_on_the_cpu_writes_every_file(tiny_checkpoint, tmp_path):
     out = tmp_path / "out"
     command = ["bash", str(SCRIPT), str(out), "--device", "cpu", "--checkpoint", str(tiny_checkpoint),
-               "--listeners", "1", "--seconds", "1", "--tokens", "16", "--budget-s", "120"]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, env=_no_gpu_env(), timeout=300)
+               "--listeners", "1", "--seconds", "1", "--tokens", "16", "--budget-s", "150"]  # fmt: skip
+    env = {**_no_gpu_env(), "OUT": str(tmp_path)}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "warning" not in proc.stdout  # the 3 files all come back
     summary = json.loads((out / gpucheck.SUMMARY).read_text())
-    assert [s["step"] for s in summary["steps"]] == ["device", "batch1", "listeners"]
+    assert [s["step"] for s in summary["steps"]] == ["device", "batch1", "listeners-1"]
     assert all(s["rc"] == 0 for s in summary["steps"])
     batch1 = summary["batch1"]
     assert batch1["device"] == "cpu" and batch1["rtf_b1"] > 0 and batch1["rtf_b8"] > 0
@@ -90,6 +149,7 @@ def test_a_dry_run_on_the_cpu_writes_every_file(tiny_checkpoint, tmp_path):
     assert summary["listeners"] == json.loads((out / gpucheck.LISTENERS_JSON).read_text())
     log = (out / gpucheck.LOG).read_text()
     assert "===== device" in log and "real-time factor b1" in log and "holds:" in log
+    assert "service ready in" in log
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [gpucheck.LOG, gpucheck.SUMMARY, gpucheck.LISTENERS_JSON]
     )

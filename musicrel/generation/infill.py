@@ -1,4 +1,4 @@
-"""Infilling: regenerate the music of [start, end) of a file and keep everything else.
+"""Infilling: regenerate the music of [start, end) of a file (of its chosen tracks) and keep everything else.
 
 `infill_midi(model, midi, start, end, codec=..., params=...)` reads the file, writes the infill prompt of a
 model with infill tokens (`CodecConfig.infill`; the layout is `generation.fim`'s: the music after the gap,
@@ -10,13 +10,14 @@ The edge rules (what comes back unchanged, docs/INFILL.md):
 - a note that starts before `start` is kept whole, as it was, even when it sounds into or across the gap; the
   model's prompt has it sounding (its note-on without its note-off), and a new note of its pitch struck while
   it sounds is dropped (`span.struck_under`; the stream leaves it out too).
-- a note that starts in [start, end) is regenerated: removed, with its part after `end`. Its note-off after
-  `end` is in the prompt's future, as in training, so the model knows a note of that pitch sounds there.
-- a note that starts at or after `end` is kept. Drum notes, control changes, tempo and every other event are
-  kept (the model writes no drums).
-- new notes start in [start, end) and end by `end`. They join the file's instrument when it has one
-  instrument with notes (drums aside); else they go to a track of their own, "infill", on the program that
-  plays most notes around the gap (`primer.motif_program`).
+- a note of a chosen track (`InfillParams.tracks`, default every track read) that starts in [start, end) is
+  regenerated: removed, with its part after `end`. Its note-off after `end` is in the prompt's future, as in
+  training, so the model knows a note of that pitch sounds there.
+- a note that starts at or after `end`, and every note of a track not chosen, is kept. Drum notes (for a model
+  without instruments), control changes, tempo and every other event are kept.
+- new notes start in [start, end) and end by `end`, each on a chosen track (`span.route`: the one chosen
+  track; else by instrument for a model with instruments, by nearest voice for one without); a note of an
+  instrument no chosen track plays is dropped.
 """
 
 from __future__ import annotations
@@ -33,19 +34,20 @@ from musicrel.generation.grammar import HOLD_FACTOR, MAX_HOLD_SECONDS, MIN_HOLD_
 from musicrel.generation.primer import Primer
 from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed
 from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-exported)
-    INFILL_TRACK,
     MAX_SPAN_SECONDS,
-    PROGRAM_WINDOW_SECONDS,
+    VOICE_WINDOW_SECONDS,
     InfillParams,
     InfillResult,
     InfillSegments,
     bar_span,
     check_bars,
     check_span,
+    chosen_tracks,
     gap_notes,
     infill_segments,
     merge,
     past_velocity,
+    route,
 )
 
 # The controls read the music this far either side of the gap: the key `auto` finds, the rate the density
@@ -162,7 +164,7 @@ def infill_steps(
     params = params or InfillParams()
     start, end = check_span(start, end)
     check_model(model, codec)
-    seg = infill_segments(codec, midi, start, end)
+    seg = infill_segments(codec, midi, start, end, params.tracks)
     window = model.cfg.max_seq_len
     job = infill_job(model, codec, seg, params)
     prompt_tokens = len(job.tokens)
@@ -176,12 +178,14 @@ def infill_steps(
             f"the gap took {longest} tokens; with the {prompt_tokens}-token prompt that passed the "
             f"model's {window}-token window, so it wrote the gap's end without the music after it in view"
         )
-    notes = [gap_notes(codec, seg.past, r, start, end) for r in rows]
-    midis, placed, removed = [], [], 0
-    for n in notes:
-        out, removed, fitted = merge(codec, seg.pm, start, end, n)
+    midis, placed, where, removed = [], [], [], 0
+    for r in rows:
+        notes, instruments = gap_notes(codec, seg.past, r, start, end)
+        out, removed, fitted, tracks = merge(codec, seg.pm, start, end, notes, seg.tracks, instruments)
         midis.append(out)
-        placed.append(sorted(fitted, key=lambda x: (x.start, x.pitch)))
+        order = sorted(range(len(fitted)), key=lambda k: (fitted[k].start, fitted[k].pitch, tracks[k]))
+        placed.append([fitted[k] for k in order])
+        where.append([tracks[k] for k in order])
     return InfillResult(
         midis=midis,
         notes=placed,
@@ -194,6 +198,8 @@ def infill_steps(
         warnings=warnings,
         tokens=rows,
         controls=job.controls.applied if job.controls is not None else None,
+        note_tracks=where,
+        tracks=list(seg.tracks),
     )
 
 

@@ -1,7 +1,8 @@
-"""The torch-free half of infilling (musicrel.generation.infill): the span's checks, the file cut at it
-(`infill_segments`), the new notes in file time (`gap_notes`) and merged into a copy of the file (`merge`,
-the edge rules of docs/INFILL.md), and the parameters and result types. The server's HTTP process checks an
-upload's span with it before the job goes to the engine, without loading torch.
+"""The torch-free half of infilling (musicrel.generation.infill): the span's checks, the tracks chosen
+(`chosen_tracks`), the file cut at it (`infill_segments`), the new notes in file time (`gap_notes`), sent to
+the chosen tracks (`route`) and merged into a copy of the file (`merge`, the edge rules of docs/INFILL.md),
+and the parameters and result types. The server's HTTP process checks an upload's span and tracks with it
+before the job goes to the engine, without loading torch.
 """
 
 from __future__ import annotations
@@ -15,21 +16,24 @@ import pretty_midi
 from musicrel.errors import InfillError, is_int, is_number
 from musicrel.generation.controls import ControlError
 from musicrel.generation.fim import split_at
-from musicrel.generation.primer import motif_program
 from musicrel.generation.sampling import Sampling
 from musicrel.midi.files import copy_midi
+from musicrel.midi.instruments import instrument_of
 
 MAX_SPAN_SECONDS = 30.0
-INFILL_TRACK = "infill"
-# The new track's program: the one playing most notes this far around the gap.
-PROGRAM_WINDOW_SECONDS = 10.0
+# A track's voice (`route`, several chosen tracks): the median pitch of its notes this far around the gap.
+VOICE_WINDOW_SECONDS = 10.0
 
 
 @dataclass(kw_only=True)
 class InfillParams(Sampling):
-    """How to fill one gap: the shared sampling fields and their checks (Sampling), and none of its own.
-    `controls`: key, chords, density, range, polyphony (generation.controls), read against the music around
-    the gap (infill.CONTROL_CONTEXT_SECONDS); not program: the new notes join the file's own track."""
+    """How to fill one gap: the shared sampling fields and their checks (Sampling), and `tracks`: the
+    instrument indices (as pretty_midi counts a file's instruments) whose notes in the span are regenerated,
+    sorted and without repeats once checked; None: every track the codec reads. `controls`: key, chords,
+    density, range, polyphony (generation.controls), read against the music around the gap
+    (infill.CONTROL_CONTEXT_SECONDS); not program: the new notes join the file's own tracks."""
+
+    tracks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -38,6 +42,19 @@ class InfillParams(Sampling):
                 "program does not apply to infilling: the new notes join the file's own instrument",
                 code="invalid_controls",
             )
+        if self.tracks is not None:
+            tracks = self.tracks
+            if isinstance(tracks, str | bytes) or not isinstance(tracks, list | tuple) or not tracks:
+                raise InfillError(
+                    f"tracks must be a non-empty list of instrument indices, got {tracks!r}",
+                    code="invalid_tracks",
+                )
+            if not all(is_int(t) and t >= 0 for t in tracks):
+                raise InfillError(
+                    f"tracks must be instrument indices (whole numbers >= 0), got {list(tracks)!r}",
+                    code="invalid_tracks",
+                )
+            self.tracks = tuple(sorted({int(t) for t in tracks}))
 
 
 @dataclass
@@ -53,6 +70,8 @@ class InfillResult:
     warnings: list = field(default_factory=list)
     tokens: list = field(default_factory=list)  # each sample's gap tokens (np.ndarray), as decoded
     controls: dict | None = None  # what the controls applied (the key `auto` found, ...); None: none set
+    note_tracks: list = field(default_factory=list)  # per sample, the track (instrument index) of each note
+    tracks: list = field(default_factory=list)  # the tracks regenerated (InfillSegments.tracks)
 
 
 @dataclass
@@ -66,6 +85,7 @@ class InfillSegments:
     future: np.ndarray
     start_step: int
     end_step: int
+    tracks: list[int] = field(default_factory=list)  # the instruments whose notes in the span are regenerated
 
     @property
     def gap_steps(self) -> int:
@@ -122,10 +142,33 @@ def bar_span(pm: pretty_midi.PrettyMIDI, first_bar, last_bar) -> tuple[float, fl
     return float(downbeats[first_bar - 1]), float(downbeats[last_bar])
 
 
-def infill_segments(codec, midi, start: float, end: float) -> InfillSegments:
-    """Read `midi` (path, bytes or PrettyMIDI) and cut its stream at the span (checked against the music)."""
+def chosen_tracks(codec, pm: pretty_midi.PrettyMIDI, tracks) -> list[int]:
+    """The instrument indices of `pm` an infill regenerates: `tracks` (InfillParams.tracks) checked against
+    the file, or every instrument the codec reads for None. InfillError `no_such_track` for an index past the
+    file's instruments, `track_not_read` for one the codec does not read (a drum track for a model without
+    instruments, or a track outside CodecConfig.tracks): the model writes nothing for it."""
+    read = _read_instruments(codec, pm)
+    if tracks is None:
+        return read
+    for t in tracks:
+        if t >= len(pm.instruments):
+            raise InfillError(
+                f"track {t} out of range: the file has {len(pm.instruments)} instruments (0-"
+                f"{len(pm.instruments) - 1})",
+                code="no_such_track",
+            )
+        if t not in read:
+            why = "a drum track, and this model writes no drums" if pm.instruments[t].is_drum else "not read"
+            raise InfillError(f"track {t} is {why}: it cannot be regenerated", code="track_not_read")
+    return sorted(set(tracks))
+
+
+def infill_segments(codec, midi, start: float, end: float, tracks=None) -> InfillSegments:
+    """Read `midi` (path, bytes or PrettyMIDI) and cut its stream at the span (checked against the music);
+    `tracks`: the ones regenerated (`chosen_tracks`), None for every track read."""
     start, end = check_span(start, end)
     pm = codec.read(midi)
+    chosen = chosen_tracks(codec, pm, tracks)
     notes = codec.to_notes(pm)  # InvalidMidiError no_notes when nothing is left
     first, last = min(n.start for n in notes), max(n.end for n in notes)
     if end <= first or start >= last:
@@ -145,36 +188,50 @@ def infill_segments(codec, midi, start: float, end: float) -> InfillSegments:
     if e_step <= s_step:
         raise InfillError(f"the span is shorter than one time step ({step:g} s)", code="invalid_span")
     past, gap, future = split_at(codec, codec.encode_notes(notes), [s_step, e_step])
-    return InfillSegments(pm, notes, past, gap, future, s_step, e_step)
+    return InfillSegments(pm, notes, past, gap, future, s_step, e_step, chosen)
 
 
 def past_velocity(codec, past: np.ndarray) -> np.ndarray:
-    """The velocity token in force at the gap's start (the past's last one; empty if it has none): the gap's
-    notes are decoded after it."""
+    """The tokens in force at the gap's start that decoding its notes needs: the past's last velocity token
+    (empty if it has none) and, for a codec with instruments, its last INSTRUMENT token before it (the gap's
+    first notes may belong to an instrument set earlier)."""
     past = np.asarray(past, dtype=np.int64)
     lo = codec.velocity_offset
-    return past[(past >= lo) & (past < lo + codec.config.velocity_bins)][-1:]
+    velocity = past[(past >= lo) & (past < lo + codec.config.velocity_bins)][-1:]
+    if codec.instrument_offset is None:
+        return velocity
+    return np.concatenate([past[codec.is_instrument(past)][-1:], velocity])
 
 
-def gap_notes(codec, past: np.ndarray, tokens: np.ndarray, start: float, end: float) -> list:
-    """A gap's tokens -> notes in file time: the velocity in force at the gap's start carries over, notes
-    start at `start` + their time and end by `end`."""
-    out = []
-    for n in codec.decode_notes(np.concatenate([past_velocity(codec, past), tokens])):
+def gap_notes(
+    codec, past: np.ndarray, tokens: np.ndarray, start: float, end: float
+) -> tuple[list, list | None]:
+    """A gap's tokens -> (notes in file time, the instrument of each or None for a codec without instruments):
+    the velocity (and instrument) in force at the gap's start carries over, notes start at `start` + their
+    time and end by `end`."""
+    tokens = np.concatenate([past_velocity(codec, past), np.asarray(tokens, dtype=np.int64)])
+    if codec.instrument_offset is None:
+        decoded, instruments = codec.decode_notes(tokens), None
+    else:
+        parts = codec.decode_instrument_notes(tokens)
+        decoded, instruments = parts.notes, parts.instruments
+    notes, kept = [], []
+    for k, n in enumerate(decoded):
         s, e = start + n.start, min(start + n.end, end)
         if s < end and e > s:
-            out.append(pretty_midi.Note(velocity=n.velocity, pitch=n.pitch, start=s, end=e))
-    return out
+            notes.append(pretty_midi.Note(velocity=n.velocity, pitch=n.pitch, start=s, end=e))
+            kept.append(k)
+    return notes, None if instruments is None else [instruments[k] for k in kept]
 
 
 def _read_instruments(codec, pm) -> list[int]:
-    """Indices of the instruments the codec reads (and infilling therefore regenerates): non-drum ones of
-    `tracks`."""
+    """Indices of the instruments the codec reads (and infilling can therefore regenerate): those of
+    `tracks`, drums only for a codec with instruments."""
     tracks = codec.config.tracks
     chosen = (
         range(len(pm.instruments)) if tracks == "merge" else [i for i in tracks if i < len(pm.instruments)]
     )
-    return [i for i in chosen if not pm.instruments[i].is_drum]
+    return [i for i in chosen if codec.config.instruments or not pm.instruments[i].is_drum]
 
 
 def sounding_into(codec, pm, start: float) -> dict[int, list[tuple[float, float]]]:
@@ -194,32 +251,78 @@ def struck_under(sounding: dict, pitch: int, time: float) -> bool:
     return any(s <= time < e for s, e in sounding.get(pitch, ()))
 
 
-def merge(codec, pm, start: float, end: float, new_notes: list) -> tuple[pretty_midi.PrettyMIDI, int, list]:
-    """A copy of `pm` with the notes that start in [start, end) of the instruments read removed and
-    `new_notes` added (the edge rules of docs/INFILL.md); how many notes were removed; and the new notes
-    as they stand in the copy (a new note struck while a kept note of its pitch sounds is dropped). New notes
-    end by `end`, kept ones after the gap start at or after it: no other overlap can arise."""
+def voices(pm, tracks: list[int], start: float, end: float) -> dict[int, float]:
+    """Each track's voice: the median pitch of its notes that start within VOICE_WINDOW_SECONDS of the gap
+    (those in the gap too: they are the part being rewritten), of all its notes when none do; a track
+    without notes has none."""
+    out = {}
+    for t in tracks:
+        notes = pm.instruments[t].notes
+        near = [
+            n.pitch for n in notes if start - VOICE_WINDOW_SECONDS <= n.start < end + VOICE_WINDOW_SECONDS
+        ]
+        pitches = near or [n.pitch for n in notes]
+        if pitches:
+            out[t] = float(np.median(pitches))
+    return out
+
+
+def _nearest(heard: dict[int, float], pitch: int) -> int:
+    """The track whose voice is nearest `pitch` (the lower index on a tie)."""
+    return min(heard, key=lambda t: (abs(pitch - heard[t]), t))
+
+
+def route(pm, tracks: list[int], start: float, end: float, notes: list, instruments: list | None) -> list:
+    """The track (instrument index of `pm`) each new note goes to, None for a note that is dropped; the rule
+    of docs/INFILL.md. A model without instruments: with one chosen track, onto it; with several, the track
+    of the nearest voice (`voices`: the median pitch around the gap). A model with instruments: the chosen
+    track of the note's instrument (its General MIDI program, or drums), the nearest voice among several of
+    one instrument; a note of an instrument no chosen track plays is dropped (the kept tracks stay exact)."""
+    if instruments is None:
+        if len(tracks) == 1:
+            return [tracks[0]] * len(notes)
+        heard = voices(pm, tracks, start, end) or {tracks[0]: 60.0}
+        return [_nearest(heard, n.pitch) for n in notes]
+    by_instrument: dict[int, list[int]] = {}
+    for t in tracks:
+        inst = pm.instruments[t]
+        by_instrument.setdefault(instrument_of(inst.program, inst.is_drum), []).append(t)
+    heard = voices(pm, tracks, start, end)
+    out = []
+    for n, i in zip(notes, instruments, strict=True):
+        candidates = by_instrument.get(i, [])
+        if len(candidates) > 1:
+            among = {t: heard[t] for t in candidates if t in heard}
+            out.append(_nearest(among, n.pitch) if among else candidates[0])
+        else:
+            out.append(candidates[0] if candidates else None)
+    return out
+
+
+def merge(
+    codec, pm, start: float, end: float, new_notes: list, tracks=None, instruments: list | None = None
+) -> tuple[pretty_midi.PrettyMIDI, int, list, list]:
+    """A copy of `pm` with the notes that start in [start, end) of the chosen `tracks` (None: every track
+    read) removed and `new_notes` added to them (`route`; `instruments`: each new note's, from a codec with
+    instruments) under the edge rules of docs/INFILL.md; how many notes were removed; the new notes as they
+    stand in the copy (a new note struck while a kept note of its pitch sounds is dropped, and one `route`
+    drops); and the track of each. New notes end by `end`, kept ones after the gap start at or after it: no
+    other overlap can arise."""
     out = copy_midi(pm)
-    read = _read_instruments(codec, out)
+    tracks = _read_instruments(codec, pm) if tracks is None else list(tracks)
     removed = 0
-    for i in read:
+    for i in tracks:
         inst = out.instruments[i]
         kept = [n for n in inst.notes if not start <= n.start < end]
         removed += len(inst.notes) - len(kept)
         inst.notes = kept
     sounding = sounding_into(codec, pm, start)
-    fitted = [
-        pretty_midi.Note(g.velocity, g.pitch, g.start, g.end)
-        for g in new_notes
-        if g.end > g.start and not struck_under(sounding, g.pitch, g.start)
-    ]
-    with_notes = [i for i in read if pm.instruments[i].notes]
-    if len(with_notes) == 1:
-        target = out.instruments[with_notes[0]]
-    else:
-        window = (max(0.0, start - PROGRAM_WINDOW_SECONDS), end + PROGRAM_WINDOW_SECONDS)
-        program, _ = motif_program(pm, codec.config.tracks, *window)
-        target = pretty_midi.Instrument(program=program, name=INFILL_TRACK)
-        out.instruments.append(target)
-    target.notes.extend(fitted)
-    return out, removed, fitted
+    fitted, where = [], []
+    for g, t in zip(new_notes, route(pm, tracks, start, end, new_notes, instruments), strict=True):
+        if t is None or g.end <= g.start or struck_under(sounding, g.pitch, g.start):
+            continue
+        note = pretty_midi.Note(g.velocity, g.pitch, g.start, g.end)
+        out.instruments[t].notes.append(note)
+        fitted.append(note)
+        where.append(t)
+    return out, removed, fitted, where

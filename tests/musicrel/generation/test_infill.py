@@ -14,7 +14,6 @@ import torch
 from musicrel.errors import InfillError, InvalidMidiError, MusicrelError
 from musicrel.generation import fim
 from musicrel.generation.infill import (
-    INFILL_TRACK,
     MAX_SPAN_SECONDS,
     InfillParams,
     bar_span,
@@ -96,11 +95,14 @@ def test_outside_notes_come_back_unchanged_and_new_notes_start_inside_the_span(m
     assert [_key(n) for i in source.instruments for n in i.notes] == [
         _key(n) for i in before.instruments for n in i.notes
     ]  # the input object is not touched
-    for out, notes in zip(result.midis, result.notes, strict=True):
+    assert result.tracks == [1, 2]  # every track read: the bass and the piano, not the drums
+    for out, notes, where in zip(result.midis, result.notes, result.note_tracks, strict=True):
         check_preserved(source, out, 12.0, 18.0)
-        # several tracks with notes: the new ones go to a track of their own
-        assert out.instruments[-1].name == INFILL_TRACK and len(out.instruments) == 4
-        assert [_key(n) for n in out.instruments[-1].notes] == [_key(n) for n in notes]
+        # several tracks with notes: the new ones go back to the file's own tracks, none is added
+        assert len(out.instruments) == 3 and len(where) == len(notes) and set(where) <= {1, 2}
+        for t in (1, 2):
+            inside = [_key(n) for n in out.instruments[t].notes if 12.0 <= n.start < 18.0]
+            assert sorted(inside) == sorted(_key(n) for n, w in zip(notes, where, strict=True) if w == t)
         assert notes, "a random model writes some notes in 6 s"
         for n in notes:
             assert 12.0 <= n.start < 18.0 and n.start < n.end <= 18.0
@@ -108,9 +110,9 @@ def test_outside_notes_come_back_unchanged_and_new_notes_start_inside_the_span(m
     assert result.removed == sum(12.0 <= n.start < 18.0 for i in source.instruments[1:] for n in i.notes)
     # the same seed gives the same music; the samples differ
     again = infill_midi(model, source, 12.0, 18.0, codec=CODEC, params=InfillParams(seed=0, num_samples=3))
-    assert [[_key(n) for n in m.instruments[-1].notes] for m in again] == [
-        [_key(n) for n in m] for m in result.notes
-    ]
+    assert [
+        sorted(_key(n) for i in m.instruments[1:] for n in i.notes if 12.0 <= n.start < 18.0) for m in again
+    ] == [sorted(_key(n) for n in m) for m in result.notes]
     assert len({tuple(_key(n) for n in m) for m in result.notes}) > 1
 
 

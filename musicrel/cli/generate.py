@@ -33,11 +33,17 @@ def run_jobs(
 ) -> list[dict]:
     """Continue the motifs of `items` ((motif path, output paths) pairs) in ONE batch; write the outputs and
     return one record per motif. Unreadable motifs get an error record and do not stop the others. With a
-    novelty index, each sample's longest stretch shared with the training data is in the record."""
+    novelty index, each sample's longest stretch shared with the training data is in the record. A model
+    with instruments writes the motif's tracks (the record lists them) and refuses --program per motif."""
     from musicrel.errors import MusicrelError
     from musicrel.evaluation.novelty import longest_copy
     from musicrel.generation.decode_batch import generate_batch
-    from musicrel.generation.primer import default_max_primer_tokens, prepare_primer, render_result
+    from musicrel.generation.primer import (
+        default_max_primer_tokens,
+        prepare_primer,
+        refuse_program,
+        render_result,
+    )
 
     records, jobs, ready = [], [], []
     for motif, outputs in items:
@@ -51,6 +57,7 @@ def run_jobs(
                 max_tokens=default_max_primer_tokens(model),
                 motif_end=motif_end,
             )
+            refuse_program(primer, params.controls)
         except MusicrelError as exc:
             record.update(status="error", error={"code": exc.code, "message": str(exc)})
         except OSError as exc:
@@ -65,6 +72,8 @@ def run_jobs(
                 "program": primer.program,
                 "program_reason": primer.program_reason,
             }
+            if primer.tracks is not None:  # the motif's tracks; a sample's new instruments come after them
+                record["primer"]["tracks"] = primer.tracks.describe()
         records.append(record)
     if jobs:
         results = generate_batch(model, codec, jobs)
@@ -72,6 +81,8 @@ def run_jobs(
             midis = render_result(codec, primer, result, params.include_primer)
             for pm, path in zip(midis, outputs, strict=True):
                 write_midi(pm, path)
+            if primer.tracks is not None:  # each sample's tracks as written (new instruments included)
+                record["tracks"] = [primer.tracks.describe_file(pm) for pm in midis]
             record.update(
                 status="ok",
                 outputs=[str(p) for p in outputs],

@@ -12,6 +12,7 @@ from musicrel.generation.primer import (
     PRIMER_SECONDS,
     default_max_primer_tokens,
     prepare_primer,
+    refuse_program,
     render_result,
 )
 from musicrel.generation.sampling import SamplingParams
@@ -32,9 +33,12 @@ def continue_midi(
 ) -> list[pretty_midi.PrettyMIDI]:
     """Continue `midi` (path, bytes or PrettyMIDI); one PrettyMIDI per sample. `sampling`: SamplingParams
     fields (seconds, temperature, top_k, top_p, seed, num_samples, max_new_tokens, include_primer, controls),
-    whose defaults are SamplingParams' but for CONTINUE_MIDI_DEFAULTS."""
+    whose defaults are SamplingParams' but for CONTINUE_MIDI_DEFAULTS. With a model whose codec has
+    instruments each file keeps the motif's tracks (docs/INSTRUMENTS.md), and `program` is refused
+    (ControlError program_with_instruments)."""
     codec = codec or EventCodec()
     params = SamplingParams(**{**CONTINUE_MIDI_DEFAULTS, **sampling})
     primer = prepare_primer(codec, midi, primer_seconds, tracks, max_tokens=default_max_primer_tokens(model))
+    refuse_program(primer, params.controls)
     result = generate_batch(model, codec, [(primer, params)])[0]
     return render_result(codec, primer, result, params.include_primer)

@@ -1,6 +1,7 @@
 """The motif side of generation: `prepare_primer` / `primer_at_cut` turn a motif into the tokens the model
 reads (a `Primer`, with what rendering needs), and `render` turns generated tokens back into MIDI with the
-motif's tempo and program.
+motif's tempo and program; with a model whose codec has instruments, with the motif's tracks (each new note on
+its instrument's track: `musicrel.midi.tracks`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import numpy as np
 import pretty_midi
 
 from musicrel.errors import GenerationError, is_number
+from musicrel.generation.controls import ControlError
 from musicrel.generation.join import cut_steps
+from musicrel.generation.streaming import NoteStream
 from musicrel.midi.codec import CodecConfig, EventCodec, open_pitches, shift_steps
+from musicrel.midi.decode import decode_tokens
+from musicrel.midi.tracks import Tracks, read_tracks
 
 PRIMER_SECONDS = 30.0  # how much of the motif's end the model reads, by default
 
@@ -37,6 +42,11 @@ class Primer:
     # steps from the last token (an event, never a time shift) to end_time: the silence decoding accounts for
     # before its first event (musicrel.generation.join), so the continuation starts at end_time
     tail_steps: int = 0
+    # A codec with instruments: each motif note's instrument (parallel to motif_notes), the motif's tracks
+    # (the upload's selected tracks) and the track of each motif note; None for a codec without instruments.
+    motif_instruments: list | None = None
+    tracks: Tracks | None = None
+    motif_tracks: list | None = None
 
 
 def _codec_for_tracks(codec, tracks):
@@ -45,19 +55,21 @@ def _codec_for_tracks(codec, tracks):
     return EventCodec(CodecConfig.from_dict({**codec.config.to_dict(), "tracks": tracks}))
 
 
-def _window_tokens(codec, notes, start: float, cut: float) -> tuple[np.ndarray, int]:
+def _window_tokens(codec, notes, start: float, cut: float, instruments=None) -> tuple[np.ndarray, int]:
     """(events of the notes sounding in [start, cut) with time 0 at `start`, steps from the last of them to
     the cut). A note still sounding at `cut` stays open (no note-off: where it ends is for the continuation to
     say). The tokens end on their last event at or before the cut, never on a shift: the silence after it is
-    the second value, which decoding accounts for (`musicrel.generation.join`)."""
+    the second value, which decoding accounts for (`musicrel.generation.join`). `instruments`: each note's
+    (a codec with instruments)."""
     horizon = cut + 3600.0  # open notes end far beyond the cut; their note-offs are cut away below
+    inside = [i for i, n in enumerate(notes) if n.end > start and n.start < cut]
     window = [
-        pretty_midi.Note(n.velocity, n.pitch, max(n.start, start) - start,
-                         (n.end if n.end <= cut else horizon) - start)
-        for n in notes
-        if n.end > start and n.start < cut
+        pretty_midi.Note(notes[i].velocity, notes[i].pitch, max(notes[i].start, start) - start,
+                         (notes[i].end if notes[i].end <= cut else horizon) - start)
+        for i in inside
     ]  # fmt: skip
-    tokens = np.asarray(codec.encode_notes(window), dtype=np.int64)
+    window_instruments = None if instruments is None else [instruments[i] for i in inside]
+    tokens = np.asarray(codec.encode_notes(window, window_instruments), dtype=np.int64)
     steps = shift_steps(codec)[tokens]
     cut_step = int(np.floor((cut - start) / (codec.config.step_ms / 1000.0) + 0.5))
     clock = np.cumsum(steps)  # time after each token
@@ -75,6 +87,7 @@ def primer_at_cut(
     max_tokens: int | None = None,
     tempo: float = 120.0,
     program: int = 0,
+    instruments=None,
 ) -> Primer:
     """The `primer_seconds` before `cut` of `notes` (pretty_midi notes in source time) as a primer.
 
@@ -83,7 +96,7 @@ def primer_at_cut(
     last event before the cut; the silence from it to the cut is `tail_steps`, which decoding covers before
     it lets anything else happen (`musicrel.generation.join`). When the window encodes
     to more than `max_tokens` tokens its start moves later (re-encoded, so the primer still begins at an event
-    boundary)."""
+    boundary). `instruments`: each note's instrument, parallel to `notes` (a codec with instruments)."""
     if (
         isinstance(primer_seconds, bool)
         or not isinstance(primer_seconds, int | float)
@@ -92,12 +105,14 @@ def primer_at_cut(
         raise GenerationError(f"primer_seconds must be > 0, got {primer_seconds!r}", code="invalid_params")
     if max_tokens is not None and max_tokens < 1:
         raise GenerationError(f"max_tokens must be >= 1, got {max_tokens!r}", code="invalid_params")
-    notes = [n for n in notes if n.start < cut]
+    before = [i for i, n in enumerate(notes) if n.start < cut]
+    notes = [notes[i] for i in before]
+    instruments = None if instruments is None else [int(instruments[i]) for i in before]
     if not notes:
         raise GenerationError("no notes before the cut", code="no_notes")
     first_start = min(n.start for n in notes)
     start = asked_start = max(first_start, cut - float(primer_seconds))
-    tokens, tail = _window_tokens(codec, notes, start, cut)
+    tokens, tail = _window_tokens(codec, notes, start, cut, instruments)
     step = codec.config.step_ms / 1000.0
     for _ in range(64):
         if max_tokens is None or len(tokens) <= max_tokens:
@@ -105,7 +120,7 @@ def primer_at_cut(
         # Time at which the last max_tokens tokens begin: move the window start there (at least one step).
         elapsed = np.cumsum(np.asarray(codec.time_advance)[tokens])
         start += max(float(elapsed[len(tokens) - max_tokens - 1]), step)
-        tokens, tail = _window_tokens(codec, notes, start, cut)
+        tokens, tail = _window_tokens(codec, notes, start, cut, instruments)
     cropped = start > asked_start
     if max_tokens is not None and len(tokens) > max_tokens:  # e.g. one huge chord: keep the tail as is
         tokens, cropped = tokens[-max_tokens:], True
@@ -128,6 +143,7 @@ def primer_at_cut(
         requested_seconds=float(primer_seconds),
         cropped=cropped,
         tail_steps=int(tail),
+        motif_instruments=instruments,
     )
 
 
@@ -147,7 +163,12 @@ def prepare_primer(
         raise GenerationError(f"motif_end must be seconds > 0, got {motif_end!r}", code="invalid_params")
     codec = _codec_for_tracks(codec, tracks)
     pm = codec.read(midi)
-    notes = codec.to_notes(pm)
+    instruments = None
+    if codec.config.instruments:  # every selected track's notes, drums too, each with its instrument
+        parts = codec.instrument_notes(pm)
+        notes, instruments = parts.notes, parts.instruments
+    else:
+        notes = codec.to_notes(pm)
     _, tempi = pm.get_tempo_changes()
     tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
     end_time = max(n.end for n in notes)
@@ -159,9 +180,32 @@ def prepare_primer(
                 code="no_notes",
             )
         end_time = float(motif_end)
-    primer = primer_at_cut(codec, notes, end_time, primer_seconds, max_tokens, tempo=tempo)
+    primer = primer_at_cut(
+        codec, notes, end_time, primer_seconds, max_tokens, tempo=tempo, instruments=instruments
+    )
     program, reason = motif_program(pm, tracks, primer.start_time, primer.end_time)
-    return replace(primer, program=program, program_reason=reason)
+    primer = replace(primer, program=program, program_reason=reason)
+    if instruments is not None:
+        selection = codec.config.tracks
+        found, places = read_tracks(pm, selection, primer.motif_notes, primer.motif_instruments, end_time)
+        primer = replace(primer, tracks=found, motif_tracks=places, program_reason=TRACKS_REASON)
+    return primer
+
+
+# What a continuation with instruments is written with, in the answers' words.
+TRACKS_REASON = "a model with instruments: each new note on its instrument's track of the motif"
+
+
+def refuse_program(primer: Primer, controls) -> None:
+    """The `program` control chooses the one program a piano model's continuation is written with; a model
+    with instruments writes each instrument on its own track, so no one program is the output's: refused
+    (ControlError program_with_instruments) before anything is generated, rather than ignored."""
+    if primer.tracks is not None and controls is not None and controls.program is not None:
+        raise ControlError(
+            "program: this model writes each instrument of the motif on its own track with its own "
+            "program; leave program empty",
+            code="program_with_instruments",
+        )
 
 
 CLEAR_SHARE = 0.5  # a program playing more than this share of the window's notes is the motif's instrument
@@ -224,7 +268,29 @@ def render(
     motif's end. Notes still sounding at the end are closed there; any token stream renders to a valid file.
     The seed (and sample index) go into a text event, and the controls applied
     (`musicrel.generation.controls`), as JSON, into another.
+
+    A primer with tracks (a codec with instruments): the motif's tracks in their order (names, programs,
+    drums), each new note on its instrument's track (`musicrel.midi.tracks`), placed as `NoteStream` reports
+    it; instruments the motif lacks on new tracks after them.
     """
+    if primer.tracks is not None:
+        pm, end = _render_tracks(codec, primer, new_tokens, include_primer)
+    else:
+        pm, end = _render_piano(codec, primer, new_tokens, include_primer)
+    if seed is not None:
+        label = f"musicrel seed={seed}" + ("" if sample_index is None else f" sample={sample_index}")
+        pm.text_events.append(pretty_midi.Text(label, 0.0))
+    if controls:
+        label = "musicrel controls=" + json.dumps(controls, sort_keys=True)
+        pm.text_events.append(pretty_midi.Text(label, 0.0))
+    pm.text_events.append(pretty_midi.Text("end", end))
+    return pm
+
+
+def _render_piano(
+    codec, primer: Primer, new_tokens, include_primer: bool
+) -> tuple[pretty_midi.PrettyMIDI, float]:
+    """`render` for a codec without instruments: one track, the motif's program; (the file, its end)."""
     primer_tokens = np.asarray(primer.tokens, dtype=np.int64)
     new_tokens = np.asarray(new_tokens, dtype=np.int64).reshape(-1)
     vocab = codec.vocab_size
@@ -271,14 +337,51 @@ def render(
     inst.notes.sort(key=lambda n: (n.start, n.pitch))
     inst.control_changes = pedal
     pm.instruments.append(inst)
-    if seed is not None:
-        label = f"musicrel seed={seed}" + ("" if sample_index is None else f" sample={sample_index}")
-        pm.text_events.append(pretty_midi.Text(label, 0.0))
-    if controls:
-        label = "musicrel controls=" + json.dumps(controls, sort_keys=True)
-        pm.text_events.append(pretty_midi.Text(label, 0.0))
-    pm.text_events.append(pretty_midi.Text("end", offset + length))
-    return pm
+    return pm, offset + length
+
+
+def _render_tracks(
+    codec, primer: Primer, new_tokens, include_primer: bool
+) -> tuple[pretty_midi.PrettyMIDI, float]:
+    """`render` for a codec with instruments: the motif's tracks, each new note on its track; (file, end)."""
+    assert primer.tracks is not None and primer.motif_tracks is not None
+    new_tokens = np.asarray(new_tokens, dtype=np.int64).reshape(-1)
+    new_tokens = new_tokens[(new_tokens >= 0) & (new_tokens < codec.vocab_size)]
+    step = codec.config.step_ms / 1000.0
+    length = max(int(shift_steps(codec)[new_tokens].sum()) - primer.tail_steps, 0) * step
+    offset = primer.end_time if include_primer else 0.0
+    placer = primer.tracks.placer(offset=primer.end_time)
+    notes = NoteStream(codec, primer.tokens, primer.tail_steps, placer=placer)
+    # The stream's own events, so that the file holds exactly the notes (and tracks) a stream reported.
+    struck: dict[int, list] = {}  # note id -> [start, end, pitch, velocity, track]
+    for e in notes.feed(new_tokens) + notes.close():
+        if e.kind == "on":
+            struck[e.id] = [e.time, None, e.pitch, e.velocity, e.track]
+        elif e.kind == "off":
+            struck[e.id][1] = min(e.time, length)
+        else:
+            struck.pop(e.id, None)
+    by_track: list[list[pretty_midi.Note]] = [[] for _ in placer.tracks]
+    if include_primer:
+        for n, k in zip(primer.motif_notes, primer.motif_tracks, strict=True):
+            by_track[k].append(pretty_midi.Note(n.velocity, n.pitch, n.start, n.end))
+    for start, end, pitch, velocity, k in struck.values():
+        by_track[k].append(pretty_midi.Note(velocity, pitch, start + offset, end + offset))
+    pedal = []
+    if codec.config.pedal == "events":  # the continuation's changes, released at the end, as _render_piano's
+        primer_tokens = np.asarray(primer.tokens, dtype=np.int64)
+        apart = np.array([codec.time_shift_offset])
+        _, changes, _ = decode_tokens(codec, np.concatenate([primer_tokens, apart, new_tokens]))
+        t_primer = (cut_steps(codec, primer_tokens, primer.tail_steps) + 1) * step
+        pedal = [
+            pretty_midi.ControlChange(64, 127 if down else 0, min(max(t - t_primer, 0.0), length) + offset)
+            for t, down in changes
+            if t >= t_primer - 1e-6
+        ]
+        if pedal and pedal[-1].value >= 64:
+            pedal.append(pretty_midi.ControlChange(64, 0, offset + length))
+    pm = primer.tracks.write(placer.tracks, by_track, primer.tempo, control_changes=pedal)
+    return pm, offset + length
 
 
 def render_result(
@@ -288,7 +391,7 @@ def render_result(
     applied), as the user gets it: the program the controls chose, else the motif's; the seed and sample index
     and the controls in text events."""
     program = (result.controls or {}).get("program")
-    if program is not None:
+    if program is not None and primer.tracks is None:  # refused with tracks: refuse_program
         primer = replace(primer, program=program)
     return [
         render(

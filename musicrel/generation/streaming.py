@@ -15,6 +15,10 @@ same tokens (pedal changes aside: those are in the file only):
 - `close()` ends what still sounds at the final time; a note struck on that very step has no length and is
   dropped.
 
+With a codec that has instruments the notes are keyed by (instrument, pitch), as the decoder keys them, and
+each `on` says its instrument and, given a `Placer` (`musicrel.midi.tracks`), its track: placed in the
+order the onsets come, which is the order `render` places them in, since it reads the same events.
+
 Why onsets and not whole notes: tokens come in time order, so onsets arrive in the order they are to be
 played, a few tokens after generation reaches them. A whole note is known only at its note-off, and a long
 note would arrive after the short notes struck later than it.
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from musicrel.midi.codec import EventCodec
+from musicrel.midi.tracks import Placer
 
 
 @dataclass(frozen=True)
@@ -36,24 +41,35 @@ class NoteEvent:
     pitch: int
     time: float  # seconds from the start of the continuation: the start for "on", the end for "off"
     velocity: int = 0
+    instrument: int | None = None  # a codec with instruments: the note's (program 0..127, DRUMS)
+    track: int | None = None  # with a Placer: the note's track (musicrel.midi.tracks)
 
 
 class NoteStream:
     """One sample's note events, fed its generated tokens chunk by chunk (`feed`), then `close()`."""
 
-    def __init__(self, codec: EventCodec, primer_tokens, tail_steps: int = 0) -> None:
+    def __init__(
+        self, codec: EventCodec, primer_tokens, tail_steps: int = 0, placer: Placer | None = None
+    ) -> None:
         """tail_steps: `Primer.tail_steps`, the silence between the primer's last token and the cut: the
-        continuation's clock starts there (generation.join), and what is struck before it is not heard."""
+        continuation's clock starts there (generation.join), and what is struck before it is not heard.
+        placer: where each note goes (`Tracks.placer`, its times from the cut), for a codec with
+        instruments."""
         self.codec = codec
         self.step = codec.step
         self._off0, self._shift0 = codec.note_off_offset, codec.time_shift_offset
         self._vel0 = codec.velocity_offset
         self._vel_end = self._vel0 + codec.config.velocity_bins
         self._bin_velocity = codec._bin_velocity.tolist()
+        self._inst_lo = codec.instrument_offset if codec.instrument_offset is not None else -1
+        self._inst_hi = self._inst_lo + codec.num_instruments if self._inst_lo >= 0 else -1
+        self._base = 0  # the instrument in effect x 128: notes are keyed by voice = instrument x 128 + pitch
+        self.placer = placer
+        self._tracks: dict[int, int] = {}  # note id -> its track
         self.t = 0  # steps, primer included
         self.velocity = 64
-        self._open: dict[int, tuple[int, int, int | None]] = {}  # pitch -> (start step, velocity, id or None)
-        self._one_step: dict[int, int] = {}  # pitch -> id of a note closed on its own start step (this step)
+        self._open: dict[int, tuple[int, int, int | None]] = {}  # voice -> (start step, velocity, id or None)
+        self._one_step: dict[int, int] = {}  # voice -> id of a note closed on its own start step (this step)
         self._ids = 0
         self._closed = False
         self._events: list[NoteEvent] = []
@@ -65,9 +81,19 @@ class NoteStream:
     def _seconds(self, step: int) -> float:
         return (step - self.t0) * self.step
 
-    def _emit(self, kind: str, note_id: int | None, pitch: int, step: int, velocity: int = 0) -> None:
-        if note_id is not None:
-            self._events.append(NoteEvent(kind, note_id, pitch, self._seconds(step), velocity))
+    def _emit(self, kind: str, note_id: int | None, voice: int, step: int, velocity: int = 0) -> None:
+        if note_id is None:
+            return
+        instrument = voice // 128 if self._inst_lo >= 0 else None
+        track = None
+        if self.placer is not None:
+            track = self._tracks.get(note_id)
+            if track is None:  # the note's onset: placed now, in the order onsets come
+                track = self._tracks[note_id] = self.placer.place(
+                    voice // 128, voice % 128, self._seconds(step)
+                )
+        event = NoteEvent(kind, note_id, voice % 128, self._seconds(step), velocity, instrument, track)
+        self._events.append(event)
 
     def feed(self, tokens) -> list[NoteEvent]:
         """The events the new tokens complete, in order."""
@@ -77,14 +103,16 @@ class NoteStream:
             if tok < 0:
                 continue
             if tok < self._off0:
-                self._note_on(tok)
+                self._note_on(self._base + tok)
             elif tok < self._shift0:
-                self._note_off(tok - self._off0)
+                self._note_off(self._base + tok - self._off0)
             elif tok < self._vel0:
                 self._flush_one_step()
                 self.t += tok - self._shift0 + 1
             elif tok < self._vel_end:
                 self.velocity = self._bin_velocity[tok - self._vel0]
+            elif self._inst_lo <= tok < self._inst_hi:
+                self._base = (tok - self._inst_lo) * 128
         events, self._events = self._events, []
         return events
 
@@ -92,46 +120,46 @@ class NoteStream:
         """The end of the sample: what still sounds ends now (a note struck on this very step is dropped)."""
         if self._closed:
             return []
-        for pitch, note_id in self._one_step.items():  # one step would pass the end: cut to nothing
-            self._emit("drop", note_id, pitch, self.t)
+        for voice, note_id in self._one_step.items():  # one step would pass the end: cut to nothing
+            self._emit("drop", note_id, voice, self.t)
         self._one_step.clear()
-        for pitch, (start, _, note_id) in sorted(self._open.items(), key=lambda kv: kv[1][0]):
-            self._emit("off" if start < self.t else "drop", note_id, pitch, self.t)
+        for voice, (start, _, note_id) in sorted(self._open.items(), key=lambda kv: kv[1][0]):
+            self._emit("off" if start < self.t else "drop", note_id, voice, self.t)
         self._open.clear()
         self._closed = True
         events, self._events = self._events, []
         return events
 
-    def _note_on(self, pitch: int) -> None:
-        prev = self._open.pop(pitch, None)
+    def _note_on(self, voice: int) -> None:
+        prev = self._open.pop(voice, None)
         if prev is not None:
             start, _, prev_id = prev
-            self._emit("off" if start < self.t else "drop", prev_id, pitch, self.t)
-        cut = self._one_step.pop(pitch, None)
+            self._emit("off" if start < self.t else "drop", prev_id, voice, self.t)
+        cut = self._one_step.pop(voice, None)
         if cut is not None:  # the one-step note ends where this one starts: on its own start, so no note
-            self._emit("drop", cut, pitch, self.t)
-        self._open[pitch] = (self.t, self.velocity, self._strike(pitch, self.velocity))
+            self._emit("drop", cut, voice, self.t)
+        self._open[voice] = (self.t, self.velocity, self._strike(voice, self.velocity))
 
-    def _strike(self, pitch: int, velocity: int) -> int | None:
+    def _strike(self, voice: int, velocity: int) -> int | None:
         """A new note's id (None in the primer or before the cut: `render` drops it), its onset reported."""
         if not self._live or self.t < self.t0:
             return None
         note_id = self._ids
         self._ids += 1
-        self._emit("on", note_id, pitch, self.t, velocity)
+        self._emit("on", note_id, voice, self.t, velocity)
         return note_id
 
-    def _note_off(self, pitch: int) -> None:
-        prev = self._open.pop(pitch, None)
+    def _note_off(self, voice: int) -> None:
+        prev = self._open.pop(voice, None)
         if prev is None:
             return
         start, _, note_id = prev
         if start < self.t:
-            self._emit("off", note_id, pitch, self.t)
+            self._emit("off", note_id, voice, self.t)
         elif note_id is not None:
-            self._one_step[pitch] = note_id  # one step long unless struck again on this step
+            self._one_step[voice] = note_id  # one step long unless struck again on this step
 
     def _flush_one_step(self) -> None:
-        for pitch, note_id in self._one_step.items():
-            self._emit("off", note_id, pitch, self.t + 1)
+        for voice, note_id in self._one_step.items():
+            self._emit("off", note_id, voice, self.t + 1)
         self._one_step.clear()

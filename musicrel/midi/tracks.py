@@ -87,6 +87,20 @@ class Tracks:
     def describe(self) -> list[dict]:
         return [t.describe(i) for i, t in enumerate(self.tracks)]
 
+    def describe_file(self, pm: pretty_midi.PrettyMIDI) -> list[dict]:
+        """The tracks of a file `write` wrote from these (the upload's first, then a sample's new ones), as
+        the answers list them."""
+        return [
+            Track(
+                inst.name,
+                int(inst.program),
+                bool(inst.is_drum),
+                instrument_of(inst.program, inst.is_drum),
+                self.tracks[k].source if k < len(self.tracks) else None,
+            ).describe(k)
+            for k, inst in enumerate(pm.instruments)
+        ]
+
     def placer(self, offset: float = 0.0) -> Placer:
         """A fresh placement of one sample's notes (`offset`: added to the times `place` is given, to read
         them in the upload's clock)."""

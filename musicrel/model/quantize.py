@@ -15,6 +15,9 @@ Whether int8 pays depends on the machine: on a CPU whose cache holds the float32
 300 MB L3) it gained nothing. So `weights="auto"` (the default) times a few decoding steps both ways on the
 loaded model and keeps the faster (`faster_weights`, a fraction of a second); `held_weights` says which.
 
+On a GPU the int8 kernel is not there: `int8` and `auto` hold bfloat16 weights instead (`GPU_WEIGHTS`: the
+whole model in bfloat16, its KV cache too, half the bytes a step reads; `float32` pins float32 there too).
+
 Only for a loaded model that decodes: training, fine-tuning and `musicrel evaluate` keep float32 weights
 unless asked, and a quantized model is never saved (a checkpoint folder stays what it always was).
 """
@@ -38,6 +41,8 @@ KERNEL_OUT_MULTIPLE = 16
 # kernel (the shipped model's 800-token prefill: 141 ms float32, 192 ms through the kernel, 148 ms through
 # weights dequantized for the call): from this many rows on, the layer multiplies dequantized weights.
 DEQUANTIZE_ROWS = 256
+# What `int8` and `auto` hold on a GPU, where the int8 kernel is not: tensor cores take bfloat16 natively.
+GPU_WEIGHTS, GPU_WEIGHTS_DTYPE = "bfloat16", torch.bfloat16
 
 
 class Int8Linear(nn.Module):
@@ -176,10 +181,17 @@ def _probe(model: nn.Module) -> float:
 
 def hold_weights(model: nn.Module, weights: str) -> nn.Module:
     """`model` with its weights held as `weights` (DECODE_WEIGHTS: "auto" the faster of int8 and float32
-    here, `faster_weights`) while it decodes; returns it."""
+    here, `faster_weights`) while it decodes; returns it. On a GPU, "int8" and "auto" hold GPU_WEIGHTS."""
+    if next(model.parameters()).device.type == "cuda":
+        return model.to(gpu_dtype(weights))
     if weights == "auto":
         return faster_weights(model)
     return quantize_int8(model) if weights == "int8" else model
+
+
+def gpu_dtype(weights: str) -> torch.dtype:
+    """The dtype a model holds on a GPU for `weights` (DECODE_WEIGHTS): float32 when pinned, else bfloat16."""
+    return torch.float32 if weights == "float32" else GPU_WEIGHTS_DTYPE
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -187,5 +199,8 @@ def is_quantized(model: nn.Module) -> bool:
 
 
 def held_weights(model: nn.Module) -> str:
-    """How `model` holds its weights now (HELD_WEIGHTS): what reports say, whatever was asked for."""
+    """How `model` holds its weights now (HELD_WEIGHTS, or GPU_WEIGHTS on a GPU): what reports say, whatever
+    was asked for."""
+    if next(model.parameters()).dtype == GPU_WEIGHTS_DTYPE:
+        return GPU_WEIGHTS
     return "int8" if is_quantized(model) else "float32"

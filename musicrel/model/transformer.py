@@ -171,6 +171,25 @@ class CausalSelfAttention(nn.Module):
             S_rel = S_rel.masked_fill(hidden, float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=S_rel, scale=1.0)  # (B, H, 1, D)
 
+    def forward_static(self, x: Tensor, cache: KVCache, layer: int, pos: Tensor, hidden: Tensor, rel: Tensor):
+        """One query per row at position `pos` ((1,) long, on the device), attending over every one of the
+        cache's max_len positions, those it may not see masked (`hidden` (B, 1, 1, M)): the shapes never
+        change from step to step, so a CUDA graph can replay it (skew attention only, `supports_static`).
+
+        The same logits as `_attend_one_skew` over the first pos + 1 keys: key j's relative term is q against
+        E_r's row `rel`[j] (MusicTransformer.decode_static: rows - 1 - min(pos - j, rows - 1))."""
+        B, _, C = x.shape
+        H, D = self.n_heads, self.head_dim
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, 1, H, D).transpose(1, 2) * (1.0 / math.sqrt(D))  # (B, H, 1, D)
+        cache.k[layer].index_copy_(2, pos, k.view(B, 1, H, D).transpose(1, 2))
+        cache.v[layer].index_copy_(2, pos, v.view(B, 1, H, D).transpose(1, 2))
+        S_rel = torch.bmm(q.view(B, H, D).transpose(0, 1), self.E_r.transpose(1, 2))  # (H, B, rows)
+        S_rel = S_rel.index_select(2, rel).transpose(0, 1).unsqueeze(2)  # (B, H, 1, M)
+        S_rel = S_rel.masked_fill(hidden, float("-inf"))
+        y = F.scaled_dot_product_attention(q, cache.k[layer], cache.v[layer], attn_mask=S_rel, scale=1.0)
+        return self.proj(y.transpose(1, 2).reshape(B, 1, C))
+
     @staticmethod
     def _mask(S: Tensor, future: Tensor, left_pad: Tensor | None) -> Tensor:
         """-inf on keys a query may not see. S (..., c, e) holds the LAST c queries of e keys; without padding
@@ -230,6 +249,11 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.ln_1(x), cache, layer, left_pad, hidden))
         return x + self.mlp(self.ln_2(x))
 
+    def forward_static(self, x: Tensor, cache: KVCache, layer: int, pos: Tensor, hidden: Tensor, rel: Tensor):
+        """`forward` of one decoding position, in eval mode, through `CausalSelfAttention.forward_static`."""
+        x = x + self.attn.forward_static(self.ln_1(x), cache, layer, pos, hidden, rel)
+        return x + self.mlp(self.ln_2(x))
+
 
 class MusicTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -265,6 +289,36 @@ class MusicTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def supports_static(self) -> bool:
+        """Whether `decode_static` takes this model: skew attention (the shipped models' scheme)."""
+        return self.cfg.attention == "skew"
+
+    def decode_static(self, tokens: Tensor, cache: KVCache, pos: Tensor) -> Tensor:
+        """tokens (B,) at position `pos` ((1,) long tensor, the rows' shared length; on the model's device)
+        -> logits (B, vocab), in eval mode; the token's K/V written at `pos`. Unlike `forward` it reads no
+        Python length and asks the device nothing: attention runs over all of the cache's max_len positions,
+        those past `pos` or in a row's left padding masked, so every call has the same shapes and a CUDA
+        graph of it replays at any position (`generation.decode_graph`). The caller moves `pos` on."""
+        M = cache.max_len
+        j = torch.arange(M, device=tokens.device)  # (M,)
+        rows = self.blocks[0].attn.E_r.size(1)
+        rel = rows - 1 - (pos - j).clamp(0, rows - 1)  # (M,): E_r's row for each key (past pos: masked)
+        # As `forward`'s `hidden`: the row's padding and the future; its own position is never padding.
+        hidden = (j[None] > pos) | ((j[None] < cache.left_pad[:, None]) & (j[None] < pos))  # (B, M)
+        hidden = hidden[:, None, None]  # (B, 1, 1, M)
+        x = self.tok_emb(tokens[:, None])  # (B, 1, C)
+        for layer, block in enumerate(self.blocks):
+            x = block.forward_static(x, cache, layer, pos, hidden, rel)
+        return self.head(self.ln_f(x))[:, 0]  # (B, vocab)
+
+    def kv_bytes_per_row(self, dtype: torch.dtype | None = None) -> int:
+        """Bytes of one row's K and V at the whole window (`new_cache(rows, max_seq_len)`), in `dtype` (the
+        model's own by default): 2 x n_layers x d_model x max_seq_len x the dtype's size."""
+        dtype = self.tok_emb.weight.dtype if dtype is None else dtype
+        cfg = self.cfg
+        return 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.max_seq_len * dtype.itemsize
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once by parameters()

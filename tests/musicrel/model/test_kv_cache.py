@@ -125,3 +125,33 @@ def test_decode_logits_are_not_affected_by_stale_cache_entries():
         out = torch.cat([model(y[:, i : i + 1], cache=cache) for i in range(10)], 1)
         torch.testing.assert_close(out, model(y), rtol=1e-5, atol=1e-5)
     assert out.size(-1) == VOCAB
+
+
+@pytest.mark.parametrize("left_pad", [None, [0, 3, 11]])
+def test_the_static_step_equals_the_cached_one(left_pad):
+    """`decode_static` (the shapes a CUDA graph replays: the whole cache, `pos` a tensor) gives the logits
+    `forward` gives one token at a time, K/V written at the same places, with clipping and left padding."""
+    model = make("skew").eval()
+    assert model.supports_static and not make("absolute").supports_static
+    x = tokens(3, 14)
+    lp = torch.tensor(left_pad) if left_pad is not None else torch.zeros(3, dtype=torch.long)
+    with torch.inference_mode():
+        step, cache = decode(model, x, [1] * 14, left_pad=lp, max_len=20)
+        static = model.new_cache(3, 20, left_pad=lp)
+        ptr = static.k.data_ptr()
+        pos = torch.zeros(1, dtype=torch.long)
+        outs = []
+        for i in range(14):
+            outs.append(model.decode_static(x[:, i], static, pos))
+            pos += 1
+    assert static.k.data_ptr() == ptr and static.length == 0  # the position is the caller's, not the cache's
+    torch.testing.assert_close(torch.stack(outs, dim=1), step, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(static.k[:, :, :, :14], cache.k[:, :, :, :14])
+    torch.testing.assert_close(static.v[:, :, :, :14], cache.v[:, :, :, :14])
+
+
+def test_kv_bytes_per_row_is_the_cache_of_one_row_at_the_window():
+    model = make("skew")
+    cache = model.new_cache(1)
+    assert model.kv_bytes_per_row() == cache.k.nbytes + cache.v.nbytes
+    assert model.kv_bytes_per_row(torch.bfloat16) == (cache.k.nbytes + cache.v.nbytes) // 2

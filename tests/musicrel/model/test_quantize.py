@@ -188,3 +188,18 @@ def test_auto_has_nothing_to_choose_off_the_kernel_s_shapes():
     """A model whose layers the int8 kernel does not take stays float32 without a probe."""
     model = _model(d_model=32, n_heads=2, d_ff=96)  # no layer with a multiple of 64 inputs
     assert held_weights(faster_weights(model)) == "float32" and not hasattr(model, "weights_probe")
+
+
+def test_on_a_gpu_int8_and_auto_hold_bfloat16_and_reports_say_so():
+    """The GPU's rule (the int8 kernel is CPU-only): what each choice holds there, and what a model held in
+    bfloat16 reports, checked on the CPU (the same `.to(dtype)` the GPU path makes)."""
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.quantize import GPU_WEIGHTS, gpu_dtype
+    from musicrel.model.transformer import MusicTransformer
+
+    assert [gpu_dtype(w) for w in DECODE_WEIGHTS] == [torch.bfloat16, torch.bfloat16, torch.float32]
+    model = MusicTransformer(ModelConfig(vocab_size=64, n_layers=1, max_seq_len=32, **SHAPE)).eval()
+    assert held_weights(model) == "float32"
+    model.to(gpu_dtype("int8"))
+    assert held_weights(model) == GPU_WEIGHTS == "bfloat16"
+    assert model.new_cache(2).k.dtype == torch.bfloat16  # the KV cache follows the weights

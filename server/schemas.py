@@ -312,6 +312,13 @@ class InfillParams(MusicForm):
     last_bar: int | None = Field(
         None, ge=1, le=100_000, description="its last bar (included); the span ends where the next begins"
     )
+    tracks: str | None = Field(
+        None,
+        max_length=400,
+        description="the tracks whose notes in the span are regenerated, as comma-separated instrument "
+        "indices (as pretty_midi counts them, like the accompaniment's `track`), e.g. 2 or 0,2; every other "
+        "note comes back unchanged; empty: every track the model reads",
+    )
     key: str | None = _retold(
         "key",
         'keep the new notes in a key: "C:major", "A:minor", "Bb:dorian", "auto" (the key of the music '
@@ -323,12 +330,36 @@ class InfillParams(MusicForm):
         "at the file's tempo)",
     )
 
+    @field_validator("tracks")
+    @classmethod
+    def _infill_tracks(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = [p.strip() for p in value.split(",")]
+        if not all(p.isdigit() for p in parts):
+            raise ValueError('must be comma-separated instrument indices such as "2" or "0,2"')
+        indices = sorted({int(p) for p in parts})
+        if len(indices) > MAX_TRACKS or indices[-1] > 1023:
+            raise ValueError(f"at most {MAX_TRACKS} instrument indices, each below 1024")
+        return ",".join(map(str, indices))
+
+    def track_indices(self) -> tuple[int, ...] | None:
+        """`tracks` as the library's InfillParams.tracks (None: every track)."""
+        return None if self.tracks is None else tuple(int(p) for p in self.tracks.split(","))
+
+    def library_params(self) -> Sampling:
+        """As every form's, `tracks` as the library spells it (a tuple of indices)."""
+        return dataclasses.replace(
+            MusicForm.library_params(self.model_copy(update={"tracks": None})), tracks=self.track_indices()
+        )
+
 
 class NewNote(BaseModel):
     pitch: int
     velocity: int
     start: float = Field(description="seconds in the file, in [start, end) of the span")
     end: float = Field(description="seconds in the file, by the span's end")
+    track: int = Field(description="the track (instrument index) the note was written to")
 
 
 class InfillSample(SampleFile):
@@ -346,6 +377,7 @@ class InfillResponse(BaseModel):
     start: float
     end: float
     removed: int = Field(description="the upload's notes that started in the span (regenerated)")
+    tracks: list[int] = Field(description="the tracks regenerated (instrument indices): those asked, or all")
     prompt_tokens: int = Field(description="tokens the model read: the music after the span, then before it")
     samples: list[InfillSample]
     controls: dict[str, Any] | None = Field(
@@ -372,8 +404,26 @@ class Copy(BaseModel):
     occurrences: int = Field(description="places in the training data that hold the stretch")
 
 
+class TrackInfo(BaseModel):
+    """A track of the answer's file (a model with instruments: musicrel.midi.tracks)."""
+
+    index: int = Field(description="the track's place in the file; a stream's note_on `track` refers to it")
+    name: str = Field(description="the upload's track name (a new track: its General MIDI name, or Drums)")
+    program: int = Field(description="General MIDI program (a drum track's kit program as uploaded)")
+    drum: bool = Field(description="a drum track (written on channel 10)")
+    source: int | None = Field(
+        description="the upload's track index (pretty_midi's instrument index, the `tracks` field's); null "
+        "for a track the upload does not have (an instrument the model added)"
+    )
+
+
 class Sample(SampleFile):
     new_tokens: int
+    tracks: list[TrackInfo] | None = Field(
+        None,
+        description="a model with instruments: the file's tracks, the motif's then any the sample added; "
+        "null for a piano model (one track)",
+    )
     novelty: Copy | None = Field(
         None,
         description="the longest stretch shared with the training data, transposition-invariant; null when "
@@ -425,6 +475,11 @@ class ContinuationResponse(BaseModel):
     new_tokens: int
     stopped: bool = Field(description="true when generation stopped early (deadline)")
     instrument: InstrumentInfo = Field(description="the instrument the samples are played on")
+    tracks: list[TrackInfo] | None = Field(
+        None,
+        description="a model with instruments: the motif's tracks, which every sample's file starts with "
+        "(each new note on its instrument's track); null for a piano model",
+    )
     controls: dict[str, Any] | None = Field(
         None,
         description="what the controls applied: the key `auto` found (key, key_detected), the program and "

@@ -4,6 +4,9 @@ notes while they are generated); and POST /v1/motifs, a motif parsed and its pri
 The motif is parsed here (a parse cache keeps the last MUSICREL_PRIMER_CACHE, so a re-roll is not parsed
 again), the job joins the engine's running batch, and the samples' MIDI is rendered from their tokens here,
 on a render thread, with what each copied from the training data when the checkpoint ships a novelty index.
+A model with instruments keeps the motif's tracks: the answer lists them (`tracks`, and each sample's own),
+the stream's note_on says each note's `track` and `instrument`, and `program` is refused (422
+program_with_instruments: docs/INSTRUMENTS.md).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from fastapi import UploadFile
 
 from musicrel.evaluation.novelty import longest_copy
 from musicrel.generation.controls import gm_program_name
-from musicrel.generation.primer import Primer, prepare_primer, render_result
+from musicrel.generation.primer import Primer, prepare_primer, refuse_program, render_result
 from musicrel.generation.sampling import SamplingParams
 from musicrel.generation.streaming import NoteStream
 from server.admission import Ticket
@@ -36,6 +39,7 @@ from server.schemas import (
     PreparedMotif,
     PrimerInfo,
     Sample,
+    TrackInfo,
 )
 from server.service import Service
 from server.submit import parse_on_thread, read_upload, wait_for_result
@@ -103,6 +107,11 @@ def instrument_info(primer: Primer, applied: dict | None) -> InstrumentInfo:
     return InstrumentInfo(program=program, name=gm_program_name(program), reason=primer.program_reason)
 
 
+def motif_tracks(primer: Primer) -> list[TrackInfo] | None:
+    """The motif's tracks, which every sample's file starts with; None for a piano model."""
+    return None if primer.tracks is None else [TrackInfo(**t) for t in primer.tracks.describe()]
+
+
 def write_samples(
     codec, primer: Primer, params: SamplingParams, result: ContinuationResult, novelty=None
 ) -> list[Sample]:
@@ -118,6 +127,7 @@ def write_samples(
             new_tokens=len(tokens),
             notes=sum(len(inst.notes) for inst in midi.instruments),
             duration_s=round(float(midi.get_end_time()), 4),
+            tracks=None if primer.tracks is None else primer.tracks.describe_file(midi),
             novelty=None if novelty is None else Copy(**longest_copy(novelty, codec, tokens)),
         )
         out.append(sample)
@@ -150,7 +160,9 @@ class ContinuationTask(Task):
 
     async def parse(self, service: Service, data: bytes, form: Any) -> tuple[Any, Continue, Primer]:
         primer = await parse_motif(service, data, form)
-        return form, Continue(primer, form.library_params()), primer
+        params = form.library_params()
+        refuse_program(primer, params.controls)
+        return form, Continue(primer, params), primer
 
     async def answer(
         self, service: Service, request: Parsed, job: Job, result: ContinuationResult
@@ -189,6 +201,7 @@ class ContinuationTask(Task):
             new_tokens=int(result.new_tokens),
             stopped=bool(result.stopped),
             instrument=instrument_info(primer, result.controls),
+            tracks=motif_tracks(primer),
             controls=result.controls,
             warnings=list(result.warnings),
             timings=timings,
@@ -205,11 +218,19 @@ class ContinuationTask(Task):
 
     def note_source(self, service: Service, request: Parsed) -> NoteSource:
         primer, n = request.found, request.form.num_samples
-        return NoteSource([NoteStream(service.codec, primer.tokens, primer.tail_steps) for _ in range(n)])
+        return NoteSource([
+            NoteStream(service.codec, primer.tokens, primer.tail_steps,
+                       placer=None if primer.tracks is None else primer.tracks.placer(primer.end_time))
+            for _ in range(n)
+        ])  # fmt: skip
 
     def start_fields(self, request: Parsed) -> dict[str, Any]:
         primer = primer_info(request.found, len(request.found.tokens))
-        return {"primer": primer.model_dump(mode="json")}
+        fields: dict[str, Any] = {"primer": primer.model_dump(mode="json")}
+        tracks = motif_tracks(request.found)
+        if tracks is not None:  # a model with instruments: the tracks the notes' `track` indices refer to
+            fields["tracks"] = [t.model_dump(mode="json") for t in tracks]
+        return fields
 
 
 async def prepare_motif(

@@ -6,11 +6,12 @@ HTTP status: 413, 422, 429, 503, ...). Then the 200 goes out with these lines, `
 
 - `start`: seed (drawn here when the request left it empty, so that it is known at once), settings, the
   task's own fields (a continuation's primer, an infill's start and end) and the number of samples;
-- `note_on` {sample, id, pitch, velocity, time} as soon as the note-on is generated; `note_off` {sample, id,
-  time} when its end is known; `note_drop` {sample, id} for a strike the MIDI file leaves out (see
-  musicrel/generation/streaming.py). Times are the answer's (`NoteSource.offset`): seconds from the start of
-  a continuation, seconds of the file for an infill; a strike the answer leaves out (an infill's note under
-  a kept one) is never reported;
+- `note_on` {sample, id, pitch, velocity, time; a model with instruments adds track, the note's track in
+  the answer's file, and instrument, 0-127 or 128 for drums} as soon as the note-on is generated;
+  `note_off` {sample, id, time} when its end is known; `note_drop` {sample, id} for a strike the MIDI
+  file leaves out (see musicrel/generation/streaming.py). Times are the answer's (`NoteSource.offset`):
+  seconds from the start of a continuation, seconds of the file for an infill; a strike the answer leaves
+  out (an infill's note under a kept one) is never reported;
 - `result`: the plain JSON answer (every sample's MIDI in base64, timings, ...) plus `first_note_ms`;
 - or `error` {status, error: {code, message}}: what the plain route would have answered (504 timeout,
   503 draining, 500 internal, ...); nothing follows it.
@@ -58,6 +59,10 @@ def note_line(sample: int, e: NoteEvent) -> bytes:
     if e.kind == "on":
         event = {"type": "note_on", "sample": sample, "id": e.id, "pitch": e.pitch, "velocity": e.velocity,
                  "time": round(e.time, 6)}  # fmt: skip
+        if e.track is not None:  # a model with instruments: the note's track in the answer's file
+            event["track"] = e.track
+        if e.instrument is not None:  # and its instrument (a General MIDI program, 128: drums)
+            event["instrument"] = e.instrument
     elif e.kind == "off":
         event = {"type": "note_off", "sample": sample, "id": e.id, "time": round(e.time, 6)}
     else:

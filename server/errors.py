@@ -88,6 +88,9 @@ _INFILL_CODE_FIELDS = {
     "span_outside_music": "start",
     "nothing_before": "start",
     "nothing_after": "end",
+    "invalid_tracks": "tracks",
+    "no_such_track": "tracks",
+    "track_not_read": "tracks",
 }
 # The same for a span given in bars (`first_bar`, `last_bar`): the fields the client sent, not the seconds.
 _INFILL_BAR_FIELDS = {
@@ -96,6 +99,9 @@ _INFILL_BAR_FIELDS = {
     "span_too_long": "last_bar",
     "span_outside_music": "last_bar",
     "nothing_after": "last_bar",
+    "invalid_tracks": "tracks",
+    "no_such_track": "tracks",
+    "track_not_read": "tracks",
 }
 
 

@@ -7,6 +7,7 @@ Torch is imported inside the handler so that `musicrel --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from musicrel.cli.args import (
@@ -31,6 +32,19 @@ def _bars(text: str) -> tuple[int, int]:
     return bars
 
 
+def _tracks(text: str) -> tuple[int, ...]:
+    """--tracks 2 or 0,2: instrument indices as pretty_midi counts them (each file says if it has them)."""
+    try:
+        tracks = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected instrument indices such as 2 or 0,2, got {text!r}"
+        ) from None
+    if min(tracks) < 0:
+        raise argparse.ArgumentTypeError(f"instrument indices count from 0, got {text!r}")
+    return tracks
+
+
 def _refuse(message: str) -> int:
     print(f"musicrel infill: {message}", file=sys.stderr)
     return 2
@@ -53,6 +67,8 @@ def _infill(args) -> int:
         span, record = "bars {}-{}".format(*args.bars), {"bars": list(args.bars)}
 
     def run(model, codec, path, params, record):
+        if args.tracks is not None:  # each file says whether it has these tracks (no_such_track)
+            params = dataclasses.replace(params, tracks=args.tracks)
         if args.bars is None:
             return infill(model, path, start, end, codec=codec, params=params)
         # each file's bars at its own tempo and time signatures
@@ -61,7 +77,14 @@ def _infill(args) -> int:
         return infill(model, path, a, b, codec=codec, params=params)
 
     def fields(result) -> dict:
-        return {"removed": result.removed, "prompt_tokens": result.prompt_tokens}
+        return {
+            "removed": result.removed,
+            "prompt_tokens": result.prompt_tokens,
+            "tracks": result.tracks,
+            "new_notes_by_track": [
+                {str(t): where.count(t) for t in sorted(set(where))} for where in result.note_tracks
+            ],
+        }
 
     def done(n: int, total: int) -> str:
         return f"filled {span} in {n} of {total} files"
@@ -91,6 +114,14 @@ def register(subparsers) -> None:
         default=None,
         metavar="A-B",
         help="the span as bars instead: from the start of bar A to the end of bar B (counted from 1)",
+    )
+    p.add_argument(
+        "--tracks",
+        type=_tracks,
+        default=None,
+        metavar="I,J",
+        help="regenerate only these tracks (instrument indices as pretty_midi counts them, e.g. 2 or 0,2) "
+        "and keep every other note exactly; default: every track the model reads",
     )
     p.add_argument("--out", required=True, help="output folder")
     add_sample_arguments(p, "versions per file (1)")

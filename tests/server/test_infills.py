@@ -109,6 +109,7 @@ def test_json_answer_has_every_sample_and_a_seed_that_repeats(client):
     for sample, data in zip(body["samples"], files, strict=True):
         new = check_span_filled(TUNE, data, 5.0, 8.0)
         assert sample["notes"] == len(new) == len(sample["new_notes"]) and sample["new_tokens"] > 0
+        assert {n.pop("track") for n in sample["new_notes"]} <= {0}  # the tune's one track
         listed = keys(pretty_midi.Note(**n) for n in sample["new_notes"])  # exact; the file's, in ticks
         for a, b in zip(keys(new), listed, strict=True):
             assert a[:2] == b[:2] and abs(a[2] - b[2]) < 0.005 and abs(a[3] - b[3]) < 0.005
@@ -151,13 +152,70 @@ def test_a_span_in_bars_is_the_seconds_of_those_bars(client, path):
     assert seconds.content == data
 
 
-def test_a_file_with_several_tracks_gets_the_new_notes_on_a_track_of_their_own(client):
+def test_a_file_with_several_tracks_gets_the_new_notes_on_its_own_tracks(client):
     c, _ = client
     data = tune(tracks=2)
-    r = post(c, data)
+    r = post(c, data, json_=True)
     assert r.status_code == 200, r.text
-    out = read(r.content)
-    assert [i.name for i in out.instruments] == ["lead", "bass1", "infill"]
+    body = r.json()
+    assert body["tracks"] == [0, 1] and body["settings"]["tracks"] is None
+    out = read(base64.b64decode(body["samples"][0]["midi_base64"]))
+    assert [i.name for i in out.instruments] == ["lead", "bass1"]  # no track added
+    listed = body["samples"][0]["new_notes"]
+    assert listed and {n["track"] for n in listed} <= {0, 1}
+    for t in (0, 1):
+        inside = [n for n in out.instruments[t].notes if 5.0 <= n.start < 8.0]
+        assert len(inside) == sum(n["track"] == t for n in listed)
+
+
+@pytest.mark.parametrize("path", ["/v1/infills", "/v1/infills/stream"])
+def test_tracks_regenerates_only_those_tracks_and_keeps_the_others_exactly(client, path):
+    """tracks=1 on a lead and two basses: the lead and the second bass come back note for note, the first
+    bass keeps every note outside the span and takes every new note."""
+    c, _ = client
+    data = tune(tracks=3)
+    r = post(c, data, json_=True, path=path, tracks=" 1 ", num_samples="2")
+    body = r.json() if path == "/v1/infills" else stream_events(r)[-1]
+    assert r.status_code == 200, r.text
+    assert body["tracks"] == [1] and body["settings"]["tracks"] == "1"
+    assert body["removed"] == 3  # a bass note a second in [5, 8)
+    given = read(data)
+    for sample in body["samples"]:
+        out = read(base64.b64decode(sample["midi_base64"]))
+        assert [i.name for i in out.instruments] == ["lead", "bass1", "bass2"]
+        for t in (0, 2):
+            assert keys(out.instruments[t].notes) == keys(given.instruments[t].notes)
+        outside = [n for n in given.instruments[1].notes if not 5.0 <= n.start < 8.0]
+        assert keys(n for n in out.instruments[1].notes if not 5.0 <= n.start < 8.0) == keys(outside)
+        inside = [n for n in out.instruments[1].notes if 5.0 <= n.start < 8.0]
+        assert {n["track"] for n in sample["new_notes"]} <= {1} and len(inside) == sample["notes"]
+
+
+@pytest.mark.parametrize(
+    ("tracks", "code"),
+    [("3", "no_such_track"), ("0,9", "no_such_track"), ("a", "invalid_request"), ("1;2", "invalid_request"),
+     ("-1", "invalid_request"), ("2000", "invalid_request")],
+)  # fmt: skip
+@pytest.mark.parametrize("path", ["/v1/infills", "/v1/infills/stream"])
+def test_bad_tracks_are_422_naming_the_field(client, path, tracks, code):
+    c, _ = client
+    r = post(c, tune(tracks=2), path=path, tracks=tracks)
+    assert r.status_code == 422, r.text
+    assert error_of(r)["code"] == code and error_of(r)["field"] == "tracks"
+    bars = post(c, tune(tracks=2), path=path, tracks=tracks, **NO_SECONDS, first_bar="3", last_bar="4")
+    assert bars.status_code == 422 and error_of(bars)["field"] == "tracks"
+
+
+def test_a_drum_track_is_not_one_a_piano_model_can_fill(client):
+    c, _ = client
+    pm = read(tune(tracks=2))
+    kit = pretty_midi.Instrument(program=0, is_drum=True, name="kit")
+    kit.notes = [pretty_midi.Note(100, 36, 0.5 * k, 0.5 * k + 0.1) for k in range(40)]
+    pm.instruments.append(kit)
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    r = post(c, buffer.getvalue(), tracks="2")
+    assert r.status_code == 422 and error_of(r)["code"] == "track_not_read"
 
 
 def stream_events(response: httpx.Response) -> list[dict]:
@@ -376,7 +434,9 @@ def test_openapi_documents_the_form(client):
         ref = operation["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[1]
         body = document["components"]["schemas"][ref]
         assert body["additionalProperties"] is False
-        assert {"file", "start", "end", "seed", "temperature", "top_k", "top_p"} <= set(body["properties"])
+        assert {"file", "start", "end", "tracks", "seed", "temperature", "top_k", "top_p"} <= set(
+            body["properties"]
+        )
         assert {"first_bar", "last_bar"} <= set(body["properties"]) and body["required"] == ["file"]
         assert [way["required"] for way in body["oneOf"]] == [["start", "end"], ["first_bar", "last_bar"]]
         assert body["properties"]["num_samples"]["maximum"] == 4

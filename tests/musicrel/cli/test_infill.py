@@ -164,3 +164,37 @@ def test_control_flags_steer_the_span_and_the_summary_says_what_they_applied(set
     with pytest.raises(SystemExit) as exit_:  # no --program: the new notes join the file's instrument
         run(tmp_path, good, tmp_path / "bad", "--program", "40")
     assert exit_.value.code == 2
+
+
+def test_tracks_regenerates_only_those_tracks_and_the_summary_says_where_the_notes_went(setup, capsys):
+    tmp_path, _ = setup
+    pm = pretty_midi.PrettyMIDI(initial_tempo=110)
+    for k, low in enumerate((72, 60, 40)):
+        inst = pretty_midi.Instrument(program=[0, 33, 48][k], name=f"t{k}")
+        inst.notes = [
+            pretty_midi.Note(80, low + j % 7, 0.4 * j + 0.1 * k, 0.4 * j + 0.1 * k + 0.3) for j in range(30)
+        ]
+        pm.instruments.append(inst)
+    song = tmp_path / "three.mid"
+    pm.write(str(song))
+    source = pretty_midi.PrettyMIDI(str(song))
+    out = tmp_path / "tracks-out"
+    assert run(tmp_path, song, out, "--tracks", "1") == 0
+    (record,) = json.loads((out / "summary.json").read_text())["files"]
+    assert record["tracks"] == [1] and record["removed"] == sum(
+        3 <= n.start < 6 for n in source.instruments[1].notes
+    )
+    for i in range(2):
+        got = pretty_midi.PrettyMIDI(str(out / f"three.sample{i}.mid"))
+        assert [x.name for x in got.instruments] == ["t0", "t1", "t2"]
+        for t in (0, 2):
+            assert [(n.pitch, n.start, n.end) for n in got.instruments[t].notes] == [
+                (n.pitch, n.start, n.end) for n in source.instruments[t].notes
+            ]
+        new = [n for n in got.instruments[1].notes if 2.99 <= n.start < 6]  # 3.0 s reads back a tick early
+        assert record["new_notes_by_track"][i] == ({"1": len(new)} if new else {})
+    assert run(tmp_path, song, tmp_path / "t2", "--tracks", "7") == 1  # this file has no track 7
+    assert "error [no_such_track]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        run(tmp_path, song, tmp_path / "t3", "--tracks", "a")
+    assert exit_.value.code == 2

@@ -15,6 +15,7 @@ first, one shared length, per-row left padding), and they are read together or n
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -26,12 +27,16 @@ from torch import Tensor
 from musicrel.errors import GenerationError, is_int
 from musicrel.generation.controls import RowControls
 from musicrel.generation.decode import decode_one_token, eval_mode, prefill, sample
+from musicrel.generation.decode_graph import StaticStep, bucket, resolve_mode, rows_that_fit, supported
+from musicrel.generation.decode_graph import signature as decode_graph_signature
 from musicrel.generation.grammar import Grammar, max_hold_seconds
 from musicrel.generation.lru import LRU
 from musicrel.generation.primer import Primer, default_max_primer_tokens
 from musicrel.generation.row_random import RowRandom
 from musicrel.generation.sampling import ContinuationResult, SamplingParams, draw_seed, row_seed
 from musicrel.midi.codec import shift_steps
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -208,10 +213,16 @@ class DecodeBatch:
     stopping test); it asks the device one thing (whether a row is done) and runs no Python per row: the
     drawn tokens are kept as one tensor per step and written into the rows' histories when something reads
     them or rows leave (`_flush`).
+
+    `step_mode` (decode_graph.STEP_MODES): "eager" the step above, what a CPU runs ("auto" there); "static"
+    the same step at fixed shapes (rows padded to a bucket, the cache preallocated at the whole window for
+    max_rows rows, the position on the device: `decode_graph.StaticStep`); "graph" (a GPU's "auto") that
+    step captured in a CUDA graph per bucket and replayed. On a GPU max_rows is cut to the rows whose cache
+    fits the memory free at the start (`decode_graph.rows_that_fit`).
     """
 
     @torch.inference_mode()
-    def __init__(self, model, codec, max_rows: int, primer_cache: int = 0):
+    def __init__(self, model, codec, max_rows: int, primer_cache: int = 0, step_mode: str = "auto"):
         for name, value, low in (("max_rows", max_rows, 1), ("primer_cache", primer_cache, 0)):
             if not is_int(value) or value < low:
                 raise GenerationError(
@@ -223,8 +234,22 @@ class DecodeBatch:
         self.window = model.cfg.max_seq_len
         self.keep_last = max(1, self.window // 2)  # tokens a row keeps when its window slides
         self.device = next(model.parameters()).device
-        # k, v (n_layers, max_rows, H, max_len, D); max_len grows as needed, up to the window.
-        self._cache = model.new_cache(max_rows, min(self.window, 64))
+        try:
+            self.step_mode = resolve_mode(step_mode, model, self.device)
+        except ValueError as exc:
+            raise GenerationError(str(exc), code="invalid_params") from None
+        if self.step_mode != "eager" and self.device.type == "cuda":
+            fit = rows_that_fit(model, max_rows, torch.cuda.mem_get_info(self.device)[0])
+            if fit < max_rows:
+                log.warning("%d rows of KV cache fit the GPU's free memory, not %d: the batch takes %d",
+                            fit, max_rows, fit)  # fmt: skip
+                self.max_rows = max_rows = fit
+        # k, v (n_layers, max_rows, H, max_len, D); max_len grows as needed, up to the window (at once for
+        # a static step: its shapes never change).
+        self._cache = model.new_cache(
+            max_rows, self.window if self.step_mode != "eager" else min(self.window, 64)
+        )
+        self._static: dict[tuple, StaticStep] = {}  # by bucket and signature
         self.left_pad = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # (max_rows,)
         self.length = 0  # positions the live rows share
         # per live row, in batch order; the grammar's class is the first job's once one is admitted
@@ -387,6 +412,8 @@ class DecodeBatch:
             if self.length == self.window:
                 self._make_room()
             self._reserve(self.length + 1)
+            if self.step_mode != "eager" and supported(self.live):
+                return finished + self._static_step()
             logits = decode_one_token(self.model, self.live.pending, self._cache_view())
         self.length += 1
         live, grammar = self.live, self.live.grammar
@@ -408,6 +435,20 @@ class DecodeBatch:
         if not bool(done.any()):  # the step's one question to the device
             return finished
         return finished + self._drop((~done).tolist())
+
+    def _static_step(self) -> list[tuple[int, ContinuationResult]]:
+        """`step`'s token for every row through the bucket's StaticStep (captured in "graph" mode)."""
+        rows = bucket(len(self.rows), self.max_rows)
+        key = (rows, *decode_graph_signature(self.live))
+        static = self._static.get(key)
+        if static is None:
+            static = self._static[key] = StaticStep(self, rows)
+        token, done = static.run(self, capture=self.step_mode == "graph")
+        self.length += 1
+        self._steps.append(token.clone())  # the buffer is the next step's input
+        if not bool(done.any()):  # the step's one question to the device
+            return []
+        return self._drop((~done).tolist())
 
     def _cache_view(self):
         """The live rows' part of the cache at the shared length, as the model reads it: one object for as

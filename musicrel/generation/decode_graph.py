@@ -1,0 +1,212 @@
+"""The decode step with fixed shapes, for a GPU: `StaticStep`, what `DecodeBatch.step` runs in its "static"
+and "graph" modes (issue 43). On a GPU a step of the shipped model took 4.9 ms at batch 1 (H200, 2026-11-26):
+the model 2.6 ms and the grammar, controls and sampler 2.3 ms, both a few hundred kernels too small to fill
+the GPU, each waiting on its launch. A CUDA graph launches them all at once, and it replays only what has
+fixed shapes and addresses; so here:
+
+- every tensor a step reads or writes per row (`slots`: the sampler's settings, the rows' random streams, the
+  grammar's and density loop's state) lives in a buffer of `bucket(n)` rows, the live rows first: the graph of
+  a bucket serves any number of live rows up to it. The rows past the live ones are padding, left as they
+  were (a copy of a real row's state, or a row that left): rows never read one another (the model, the
+  grammar and the sampler all work row by row), so padding never changes a live row's tokens (tested);
+- the step runs at `bucket(n)` rows on those buffers (`_body`), and each state a step replaces instead of
+  editing in place is copied back into its buffer at the end, so the buffers always hold the state and a
+  replay moves them on by one step;
+- the model's forward is `MusicTransformer.decode_static`: the rows' shared length is a tensor on the device
+  (`pos`), attention runs over the whole preallocated cache, masked;
+- between steps the live objects hold views of the buffers' first n rows, so everything else (admit, rows
+  leaving, streaming) works on them as before; a change of the rows (`select`, `extend`) makes new tensors,
+  and the next step copies them back into the buffers (`bind`).
+
+"static" runs `_body` as it is (the CPU tests run it: the logic, the padding, the buckets); "graph" captures
+it once per bucket and settings (`signature`) after one eager step (the warm-up) and replays it. Capture
+that fails falls back to "static" for the batch, logged once.
+
+Admission on a GPU (`rows_that_fit`): the KV cache is preallocated for the rows the batch admits, at the whole
+window, so the batch takes at most the rows whose cache fits KV_MEMORY_SHARE of the GPU's free memory at its
+start (the rest: prefill's activations, the graphs, the primer cache, the other models).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from musicrel.generation.controls import DensityLoop
+from musicrel.generation.decode import sample
+from musicrel.generation.grammar import _GRAMMAR_ROWS, Grammar
+
+log = logging.getLogger(__name__)
+
+STEP_MODES = ("auto", "eager", "static", "graph")
+# what a row carries in `_Rows` (decode_batch), per row
+ROW_FIELDS = ("pending", "temperature", "top_k", "top_p", "shift_temperature", "drawn", "max_new")
+RANDOM_FIELDS = ("state", "step")
+KV_MEMORY_SHARE = 0.5  # of the GPU's free memory at a batch's start, for its preallocated KV cache
+
+
+def bucket(n: int, max_rows: int) -> int:
+    """The rows a step of `n` live rows runs at: the next power of two, at most max_rows (a graph per bucket:
+    11 at most for 1,024 rows; the padding costs at most what the live rows cost)."""
+    if n < 1:
+        raise ValueError(f"a step needs a row, got {n}")
+    return min(max_rows, 1 << (n - 1).bit_length())
+
+
+def rows_that_fit(model, rows: int, free_bytes: int, share: float = KV_MEMORY_SHARE) -> int:
+    """The rows of `rows` whose whole-window KV cache (`kv_bytes_per_row`) fits `share` of `free_bytes`, at
+    least 1."""
+    return max(1, min(rows, int(share * free_bytes) // model.kv_bytes_per_row()))
+
+
+def resolve_mode(mode: str, model, device: torch.device) -> str:
+    """`mode` (STEP_MODES) for this model and device: "auto" is "graph" on a GPU for a model
+    `decode_static` takes, else "eager" (the CPU's step, unchanged). ValueError for another name."""
+    if mode not in STEP_MODES:
+        raise ValueError(f"step mode must be one of {', '.join(STEP_MODES)}, got {mode!r}")
+    if mode == "auto":
+        return "graph" if device.type == "cuda" and model.supports_static else "eager"
+    if mode != "eager" and not model.supports_static:
+        return "eager"
+    if mode == "graph" and device.type != "cuda":
+        return "static"  # nothing to capture: the same step, run as it is
+    return mode
+
+
+def slots(live) -> list[tuple[object, str]]:
+    """(object, attribute) of every per-row tensor a step reads or writes, in a fixed order."""
+    grammar = live.grammar
+    return (
+        [(live, name) for name in ROW_FIELDS]
+        + [(live.random, name) for name in RANDOM_FIELDS]
+        + [(grammar, name) for name in _GRAMMAR_ROWS]
+        + [(grammar.density, name) for name in DensityLoop.ROWS]
+    )
+
+
+def supported(live) -> bool:
+    """Whether a static step takes these rows: the continuation grammar itself (a subclass may carry state
+    per row that `slots` does not name), without instruments (whose step asks the device)."""
+    return type(live.grammar) is Grammar and live.grammar.inst is None
+
+
+def signature(live) -> tuple:
+    """What a captured step depends on besides the bucket: the Python flags that choose its operations and
+    each state's shape past the rows (a chord schedule's length) and dtype."""
+    g = live.grammar
+    flags = (live.truncate, live.reshape, g.any_control, g.any_density, g.any_pitch, g.any_chords, g.any_cap)
+    shapes = tuple((tuple(getattr(o, n).shape[1:]), getattr(o, n).dtype) for o, n in slots(live))
+    return (type(g), flags, shapes)
+
+
+class StaticStep:
+    """One bucket's step for `batch` (a DecodeBatch whose cache is preallocated at the whole window): buffers
+    of `rows` rows for every slot, the position on the device, and once captured its CUDA graph."""
+
+    def __init__(self, batch, rows: int):
+        live = batch.live
+        n = len(batch.rows)
+        self.rows = rows
+        self.buffers: list[Tensor] = []
+        for obj, name in slots(live):
+            value = getattr(obj, name)
+            buf = value.new_empty((rows, *value.shape[1:]))
+            buf[n:] = value[:1]  # padding: a real row's state (rows never read one another)
+            self.buffers.append(buf)
+        self.pos = torch.zeros(1, dtype=torch.long, device=batch.device)
+        self.pos_at: int | None = None  # the length `pos` holds, as the host last set or moved it
+        k, v = batch._cache.k, batch._cache.v
+        self.cache = replace(batch._cache, k=k[:, :rows], v=v[:, :rows], left_pad=batch.left_pad[:rows])
+        self.vocab = batch.model.cfg.vocab_size
+        self.graph = None
+        self.done: Tensor | None = None  # the captured step's (rows,) bool output
+        self.warm = False  # one eager step ran at these shapes (before a capture)
+        self.kept: tuple = ()  # what a graph reads beyond the buffers: kept alive while it may replay
+        self.views: list[Tensor] = []
+
+    def bind(self, batch) -> None:
+        """The live rows' state into the buffers' first n rows, the live objects holding views of them; the
+        position from the batch's length. Only what changed since the last step is copied."""
+        n = len(batch.rows)
+        pairs = slots(batch.live)
+        if len(self.views) != len(pairs) or self.views[0].size(0) != n:
+            self.views = [buf[:n] for buf in self.buffers]
+        for (obj, name), view in zip(pairs, self.views, strict=True):
+            value = getattr(obj, name)
+            if value is not view:
+                view.copy_(value)
+                setattr(obj, name, view)
+        if self.pos_at != batch.length:
+            self.pos.fill_(batch.length)
+            self.pos_at = batch.length
+
+    def _body(self, batch) -> Tensor:
+        """One step of every buffer row: (rows,) bool, the rows that are done; the tokens are `pending`'s
+        buffer. Runs as it is, or under capture (then it only records): it asks the device nothing."""
+        live, grammar = batch.live, batch.live.grammar
+        pairs = slots(live)
+        for (obj, name), buf in zip(pairs, self.buffers, strict=True):
+            setattr(obj, name, buf)
+        logits = batch.model.decode_static(live.pending, self.cache, self.pos)
+        token = sample(
+            grammar.constrain(logits),
+            live.temperature,
+            live.top_k,
+            live.top_p,
+            live.random,
+            live.shift_temperature,
+            batch.shifts,
+            truncate=live.truncate,
+            reshape=live.reshape,
+        )
+        # a padding row must never index past the vocabulary (on a GPU that is a device-side assert)
+        live.pending = grammar.advance(token.clamp_(max=self.vocab - 1))
+        live.drawn += 1
+        done = grammar.finished() | (live.drawn >= live.max_new)
+        self.pos += 1
+        for (obj, name), buf in zip(pairs, self.buffers, strict=True):
+            value = getattr(obj, name)
+            if value is not buf:  # replaced, not edited in place: back into the buffer
+                buf.copy_(value)
+            setattr(obj, name, buf)
+        return done
+
+    def run(self, batch, capture: bool) -> Tensor:
+        """One step of the live rows (bound first): their (n,) tokens and (n,) done flags. With `capture`,
+        the second step at these shapes captures the graph and every later one replays it."""
+        self.bind(batch)
+        n = len(batch.rows)
+        if capture and self.graph is None and self.warm:
+            self._capture(batch)
+        if self.graph is not None:
+            self.graph.replay()
+            done = self.done
+        else:
+            done = self._body(batch)
+            self.warm = True
+        self.pos_at += 1
+        for (obj, name), view in zip(slots(batch.live), self.views, strict=True):
+            setattr(obj, name, view)
+        return self.views[0], done[:n]
+
+    def _capture(self, batch) -> None:
+        live = batch.live
+        live.grammar._constants()  # made now, outside the graph's memory
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        try:
+            with torch.cuda.graph(graph):
+                done = self._body(batch)
+        except Exception:  # noqa: BLE001 - any failure of capture: the same step, uncaptured
+            log.exception("capturing the decode step at %d rows failed: it runs uncaptured", self.rows)
+            batch.step_mode = "static"
+            # nothing recorded ran: the buffers hold the step's input; the objects may hold capture's tensors
+            for (obj, name), view in zip(slots(live), self.views, strict=True):
+                setattr(obj, name, view)
+            return
+        # Captured, nothing ran: the buffers still hold this step's input. What the graph reads besides them
+        # (the grammar's codec tables, the model) stays alive with it.
+        self.graph, self.done, self.kept = graph, done, (live, live.grammar, live.grammar._constants())

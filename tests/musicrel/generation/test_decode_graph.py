@@ -1,0 +1,177 @@
+"""The decode step at fixed shapes (`decode_graph`, DecodeBatch's "static" and "graph" modes) where no GPU
+is: the same tokens as the CPU's eager step for the same seeds, with jobs joining, leaving and sliding, the
+controls on; padding rows that never change a live row's tokens; the buckets, the memory rule, the modes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from musicrel.bench.generate import every_control
+from musicrel.errors import GenerationError
+from musicrel.generation import decode_graph
+from musicrel.generation.decode_batch import DecodeBatch
+from musicrel.generation.decode_graph import bucket, resolve_mode, rows_that_fit, slots
+from musicrel.generation.primer import prepare_primer
+from musicrel.generation.sampling import SamplingParams
+from musicrel.model.transformer import MusicTransformer
+from tests.musicrel.conftest import CODEC, make_motif, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_buckets_are_powers_of_two_up_to_the_batch():
+    assert [bucket(n, 1024) for n in (1, 2, 3, 4, 5, 8, 9, 600, 1024)] == [1, 2, 4, 4, 8, 8, 16, 1024, 1024]
+    assert bucket(5, 6) == 6 and bucket(6, 6) == 6 and bucket(1, 1) == 1
+    with pytest.raises(ValueError):
+        bucket(0, 8)
+
+
+def test_rows_that_fit_the_memory_rule():
+    model = tiny_model()
+    per_row = model.kv_bytes_per_row()  # 2 x 1 layer x 32 x 128 positions x 4 bytes
+    assert per_row == 2 * 1 * 32 * 128 * 4
+    assert rows_that_fit(model, 16, free_bytes=100 * per_row) == 16
+    assert rows_that_fit(model, 1024, free_bytes=100 * per_row) == 50  # half the free memory
+    assert rows_that_fit(model, 1024, free_bytes=100 * per_row, share=0.25) == 25
+    assert rows_that_fit(model, 8, free_bytes=0) == 1  # one row, whatever: the batch must take a job
+
+
+def test_modes_resolve_by_device_and_model():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    skew = tiny_model()
+    absolute = MusicTransformer(replace(skew.cfg, attention="absolute"))
+    assert resolve_mode("auto", skew, cpu) == "eager"  # the CPU's step is unchanged
+    assert resolve_mode("auto", skew, cuda) == "graph"
+    assert resolve_mode("graph", skew, cpu) == "static"  # nothing to capture on a CPU
+    assert resolve_mode("static", skew, cpu) == "static"
+    assert resolve_mode("auto", absolute, cuda) == resolve_mode("static", absolute, cpu) == "eager"
+    with pytest.raises(ValueError):
+        resolve_mode("fast", skew, cpu)
+    with pytest.raises(GenerationError) as info:
+        DecodeBatch(skew, CODEC, 2, step_mode="fast")
+    assert info.value.code == "invalid_params"
+    static = DecodeBatch(skew, CODEC, 3, step_mode="static")
+    assert static._cache.max_len == skew.cfg.max_seq_len and static._cache.batch_size == 3  # preallocated
+    assert DecodeBatch(skew, CODEC, 3)._cache.max_len < skew.cfg.max_seq_len  # eager: grows as needed
+
+
+def _jobs(max_tokens: int):
+    short = prepare_primer(CODEC, make_motif(8), 1.0, max_tokens=max_tokens)
+    long = prepare_primer(CODEC, make_motif(24, program=40), 30.0, max_tokens=max_tokens)
+    mid = prepare_primer(CODEC, make_motif(14, program=0), 5.0, max_tokens=max_tokens)
+    steer = every_control()
+    return [
+        (short, SamplingParams(seconds=1000.0, max_new_tokens=70, seed=11, num_samples=2, top_k=40)),
+        (long, SamplingParams(seconds=1.5, seed=5, temperature=1.2, top_p=0.8, controls=steer)),
+        (
+            mid,
+            SamplingParams(seconds=1000.0, max_new_tokens=45, seed=3, num_samples=2, shift_temperature=0.7),
+        ),
+        (short, SamplingParams(seconds=2.0, seed=8, controls=steer)),
+    ]
+
+
+def _run(model, mode: str, jobs, max_rows: int = 8, corrupt: bool = False):
+    """Every job through one batch: the first alone for 7 steps, the second joining, the rest once it left."""
+    batch = DecodeBatch(model, CODEC, max_rows=max_rows, step_mode=mode)
+    results: dict = {}
+
+    def step():
+        results.update(batch.step())
+        if corrupt:
+            _corrupt_padding(batch)
+
+    ids = batch.admit(jobs[:1])
+    for _ in range(7):
+        step()
+    ids += batch.admit(jobs[1:2])
+    while ids[1] not in results:
+        step()
+    ids += batch.admit(jobs[2:])
+    while batch.rows:
+        step()
+    return [results[i] for i in ids], batch
+
+
+@torch.inference_mode()
+def _corrupt_padding(batch) -> None:
+    """Every padding row of every bucket's buffers set to the state of some live row (padding holds a real
+    row's state, or a departed one's: states the step takes), its cache rows to noise."""
+    n = len(batch.rows)
+    if not n:
+        return
+    g = torch.Generator().manual_seed(n)
+    for static in batch._static.values():
+        if n >= static.rows:
+            continue
+        source = torch.randint(0, n, (static.rows - n,), generator=g)
+        for buf in static.buffers:
+            buf[n:] = buf[source]
+        static.cache.k[:, n:].normal_(generator=g)
+        static.cache.v[:, n:].normal_(generator=g)
+
+
+@pytest.mark.parametrize("max_seq_len", [128, 32])
+def test_the_static_step_draws_the_eager_tokens(max_seq_len):
+    """The same seeds, the same tokens: rows joining mid-flight, leaving, sliding (a 32-token window), every
+    control on some rows, top-k, top-p and a shift temperature on others; buckets of 2, 4 and 8 rows."""
+    model = tiny_model(max_seq_len=max_seq_len)
+    jobs = _jobs(max_tokens=max_seq_len - 8)
+    eager, _ = _run(model, "eager", jobs)
+    static, batch = _run(model, "static", jobs)
+    assert batch.step_mode == "static"
+    assert {key[0] for key in batch._static} >= {2, 4, 8}  # several buckets were used
+    for a, b in zip(eager, static, strict=True):
+        assert len(a.tokens) == len(b.tokens) and a.seed == b.seed
+        for x, y in zip(a.tokens, b.tokens, strict=True):
+            np.testing.assert_array_equal(x, y)
+        assert a.controls == b.controls
+
+
+def test_padding_rows_never_change_the_live_rows_tokens():
+    """Other rows' states in every padding row and noise in its cache, after every step: the live rows draw
+    what they drew."""
+    model = tiny_model(max_seq_len=64)
+    jobs = _jobs(max_tokens=56)
+    clean, _ = _run(model, "static", jobs, max_rows=8)
+    dirty, batch = _run(model, "static", jobs, max_rows=8, corrupt=True)
+    assert any(static.rows > 1 for static in batch._static.values())
+    for a, b in zip(clean, dirty, strict=True):
+        for x, y in zip(a.tokens, b.tokens, strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_the_slots_are_every_per_row_tensor():
+    """`slots` names every tensor that follows the rows (what `select` cuts), so a bucket's buffers hold the
+    whole state a step reads."""
+    model = tiny_model()
+    jobs = _jobs(max_tokens=100)
+    batch = DecodeBatch(model, CODEC, max_rows=8)
+    batch.admit(jobs)
+    live = batch.live
+    n = len(batch.rows)
+    objects = {"rows": live, "random": live.random, "grammar": live.grammar, "density": live.grammar.density}
+    before = {
+        (key, name): value.shape[0]
+        for key, obj in objects.items()
+        for name, value in vars(obj).items()
+        if isinstance(value, torch.Tensor)
+    }
+    live.select(list(range(n - 1)))
+    cut = {
+        (key, name)
+        for key, obj in objects.items()
+        for name, value in vars(obj).items()
+        if isinstance(value, torch.Tensor) and value.shape[0] != before[(key, name)]
+    }
+    names = {id(obj): key for key, obj in objects.items()}
+    assert cut == {(names[id(obj)], name) for obj, name in slots(live)}
+    assert decode_graph.supported(live)
+    from musicrel.generation.accompaniment import MelodyGrammar
+
+    live.grammar.__class__ = MelodyGrammar  # a subclass's own state is not in the slots: an eager step
+    assert not decode_graph.supported(live)

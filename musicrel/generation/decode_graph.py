@@ -124,7 +124,8 @@ class StaticStep:
         self.graph = None
         self.done: Tensor | None = None  # the captured step's (rows,) bool output
         self.warm = False  # one eager step ran at these shapes (before a capture)
-        self.kept: tuple = ()  # what a graph reads beyond the buffers: kept alive while it may replay
+        # what a graph reads beyond the buffers and the model (the grammar's codec tables), kept alive with it
+        self.kept: tuple = ()
         self.views: list[Tensor] = []
 
     def bind(self, batch) -> None:
@@ -174,7 +175,7 @@ class StaticStep:
             setattr(obj, name, buf)
         return done
 
-    def run(self, batch, capture: bool) -> Tensor:
+    def run(self, batch, capture: bool) -> tuple[Tensor, Tensor]:
         """One step of the live rows (bound first): their (n,) tokens and (n,) done flags. With `capture`,
         the second step at these shapes captures the graph and every later one replays it."""
         self.bind(batch)
@@ -184,6 +185,15 @@ class StaticStep:
         if self.graph is not None:
             self.graph.replay()
             done = self.done
+        elif capture and not self.warm:
+            # The warm-up, a real step, on the stream the capture will use (torch.cuda.graphs' recipe: lazy
+            # initialisation, such as a BLAS handle's workspace, must not happen under capture).
+            stream = self._stream(batch)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                done = self._body(batch)
+            torch.cuda.current_stream().wait_stream(stream)
+            self.warm = True
         else:
             done = self._body(batch)
             self.warm = True
@@ -198,7 +208,8 @@ class StaticStep:
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         try:
-            with torch.cuda.graph(graph):
+            # thread_local: the service's other threads may use CUDA meanwhile (their calls are not captured)
+            with torch.cuda.graph(graph, stream=self._stream(batch), capture_error_mode="thread_local"):
                 done = self._body(batch)
         except Exception:  # noqa: BLE001 - any failure of capture: the same step, uncaptured
             log.exception("capturing the decode step at %d rows failed: it runs uncaptured", self.rows)
@@ -209,4 +220,12 @@ class StaticStep:
             return
         # Captured, nothing ran: the buffers still hold this step's input. What the graph reads besides them
         # (the grammar's codec tables, the model) stays alive with it.
-        self.graph, self.done, self.kept = graph, done, (live, live.grammar, live.grammar._constants())
+        self.graph, self.done, self.kept = graph, done, (live.grammar, live.grammar._constants())
+
+    @staticmethod
+    def _stream(batch):
+        """The batch's side stream for warm-ups and captures (one per batch, made when first needed)."""
+        stream = getattr(batch, "_capture_stream", None)
+        if stream is None:
+            stream = batch._capture_stream = torch.cuda.Stream(device=batch.device)
+        return stream

@@ -16,6 +16,7 @@ import torch
 
 from musicrel.data.prepared import is_prepared
 from musicrel.errors import MusicrelError
+from musicrel.evaluation.ensemble import Parts, midi_parts, pitched
 from musicrel.evaluation.ngram import NGramModel
 from musicrel.evaluation.novelty import NoveltyIndex, load_index
 from musicrel.evaluation.pieces import EvaluationError
@@ -30,10 +31,11 @@ SYSTEMS = ("model", "model-no-grammar", "untrained", "ngram", "repeat-motif", "r
 GENERATED = SYSTEMS[:4]  # systems that write token streams (scored for grammar, drawn as piano rolls)
 
 
-def repeat_motif(motif, seconds: float) -> list:
-    """The baseline that plays the motif again and again from time 0 for `seconds`."""
-    t0 = min(n.start for n in motif)
-    period = max(max(n.end for n in motif) - t0, 0.01)
+def repeat_motif(motif, seconds: float, span: tuple[float, float] | None = None) -> list:
+    """The baseline that plays the motif again and again from time 0 for `seconds`. span: (start, end) of the
+    stretch repeated (default the motif's first onset to its last note-off)."""
+    t0, end = span if span is not None else (min(n.start for n in motif), max(n.end for n in motif))
+    period = max(end - t0, 0.01)
     out, k = [], 0
     while k * period < seconds:
         for n in motif:
@@ -44,6 +46,24 @@ def repeat_motif(motif, seconds: float) -> list:
                 )
         k += 1
     return out
+
+
+def repeat_parts(motif: Parts, seconds: float) -> Parts:
+    """`repeat_motif` of every instrument of the motif, all on the whole motif's period: the baseline keeps
+    the motif's instruments and their parts' places in it."""
+    every = [n for ns in motif.values() for n in ns]
+    span = (min(n.start for n in every), max(n.end for n in every))
+    return {i: repeat_motif(ns, seconds, span) for i, ns in motif.items()}
+
+
+def heard_as(codec, pm, tokens) -> tuple[list, np.ndarray, Parts | None]:
+    """(the notes the pitch figures read, the tokens, the parts or None) of a continuation rendered from
+    `tokens`: with instruments, its tracks by instrument (`ensemble.midi_parts`) and their pitched notes
+    merged; else its one track."""
+    if codec.instrument_offset is None:
+        return (pm.instruments[0].notes if pm.instruments else []), tokens, None
+    parts = midi_parts(pm)
+    return pitched(parts), tokens, parts
 
 
 def sample_unmasked(model, codec, jobs, num_samples: int) -> list[list[np.ndarray]]:
@@ -87,12 +107,13 @@ def sample_unmasked(model, codec, jobs, num_samples: int) -> list[list[np.ndarra
     return samples
 
 
-def system_continuations(name: str, models: dict, ngram, codec, jobs) -> list[list[tuple[list, np.ndarray]]]:
-    """System `name`'s continuations of the jobs: per job, (notes, tokens) of each sample."""
+def system_continuations(name: str, models: dict, ngram, codec, jobs) -> list[list[tuple]]:
+    """System `name`'s continuations of the jobs: per job, (notes, tokens, parts) of each sample (`heard_as`:
+    the parts None without instruments)."""
     if name in ("model", "untrained"):
         results = generate_batch(models[name], codec, jobs)
         return [
-            [(m.instruments[0].notes, tk) for m, tk in zip(render_result(codec, p, r), r.tokens, strict=True)]
+            [heard_as(codec, m, tk) for m, tk in zip(render_result(codec, p, r), r.tokens, strict=True)]
             for (p, _), r in zip(jobs, results, strict=True)
         ]
     n = jobs[0][1].num_samples
@@ -104,7 +125,7 @@ def system_continuations(name: str, models: dict, ngram, codec, jobs) -> list[li
     else:
         streams = sample_unmasked(models["model"], codec, jobs, n)
     return [
-        [(render(codec, primer, tk).instruments[0].notes, tk) for tk in samples]
+        [heard_as(codec, render(codec, primer, tk), tk) for tk in samples]
         for (primer, _), samples in zip(jobs, streams, strict=True)
     ]
 

@@ -29,10 +29,20 @@ from musicrel.evaluation.continuation_systems import (
     Systems,
     load_systems,
     repeat_motif,
+    repeat_parts,
     system_continuations,
 )
+from musicrel.evaluation.ensemble import continuity_cases, pitched
+from musicrel.evaluation.ensemble import scores as instrument_scores
 from musicrel.evaluation.metrics import METRICS, compare, describe
-from musicrel.evaluation.pieces import EvaluationError, Piece, file_sources, held_out_files, load_pieces
+from musicrel.evaluation.pieces import (
+    EvaluationError,
+    Piece,
+    file_sources,
+    held_out_files,
+    load_pieces,
+    shift,
+)
 from musicrel.evaluation.scoring import (
     classified,
     clip,
@@ -43,7 +53,6 @@ from musicrel.evaluation.scoring import (
     report_settings,
     score,
     seed_mean,
-    shift,
     summaries,
 )
 from musicrel.evaluation.twosample import two_sample
@@ -111,8 +120,10 @@ def _run(codec, pieces: list[Piece], systems: Systems, options: EvaluationOption
     template = options.sampling()
     piece_seeds = [derived_seed(options.seed, i) for i in range(len(pieces))]
     runs: dict[str, list[list[dict]]] = {s: [[] for _ in pieces] for s in names}
-    # heard[system][piece]: the notes of each seed, for the real-vs-generated classifier and the audio
+    # heard[system][piece]: the notes of each seed, for the real-vs-generated classifier and the audio;
+    # parts[system][piece]: with instruments, each seed's notes by instrument (evaluation.ensemble)
     heard: dict[str, list[list]] = {s: [[] for _ in pieces] for s in names}
+    parts: dict[str, list[list]] = {s: [[] for _ in pieces] for s in names}
     timings = dict.fromkeys(names, 0.0)
     examples: dict[int, list] = {}
     example_system = next((s for s in GENERATED if s in names), None)
@@ -128,27 +139,62 @@ def _run(codec, pieces: list[Piece], systems: Systems, options: EvaluationOption
             if name in ("repeat-motif", "real-music"):
                 for i in chunk:
                     p = pieces[i]
-                    notes = repeat_motif(p.motif, seconds) if name == "repeat-motif" else p.after
+                    notes, ensemble = _played(name, p, seconds)
                     heard[name][i] = [] if notes is None else [notes]
+                    parts[name][i] = [] if ensemble is None else [ensemble]
                     runs[name][i] = [
-                        scored(compare(n, p.reference, seconds, p.key), n) for n in heard[name][i]
+                        scored(_with_parts(compare(n, p.reference, seconds, p.key), p, ensemble), n)
+                        for n in heard[name][i]
                     ]
             else:
                 outputs = system_continuations(name, systems.models, systems.ngram, codec, jobs)
                 for i, out in zip(chunk, outputs, strict=True):
                     p = pieces[i]
-                    heard[name][i] = [clip(notes, seconds) for notes, _ in out]
-                    sounding = open_pitches(codec, p.primer.tokens)
+                    heard[name][i] = [clip(notes, seconds) for notes, _, _ in out]
+                    if p.motif_parts is not None:
+                        parts[name][i] = [
+                            {k: clip(ns, seconds) for k, ns in ensemble.items()} for _, _, ensemble in out
+                        ]
+                    # where a note-off is an orphan: the notes the primer leaves sounding (with
+                    # instruments, per instrument: grammar_errors reads the primer itself)
+                    primer = p.primer.tokens if p.motif_parts is not None else None
+                    sounding = open_pitches(codec, p.primer.tokens) if primer is None else None
                     runs[name][i] = [
-                        scored(score(codec, notes, p.reference, seconds, p.key, tk, sounding), notes)
-                        for (_, tk), notes in zip(out, heard[name][i], strict=True)
+                        scored(
+                            _with_parts(
+                                score(codec, notes, p.reference, seconds, p.key, tk, sounding, primer),
+                                p,
+                                parts[name][i][k] if parts[name][i] else None,
+                            ),
+                            notes,
+                        )
+                        for k, ((_, tk, _), notes) in enumerate(zip(out, heard[name][i], strict=True))
                     ]
                     if name == example_system and i < EXAMPLES:
                         examples[i] = heard[name][i][0]
             timings[name] += time.perf_counter() - t
             bar.update(len(chunk))
     bar.close()
-    return runs, timings, example_system, examples, heard
+    return runs, timings, example_system, examples, heard, parts
+
+
+def _played(name: str, p: Piece, seconds: float) -> tuple[list | None, dict | None]:
+    """(notes, parts) of the systems that need no run: the motif repeated (every instrument of it, on the
+    motif's period), or the real music after the truth (None where the piece ends sooner)."""
+    if name == "real-music":
+        return p.after, p.after_parts
+    if p.motif_parts is None:
+        return repeat_motif(p.motif, seconds), None
+    ensemble = repeat_parts(p.motif_parts, seconds)
+    return pitched(ensemble), ensemble
+
+
+def _with_parts(scores: dict, p: Piece, ensemble) -> dict:
+    """`scores` with the instrument figures of a continuation's parts (`ensemble.scores`), where the piece
+    has parts (a codec with instruments)."""
+    if p.motif_parts is not None:
+        scores.update(instrument_scores(p.motif_parts, p.reference_parts, ensemble or {}))
+    return scores
 
 
 def evaluate_continuations(
@@ -167,18 +213,44 @@ def evaluate_continuations(
     pieces, skipped = load_pieces(model, codec, files, options.motif_seconds, options.seconds, options.limit)
     if not pieces:
         raise EvaluationError(f"no usable pieces in {input_dir} (skipped: {skipped})", code="no_input")
-    runs, timings, example_system, examples, heard = _run(codec, pieces, systems, options, progress)
+    runs, timings, example_system, examples, heard, parts = _run(codec, pieces, systems, options, progress)
     head = report_head(checkpoint, options.weights, input_dir, options.split)
-    ran = (timings, example_system, examples, heard)
+    ran = (timings, example_system, examples, heard, parts)
     return {**head, **_report(codec, pieces, skipped, systems, options, runs, ran, input_dir)}
+
+
+def _pooled_cases(pieces, runs) -> dict:
+    """The continuity question pooled over every (piece, seed, instrument) case, as the issue counts it:
+    {cases, kept, share} (`ensemble.continuity_cases`; share None without a case)."""
+    cases = kept = 0
+    for p, samples in zip(pieces, runs, strict=True):
+        for ensemble in samples:
+            c, k = continuity_cases(p.motif_parts, p.reference_parts, ensemble)
+            cases, kept = cases + c, kept + k
+    return {"cases": cases, "kept": kept, "share": round(kept / cases, 4) if cases else None}
+
+
+def _classifier_parts(pieces, parts, seconds: float) -> dict:
+    """What the classifier's `instruments` family reads (`twosample.two_sample`'s `parts`)."""
+    return {
+        "contexts": [p.motif_parts for p in pieces],
+        "truths": [p.reference_parts for p in pieces],
+        "systems": parts,
+        # real music follows the truth: the truth's instruments are what it continues
+        "real_contexts": {
+            "real-music": [{i: shift(ns, seconds) for i, ns in p.reference_parts.items()} for p in pieces]
+        },
+    }
 
 
 def _report(codec, pieces, skipped, systems: Systems, options: EvaluationOptions, runs, ran, input_dir: Path):
     """The report's figures: per system, each metric's summary and per-piece values; the truth's; the
     real-vs-generated classifier; examples. `ran`: the rest of what `_run` returns."""
-    timings, example, examples, heard = ran
+    timings, example, examples, heard, parts = ran
     seconds, left_out = options.seconds, systems.left_out
-    metrics = [m for m in METRICS if m.name not in left_out]
+    instruments = codec.instrument_offset is not None
+    # a piano model's report is as it was: no instrument rows
+    metrics = [m for m in METRICS if m.name not in left_out and (instruments or not m.instruments)]
     metric_names = {m.name for m in metrics}
     report_systems = {}
     for name in systems.names:
@@ -191,6 +263,8 @@ def _report(codec, pieces, skipped, systems: Systems, options: EvaluationOptions
             "metrics": summaries(values, kept),
             "per_piece": values,
         }
+        if instruments:
+            report_systems[name]["instrument_cases"] = _pooled_cases(pieces, parts[name])
     intrinsic = [m.name for m in metrics if m.intrinsic]
     truth = [systems.scored(describe(p.reference, seconds, p.key), p.reference) for p in pieces]
     truth_values = {m: [json_value(t[m]) for t in truth] for m in intrinsic}
@@ -211,6 +285,7 @@ def _report(codec, pieces, skipped, systems: Systems, options: EvaluationOptions
             # real music follows the truth, `seconds` after the motif: the truth is what it joins
             real_contexts={"real-music": [shift(p.reference, seconds) for p in pieces]},
             seed=options.seed,
+            parts=_classifier_parts(pieces, parts, seconds) if instruments else None,
         ),
         left_out,
     )

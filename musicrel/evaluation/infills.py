@@ -35,7 +35,8 @@ from musicrel.evaluation.gaps import (
     InfillPiece,
     load_infill_pieces,
 )
-from musicrel.evaluation.metrics import METRICS, bootstrap_interval, describe, paired_difference
+from musicrel.evaluation.metrics import METRICS as ALL_METRICS
+from musicrel.evaluation.metrics import bootstrap_interval, describe, paired_difference
 from musicrel.evaluation.pieces import file_sources, held_out_files
 from musicrel.generation.decode_batch import generate_batch
 from musicrel.generation.infill import check_model, infill, infill_segments
@@ -53,6 +54,9 @@ SYSTEM_NOTES = {
 }
 EXAMPLES = 3  # gaps drawn as piano rolls (the first of each of the first pieces)
 EXAMPLE_CONTEXT = 6.0  # seconds of music before and after a gap in the examples
+
+# A gap is scored as one stream: the instruments' figures are evaluate-continuations' (evaluation.ensemble).
+METRICS = tuple(m for m in ALL_METRICS if not m.instruments)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -52,6 +52,8 @@ class Metric:
     intrinsic: bool = False  # a property of the notes alone: also reported for the reference
     tokens: bool = False  # needs a token stream (model and n-gram systems only)
     index: bool = False  # needs the training data's novelty index (evaluation.novelty), not the notes alone
+    # needs each note's instrument (a codec with instruments; evaluation.ensemble): a piano report has no row
+    instruments: bool = False
     # A ratio is averaged over pieces geometrically: twice too many and half too few notes then weigh the
     # same, and one sparse reference (0.2 notes/s, a ratio of 20) does not outweigh a hundred pieces.
     geometric: bool = False
@@ -79,6 +81,11 @@ METRICS = (
     # The longest stretch (notes) shared with a training piece, transposition-invariant (evaluation.novelty):
     # the truth's figure is what held-out music shares with the training data by chance.
     Metric("copied_notes", "longest copy from train (notes)", "reference", intrinsic=True, index=True),
+    # Of the instruments sounding in the motif's last 5 s that the truth plays in its first 10 s, the share
+    # the continuation plays there (evaluation.ensemble.continuity); the drums' onset-IOI overlap with the
+    # truth's, where the truth has drums (ensemble.drum_groove).
+    Metric("instrument_continuity", "motif's instruments kept", "higher", instruments=True),
+    Metric("drum_groove", "drum IOI overlap", "higher", instruments=True),
     Metric("grammar_error", "grammar errors", "lower", tokens=True),
     Metric("restrikes", "re-strikes", "", tokens=True),
 )
@@ -202,27 +209,37 @@ def sounding_at_end(notes, seconds: float) -> float:
     return float(np.mean([n.end >= seconds - 1e-3 for n in notes]))
 
 
-def grammar_errors(codec, tokens, sounding: np.ndarray | None = None) -> dict[str, int]:
+def grammar_errors(codec, tokens, sounding: np.ndarray | None = None, primer=None) -> dict[str, int]:
     """Counts of grammar violations in a generated token stream (`GRAMMAR_ERRORS`: note-offs of pitches not
     sounding, special tokens, ids outside the vocabulary) and, for information, of re-strikes ("restrike": a
     note-on of a sounding pitch, which the codec decodes as close-and-restart: legal). `sounding` (128,) bool:
-    the notes open when the stream starts (those the primer leaves sounding at its cut; default none)."""
-    sounding = np.zeros(128, dtype=bool) if sounding is None else np.array(sounding, dtype=bool)
+    the notes open when the stream starts (those the primer leaves sounding at its cut; default none). With
+    instruments a note is an (instrument, pitch), as the codec decodes it: `primer` (the tokens before the
+    stream) gives what sounds and the instrument in effect where it starts, and `sounding` is not read."""
+    instruments = codec.instrument_offset is not None
+    open_notes = np.zeros((codec.num_instruments if instruments else 1, 128), dtype=bool)
+    if sounding is not None and primer is None:
+        open_notes[0] = np.array(sounding, dtype=bool)
     counts = dict.fromkeys((*GRAMMAR_ERRORS, "restrike"), 0)
     specials = {codec.pad_id, codec.bos_id, codec.eos_id}
-    for t in np.asarray(tokens, dtype=np.int64).tolist():
+    played = 0  # the instrument in effect (0, the piano, before any INSTRUMENT token, as decoding reads it)
+    before = [] if primer is None else np.asarray(primer, dtype=np.int64).tolist()
+    for k, t in enumerate(before + np.asarray(tokens, dtype=np.int64).tolist()):
+        count = k >= len(before)
         if not 0 <= t < codec.vocab_size:
-            counts["out_of_vocab"] += 1
+            counts["out_of_vocab"] += count
         elif t in specials:
-            counts["special_token"] += 1
+            counts["special_token"] += count
+        elif instruments and codec.is_instrument(t):
+            played = t - codec.instrument_offset
         elif codec.is_note_on(t):
             p = t - codec.note_on_offset
-            counts["restrike"] += int(sounding[p])
-            sounding[p] = True
+            counts["restrike"] += count * int(open_notes[played, p])
+            open_notes[played, p] = True
         elif codec.is_note_off(t):
             p = t - codec.note_off_offset
-            counts["orphan_note_off"] += int(not sounding[p])
-            sounding[p] = False
+            counts["orphan_note_off"] += count * int(not open_notes[played, p])
+            open_notes[played, p] = False
     return counts
 
 

@@ -5,7 +5,7 @@ truth after it, the real music after that). `EvaluationError` is every evaluatio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pretty_midi
@@ -13,9 +13,11 @@ import pretty_midi
 from musicrel.data.compositions import group_versions, shingles
 from musicrel.data.prepared import MANIFEST, is_prepared, load_manifest
 from musicrel.errors import MusicrelError
+from musicrel.evaluation.ensemble import Parts, parts_of, pitched
 from musicrel.generation.keys import find_key
 from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut
 from musicrel.midi.files import find_midi_files
+from musicrel.midi.tracks import Tracks, new_track
 
 
 class EvaluationError(MusicrelError, ValueError):
@@ -35,10 +37,13 @@ def window(notes, start: float, seconds: float) -> list:
 
 def split_piece(notes, motif_seconds: float, seconds: float):
     """(motif notes in source time, clipped at the cut; reference notes from time 0; cut time)."""
-    t0 = min(n.start for n in notes)
-    cut = t0 + motif_seconds
-    motif = [pretty_midi.Note(n.velocity, n.pitch, n.start, min(n.end, cut)) for n in notes if n.start < cut]
-    return motif, window(notes, cut, seconds), cut
+    cut = min(n.start for n in notes) + motif_seconds
+    return before(notes, cut), window(notes, cut, seconds), cut
+
+
+def before(notes, cut: float) -> list:
+    """The notes struck before `cut`, clipped at it (source time)."""
+    return [pretty_midi.Note(n.velocity, n.pitch, n.start, min(n.end, cut)) for n in notes if n.start < cut]
 
 
 @dataclass
@@ -50,6 +55,13 @@ class Piece:
     after: list | None
     primer: object  # musicrel.generation.primer.Primer ending at the cut
     key: tuple[int, str] | None  # the motif's key
+    # With a codec that has instruments, every instrument's notes (evaluation.ensemble.Parts, drums too): the
+    # motif's with times relative to the cut (negative), the truth's and the real music's from time 0 (None
+    # as `after` is). The fields above then hold the pitched notes of every instrument merged. None: one
+    # stream.
+    motif_parts: dict | None = None
+    reference_parts: dict | None = None
+    after_parts: dict | None = None
 
 
 def held_out_files(folder: Path, split: str = "test", source: str | None = None) -> list[Path]:
@@ -133,25 +145,82 @@ def read_notes(codec, path, skipped: dict[str, int]):
         return None
 
 
+def read_parts(codec, path, skipped: dict[str, int]) -> Parts | None:
+    """A file's notes by instrument as a codec with instruments renders a model's (`read_notes`' rule), or
+    None with the reason counted in `skipped`."""
+    try:
+        read = codec.instrument_notes(codec.read(path))
+        heard = codec.decode_instrument_notes(codec.encode_notes(read.notes, read.instruments))
+        return parts_of(heard.notes, heard.instruments)
+    except (MusicrelError, OSError) as exc:
+        code = getattr(exc, "code", "unreadable")
+        skipped[code] = skipped.get(code, 0) + 1
+        return None
+
+
+def _cut_parts(parts: Parts, cut: float, seconds: float) -> tuple[Parts, Parts, Parts]:
+    """(motif relative to the cut, truth, real music after it) of every instrument; empty ones left out."""
+    motif = {i: shift(before(ns, cut), cut) for i, ns in parts.items()}
+    reference = {i: window(ns, cut, seconds) for i, ns in parts.items()}
+    after = {i: window(ns, cut + seconds, seconds) for i, ns in parts.items()}
+    return tuple({i: ns for i, ns in p.items() if ns} for p in (motif, reference, after))
+
+
+def shift(notes, seconds: float) -> list:
+    """The notes moved `seconds` earlier (a motif in source time -> times relative to its cut)."""
+    return [pretty_midi.Note(n.velocity, n.pitch, n.start - seconds, n.end - seconds) for n in notes]
+
+
+def _primer(codec, notes, cut: float, motif_seconds: float, model):
+    """The primer of a piece cut at `cut` (`primer_at_cut`). notes: a list, or with instruments `Parts`:
+    then every instrument is in it, drums too, and each on a track of its own (`midi.tracks`), so the
+    continuation comes back by instrument as a route writes it."""
+    window = default_max_primer_tokens(model)
+    if not isinstance(notes, dict):
+        return primer_at_cut(codec, notes, cut, motif_seconds, max_tokens=window)
+    every = [(n, i) for i, ns in notes.items() for n in ns]
+    primer = primer_at_cut(
+        codec, [n for n, _ in every], cut, motif_seconds, max_tokens=window, instruments=[i for _, i in every]
+    )
+    order = sorted(set(primer.motif_instruments))
+    tracks = Tracks([new_track(i) for i in order])
+    return replace(primer, tracks=tracks, motif_tracks=[order.index(i) for i in primer.motif_instruments])
+
+
 def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit: int | None):
-    """(pieces, skipped counts by code): the first `limit` files that sound through motif + reference."""
+    """(pieces, skipped counts by code): the first `limit` files that sound through motif + reference. With a
+    codec that has instruments every instrument is read (`Piece`'s parts), drums too."""
     pieces, skipped = [], {}
+    instruments = codec.instrument_offset is not None
     for path in files:
         if limit is not None and len(pieces) >= limit:
             break
-        read = read_notes(codec, path, skipped)
-        if read is None:
-            continue
-        notes = read[1]
-        motif, reference, cut = split_piece(notes, motif_seconds, seconds)
-        end = max(n.end for n in notes)
+        if instruments:
+            parts = read_parts(codec, path, skipped)
+            if parts is None:
+                continue
+            every = [n for ns in parts.values() for n in ns]
+        else:
+            read = read_notes(codec, path, skipped)
+            if read is None:
+                continue
+            every = read[1]
+        cut = min(n.start for n in every) + motif_seconds
+        end = max(n.end for n in every)
         # A piece that ends inside the reference window would be scored against a fragment (its density
         # against a whole continuation's, say): only pieces that sound to the window's end count.
-        if not reference or end < cut + seconds:
+        if not window(every, cut, seconds) or end < cut + seconds:
             skipped["too_short"] = skipped.get("too_short", 0) + 1
             continue
-        after = window(notes, cut + seconds, seconds) if end >= cut + 2 * seconds else None
+        notes = pitched(parts) if instruments else every
+        motif, reference = before(notes, cut), window(notes, cut, seconds)
+        long_enough = end >= cut + 2 * seconds
+        after = window(notes, cut + seconds, seconds) if long_enough else None
         # Notes sounding at the cut stay open and the continuation starts at the cut, as the reference does.
-        primer = primer_at_cut(codec, notes, cut, motif_seconds, max_tokens=default_max_primer_tokens(model))
-        pieces.append(Piece(str(path), motif, reference, after, primer, find_key(motif)))
+        primer = _primer(codec, parts if instruments else every, cut, motif_seconds, model)
+        piece = Piece(str(path), motif, reference, after, primer, find_key(motif))
+        if instruments:
+            piece.motif_parts, piece.reference_parts, after_parts = _cut_parts(parts, cut, seconds)
+            piece.after_parts = after_parts if long_enough else None
+        pieces.append(piece)
     return pieces, skipped

@@ -39,11 +39,6 @@ def clip(notes, seconds: float) -> list:
     ]
 
 
-def shift(notes, seconds: float) -> list:
-    """The notes moved `seconds` earlier (a motif in source time -> times relative to its cut)."""
-    return [pretty_midi.Note(n.velocity, n.pitch, n.start - seconds, n.end - seconds) for n in notes]
-
-
 def notes_json(notes, shift: float = 0.0) -> list[list]:
     """[pitch, start, end, velocity] rows, times moved `shift` seconds earlier."""
     return [[n.pitch, round(n.start - shift, 3), round(n.end - shift, 3), n.velocity] for n in notes]
@@ -53,12 +48,15 @@ def json_value(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
-def score(codec, notes, truth, seconds: float, key, tokens=None, sounding=None) -> dict[str, float]:
+def score(
+    codec, notes, truth, seconds: float, key, tokens=None, sounding=None, primer=None
+) -> dict[str, float]:
     """`metrics.compare` of a sample's notes with the truth; with the tokens that wrote them (and the pitches
-    sounding where they start), whether they broke the grammar and how often they restruck a note."""
+    sounding where they start, or with instruments the primer's tokens: `metrics.grammar_errors`), whether
+    they broke the grammar and how often they restruck a note."""
     scores = compare(notes, truth, seconds, key)
     if tokens is not None:
-        counts = grammar_errors(codec, tokens, sounding)
+        counts = grammar_errors(codec, tokens, sounding, primer)
         scores["grammar_error"] = float(any(counts[k] for k in GRAMMAR_ERRORS))
         scores["restrikes"] = float(counts["restrike"])
     return scores

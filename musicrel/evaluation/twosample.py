@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from musicrel.errors import MusicrelError
+from musicrel.evaluation import ensemble
 from musicrel.evaluation.metrics import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -84,8 +85,9 @@ def _bins(edges, unit: str = "") -> list[str]:
     ]
 
 
-def feature_names() -> list[str]:
-    """'family: name' for every column `features` returns, in order."""
+def feature_names(instruments: bool = False) -> list[str]:
+    """'family: name' for every column `features` returns, in order; with `instruments`, then the columns of
+    the `instruments` family (`ensemble.feature_names`)."""
     names = [f"pitch class: tonic+{k}" for k in range(12)]
     names += [f"interval: {b}" for b in _bins(INTERVAL_EDGES[:-1].tolist() + [math.inf], " st")]
     names += [f"IOI: {b}" for b in _bins(IOI_EDGES, " s")]
@@ -100,7 +102,7 @@ def feature_names() -> list[str]:
     names += ["join: first onset (s)", "join: pitch step at the cut", "join: velocity step at the cut",
               "join: density ratio at the cut (log)", "join: pitch-class overlap with context",
               "join: register shift from context"]  # fmt: skip
-    return names
+    return names + (ensemble.feature_names() if instruments else [])
 
 
 def _hist(values, edges) -> np.ndarray:
@@ -353,6 +355,7 @@ def two_sample(
     compositions: Sequence | None = None,
     real_contexts: dict[str, Sequence[list]] | None = None,
     seed: int = 0,
+    parts: dict | None = None,
 ) -> dict:
     """Every system's test, per source.
 
@@ -360,7 +363,9 @@ def two_sample(
     systems[name][i]: the system's continuations of piece i, one note list per seed (empty: none);
     sources[i]: piece i's corpus (None when unknown: one section "all"); compositions[i]: the composition
     piece i is a version of (default: its own); real_contexts[name][i]: the context a system's continuation
-    follows when it is not the motif (real music follows the truth).
+    follows when it is not the motif (real music follows the truth); parts: with instruments, the same
+    by instrument (`ensemble.Parts`: {"contexts", "truths", "systems", "real_contexts"}, shaped as the
+    arguments of those names; the notes above are then the pitched ones), read by the `instruments` family.
     Returns {"classifier", "features", "sections": {source: {"pieces", "systems", "left_out"}}}. Raises
     TwoSampleUnavailable without scikit-learn."""
     try:
@@ -370,10 +375,13 @@ def two_sample(
             "scikit-learn is not installed: pip install 'musicrel[eval]' (make test does)"
         ) from exc
     truth_x = np.stack([features(t, c, seconds) for t, c in zip(truths, contexts, strict=True)])
+    if parts is not None:
+        truth_x = np.hstack([truth_x, _instrument_columns(parts["truths"], parts["contexts"], seconds)])
     # Pitch classes are read in the motif's key for every system, real music too: the piece's key is the
     # motif's. Read in the truth's own key (a later window's estimate is more often a fifth off), real music
     # on POP909 was told apart by tonic+5 and tonic+7 (0.15 vs 0.12, 0.16 vs 0.20).
     real_contexts = real_contexts or {}
+    names = feature_names(instruments=parts is not None)
     sections: dict[str, dict] = {}
     labels = ["all" if s is None else s for s in sources]
     for source in dict.fromkeys(labels):
@@ -387,6 +395,15 @@ def two_sample(
                 else np.zeros((0, 0))
                 for i in idx
             ]
+            if parts is not None:
+                by_part = parts["systems"][name]
+                part_ctx = parts.get("real_contexts", {}).get(name, parts["contexts"])
+                samples = [
+                    np.hstack([s, _instrument_columns(by_part[i], [part_ctx[i]] * len(by_part[i]), seconds)])
+                    if len(s)
+                    else s
+                    for s, i in zip(samples, idx, strict=True)
+                ]
             comps = [i if compositions is None else compositions[i] for i in idx]
             usable = len({c for c, s in zip(comps, samples, strict=True) if len(s)})
             if usable < MIN_PIECES:
@@ -396,14 +413,19 @@ def two_sample(
                     "too few to fold"
                 )
                 continue
-            section["systems"][name] = classify(truth_x[idx], samples, seed, comps)
+            section["systems"][name] = classify(truth_x[idx], samples, seed, comps, names)
         sections[source] = section
     return {
         "classifier": f"random forest ({TREES} trees), GroupKFold by composition ({FOLDS} folds at most)",
         "confidence": CONFIDENCE,
-        "features": feature_names(),
+        "features": names,
         "sections": sections,
     }
+
+
+def _instrument_columns(runs, contexts, seconds: float) -> np.ndarray:
+    """(len(runs), columns) of the `instruments` family (`ensemble.features`), one row per continuation."""
+    return np.stack([ensemble.features(r, c, seconds) for r, c in zip(runs, contexts, strict=True)])
 
 
 def _pct(ci: dict) -> str:

@@ -64,7 +64,7 @@ def test_identical_notes_score_perfectly():
     } == dict.fromkeys(("pc_overlap", "ioi_overlap", "duration_overlap", "velocity_overlap"), 1.0)
     assert s["range_diff"] == 0.0 and s["density"] == 2.0 and s["density_ratio"] == 1.0
     assert s == {**s, **describe(SCALE, 4.0, (0, "major"))}  # the intrinsic figures ride along
-    assert set(s) == {m.name for m in METRICS if not (m.tokens or m.index)}
+    assert set(s) == {m.name for m in METRICS if not (m.tokens or m.index or m.instruments)}
 
 
 def test_disjoint_and_partial_histograms():
@@ -318,6 +318,9 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
     assert len(report["examples"]) == 3 and report["examples"][0]["system"] == "model"
     assert all(-3.0 <= n[1] < 0 for n in report["examples"][0]["motif"])
     assert any(m.name in report["metrics"] for m in METRICS)
+    # a piano model's report is as it was: no instrument rows, no pooled instrument cases
+    assert not any(m.name in report["metrics"] for m in METRICS if m.instruments)
+    assert all("instrument_cases" not in row for row in rows.values())
     d = paired_difference(report, "pc_overlap", "repeat-motif", "untrained")
     assert d["n"] == 3 and d["mean"] == pytest.approx(
         1.0 - rows["untrained"]["metrics"]["pc_overlap"]["mean"]
@@ -354,7 +357,7 @@ def test_every_sampled_system_starts_at_the_cut(world):
     jobs = [(primer, SamplingParams(seconds=2.0, seed=3, num_samples=3))]
     steps = shift_steps(CODEC)
     for name in ("model", "model-no-grammar", "untrained", "ngram"):
-        for notes_out, tokens in system_continuations(name, models, ngram, CODEC, jobs)[0]:
+        for notes_out, tokens, _ in system_continuations(name, models, ngram, CODEC, jobs)[0]:
             first_event = int(np.flatnonzero(steps[tokens] == 0)[0])
             assert steps[tokens[:first_event]].sum() >= 70, name
             assert all(n.start >= 0 for n in notes_out), name

@@ -8,9 +8,11 @@ or runs out is logged and the next one runs):
 1. device: nvidia-smi, and what torch sees (version, CUDA, the GPU, its memory, bfloat16);
 2. batch1: the checkpoint loaded on the device as the service loads it, then bench shapes' measurements
    (`decode`, `first_note`: generate_batch with every control on, after a 256-event primer of real notes):
-   the real-time factor at batch 1 and 8 (median of 3, after a warm-up), the first-note latency at batch 1,
-   where a batch-1 step goes (the model's forward timed inside the steps, the device synchronised around
-   it), and torch.cuda.max_memory_allocated;
+   the real-time factor at batch 1 (median of 3, after a warm-up; a fresh batch each job, so its graph's
+   capture counts), where an eager batch-1 step goes (the model's forward timed inside the steps, the device
+   synchronised around it), the GPU's step (DecodeBatch's "graph" mode) at batch 1, the first-note
+   latency, the real-time factor at batch 8, the GPU's step at 64, 256 and 1,024 rows (ms a step, each
+   row's real-time factor), and torch.cuda.max_memory_allocated;
 3. listeners: `bench listeners` with the same checkpoint, one process per N (1, 1,024, 256, 64: the first
    N, then the largest, so that the issue's 1,024 runs before the rest of the budget), each with its own
    limit (a fresh service's start, the phase's own limit, its shutdown): a step that runs out loses its N
@@ -44,6 +46,8 @@ BUDGET_S = 360.0  # the issue's bound on the whole check
 DEVICE_STEP_S = 60.0
 BATCH1_STEP_S = 120.0
 BATCH1_TOKENS = 512  # per row, per timed job (12.8 s of dense music)
+ROW_SWEEP = (64, 256, 1024)  # batch sizes of the batch-1 step's sweep of the GPU's step
+CPU_ROW_SWEEP = (4,)  # the dry run's
 LISTENER_SECONDS = 5.0  # music per stream: 1,024 streams of it fit the budget (docs/BENCHMARKS.md)
 # A listener step's limit beyond its phase's own (bench listeners: 3 x seconds + 60 s): the service's start
 # (imports, the CUDA context, the model, its engine process) and its shutdown.
@@ -388,14 +392,34 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     b1 = rtf(1)
     got(f"real-time factor b1 {b1:.1f}x ({tokens} tokens, median of 3)", rtf_b1=b1)
 
-    timed = _SyncTimedModel(model, sync)
-    batch = DecodeBatch(timed, codec, max_rows=1)
-    # as bench shapes' jobs: every control on, the music far away (the row decodes every token asked for)
-    params = SamplingParams(seconds=10_000.0, max_new_tokens=tokens + 1, seed=0, controls=every_control())
-    batch.admit([(primer, params)])
-    batch.step()  # the first step grows the cache: not a typical step
-    timed.seconds = 0.0
+    def steps_ms(batch, n: int) -> float:
+        """ms per step of `batch` over n steps, after two (a graph's warm-up and capture)."""
+        for _ in range(2):
+            batch.step()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            batch.step()
+        sync()
+        return 1000 * (time.perf_counter() - t0) / n
+
+    def rows_of(rows: int, mode: str, wrapped=None) -> DecodeBatch:
+        """A batch of `rows` rows of one job (one prefill), every control on, the music far away (every row
+        decodes every token asked for, none leaves)."""
+        batch = DecodeBatch(wrapped or model, codec, max_rows=rows, step_mode=mode)
+        params = SamplingParams(
+            seconds=10_000.0, max_new_tokens=tokens + 8, seed=0, num_samples=rows, controls=every_control()
+        )
+        batch.admit([(primer, params)])
+        return batch
+
     n = min(tokens, 256)
+    # The eager step (the CPU's) split: the model's forward timed inside it, the device synchronised around.
+    timed = _SyncTimedModel(model, sync)
+    batch = rows_of(1, "eager", timed)
+    for _ in range(2):
+        batch.step()
+    timed.seconds = 0.0
     sync()
     t0 = time.perf_counter()
     for _ in range(n):
@@ -403,10 +427,19 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     sync()
     step_ms, model_ms = 1000 * (time.perf_counter() - t0) / n, 1000 * timed.seconds / n
     got(
-        f"batch-1 step {step_ms:.2f} ms, of which model {model_ms:.2f} ms, rest {step_ms - model_ms:.2f} ms",
+        f"batch-1 eager step {step_ms:.2f} ms: model {model_ms:.2f} ms, rest {step_ms - model_ms:.2f} ms",
         step_ms=step_ms, model_ms=model_ms, rest_ms=step_ms - model_ms,
     )  # fmt: skip
-
+    del batch
+    # The GPU's step: captured per bucket ("graph"; on a CPU the same step uncaptured, "static").
+    graph = rows_of(1, "graph")
+    graph_ms = steps_ms(graph, n)
+    graph_rtf = 1000 / graph_ms / EVENTS_PER_SECOND_OF_MUSIC
+    got(
+        f"batch-1 {graph.step_mode} step {graph_ms:.3f} ms: {graph_rtf:.1f}x real time (a dense performance)",
+        step_mode=graph.step_mode, graph_step_ms=graph_ms, graph_rtf_b1=graph_rtf,
+    )  # fmt: skip
+    del graph
     firsts = [first_note(model, codec, primer, tokens) for _ in range(3)]
     shown = ", ".join("n/a" if s is None else f"{1000 * s:.0f}" for s, _ in firsts)
     got(
@@ -415,4 +448,13 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     )  # fmt: skip
     b8 = rtf(8)
     got(f"real-time factor b8 {b8:.1f}x (all 8 rows together)", rtf_b8=b8)
+    # How many rows one step holds at real time: ms per step of the GPU's step at a few batch sizes (the
+    # listener benchmark's N), each row's real-time factor = 1 / (step seconds x 40 events a second).
+    sweep = result.setdefault("rows", {})
+    for rows in ROW_SWEEP if cuda else CPU_ROW_SWEEP:
+        batch = rows_of(rows, "graph")
+        ms = steps_ms(batch, min(n, 64))
+        del batch
+        sweep[str(rows)] = {"step_ms": ms, "rtf_per_row": 1000 / ms / EVENTS_PER_SECOND_OF_MUSIC}
+        got(f"{rows} rows: a step {ms:.2f} ms, each row {sweep[str(rows)]['rtf_per_row']:.1f}x real time")
     return result

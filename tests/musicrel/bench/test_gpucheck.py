@@ -145,6 +145,9 @@ def test_a_dry_run_on_the_cpu_writes_every_file(tiny_checkpoint, tmp_path):
     batch1 = summary["batch1"]
     assert batch1["device"] == "cpu" and batch1["rtf_b1"] > 0 and batch1["rtf_b8"] > 0
     assert 0 < batch1["model_ms"] < batch1["step_ms"]
+    # the GPU's step, uncaptured on a CPU, and the sweep of batch sizes (the dry run's one)
+    assert batch1["step_mode"] == "static" and batch1["graph_step_ms"] > 0 and batch1["graph_rtf_b1"] > 0
+    assert list(batch1["rows"]) == ["4"] and batch1["rows"]["4"]["step_ms"] > 0
     assert [r["listeners"] for r in summary["listeners"]["rows"]] == [1]
     assert summary["listeners"] == json.loads((out / gpucheck.LISTENERS_JSON).read_text())
     log = (out / gpucheck.LOG).read_text()

@@ -259,6 +259,7 @@ class DecodeBatch:
         self._steps: list[Tensor] = []  # tokens drawn since the last _flush, (n,) each, rows in batch order
         self._view: tuple | None = None  # (cache buffers, rows, the view of them the model decodes with)
         self._live_jobs: list[int] = []
+        self._by_job: dict[int, list[_Row]] | None = None  # `generated`'s index, None when rows changed
 
     @property
     def rows(self) -> list[_Row]:
@@ -308,7 +309,12 @@ class DecodeBatch:
         """The tokens each sample of a running job has generated so far (views into the rows' histories,
         whose filled part never changes), for a caller that streams them between steps; None when the job
         is not in the batch (finished: its result holds every token)."""
-        rows = [row for row in self.rows if row.job.id == job_id]
+        if self._by_job is None:  # rows by job, made again after rows joined or left: a streaming engine
+            # asks this for every job after every step, and a scan of the rows per job was O(rows^2) a step
+            self._by_job = {}
+            for row in self.rows:
+                self._by_job.setdefault(row.job.id, []).append(row)
+        rows = self._by_job.get(job_id)
         if not rows:
             return None
         self._flush()
@@ -392,6 +398,7 @@ class DecodeBatch:
             self.live = new  # the batch's grammar is its first job's (its class: the batch's kind)
         else:
             self.live.extend(new)
+        self._by_job = None
         self._live_jobs += ids
         return ids
 
@@ -542,6 +549,7 @@ class DecodeBatch:
         rows' K/V are copied (their real positions only: a row's padding is masked, whatever it holds) and a
         departure costs what moves, not the whole live cache. Every per-row state follows the same order."""
         self._flush()
+        self._by_job = None
         finished = []
         for row, kept in zip(self.rows, keep, strict=True):
             if kept:

@@ -406,3 +406,34 @@ def test_the_batched_grammar_and_sampler_draw_each_row_s_tokens_alone(model):
     assert set(results) == set(ids)
     for job_id, expected in zip(ids, alone, strict=True):
         _assert_same(expected, results[job_id])
+
+
+@pytest.mark.parametrize("mode", ["eager", "static"])
+def test_generated_streams_each_jobs_tokens_so_far(model, mode):
+    """What a streaming engine reads after every step: each sample's tokens so far (a prefix of its result),
+    through jobs joining and leaving (the index by job is made again each time); None once a job is done."""
+    short = prepare_primer(CODEC, make_motif(8), 1.0)
+    jobs = [
+        (short, SamplingParams(seconds=1000.0, max_new_tokens=12, seed=1, num_samples=2)),
+        (short, SamplingParams(seconds=1000.0, max_new_tokens=30, seed=2)),
+    ]
+    batch = DecodeBatch(model, CODEC, max_rows=4, step_mode=mode)
+    (first,) = batch.admit(jobs[:1])
+    seen: dict = {}
+    results: dict = {}
+    for step in range(40):
+        if step == 3:
+            seen[batch.admit(jobs[1:])[0]] = []
+        results.update(batch.step())
+        for job_id in batch.live_jobs:
+            seen.setdefault(job_id, [])
+            seen[job_id].append([t.copy() for t in batch.generated(job_id)])
+        if not batch.rows:
+            break
+    assert batch.generated(first) is None and set(results) == set(seen)
+    for job_id, snapshots in seen.items():
+        final = results[job_id].tokens
+        for snap in snapshots:
+            for part, whole in zip(snap, final, strict=True):
+                np.testing.assert_array_equal(part, whole[: len(part)])
+        assert [len(s) for s in snapshots[-1]] == [len(t) - 1 for t in final]  # all but the last step's

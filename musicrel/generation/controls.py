@@ -1,6 +1,7 @@
-"""Steering a continuation without retraining: `Controls` (instrument, key, chord progression, density, pitch
-range, polyphony), what each becomes for one row (`RowControls`, numpy arrays the grammar turns into the
-rules it applies with its own), and the figures that show a control held (`in_scale_share`, ...).
+"""Steering a continuation without retraining: `Controls` (instrument, the instruments of a model that has
+them, key, chord progression, density, pitch range, polyphony), what each becomes for one row (`RowControls`,
+numpy arrays the grammar turns into the rules it applies with its own), and the figures that show a control
+held (`in_scale_share`, ...).
 
 A control is a rule of the same kind as the grammar's: a bias or a mask on the logits of one row, applied by
 `generation.grammar.Grammar.constrain` (still the one place where logits change). Pitch controls (key, chords,
@@ -209,6 +210,46 @@ def gm_program_names() -> list[str]:
     return [gm_program_name(p) for p in range(128)]
 
 
+INSTRUMENT_CHOICES = ("motif", "any")  # the instruments control's words; else a list of instruments
+
+
+def parse_instruments(value) -> str:
+    """The instruments control, canonical: "motif" (the instruments the motif plays: the default), "any" (the
+    model may bring in others) or a comma list of instruments, each a General MIDI program (0..127 or its
+    name) or "drums", as "40,42,drums" (sorted, each once)."""
+    from musicrel.midi.instruments import DRUMS
+
+    if not isinstance(value, str) or not value.strip():
+        raise ControlError(
+            f"instruments must be 'motif', 'any' or a list such as 'Violin, Cello, drums', got {value!r}",
+            code="invalid_controls",
+        )
+    word = value.strip().lower()
+    if word in INSTRUMENT_CHOICES:
+        return word
+    chosen = set()
+    for part in value.split(","):
+        part = part.strip()
+        if part.lower() in ("drums", "drum", "percussion"):
+            chosen.add(DRUMS)
+        else:
+            try:
+                chosen.add(parse_program(part))
+            except ControlError:
+                raise ControlError(
+                    f"instruments: {part!r} is not a General MIDI instrument (a name or 0-127), nor 'drums'",
+                    code="invalid_controls",
+                ) from None
+    return ",".join("drums" if i == DRUMS else str(i) for i in sorted(chosen))
+
+
+def instrument_numbers(canonical: str) -> list[int]:
+    """The instrument indices (programs, DRUMS) of a canonical list (`parse_instruments`)."""
+    from musicrel.midi.instruments import DRUMS
+
+    return [DRUMS if part == "drums" else int(part) for part in canonical.split(",")]
+
+
 def parse_program(value) -> int:
     """A General MIDI program: 0..127 or its name ("Acoustic Grand Piano", case and spaces ignored)."""
     if isinstance(value, str) and not value.strip().isdigit():
@@ -244,10 +285,14 @@ class Controls:
     low_note: int | None = None  # lowest MIDI pitch a new note may have
     high_note: int | None = None  # highest
     max_polyphony: int | None = None  # most notes sounding at once (new notes wait while that many sound)
+    # a model with instruments: which may play (`parse_instruments`); None is "motif"; a piano model refuses
+    instruments: str | None = None
 
     def __post_init__(self) -> None:
         if self.program is not None:
             object.__setattr__(self, "program", parse_program(self.program))
+        if self.instruments is not None:
+            object.__setattr__(self, "instruments", parse_instruments(self.instruments))
         if self.key is not None:
             if not isinstance(self.key, str):
                 raise ControlError(f"key must be text such as 'C:major' or 'auto', got {self.key!r}")
@@ -296,7 +341,9 @@ class Controls:
     @property
     def is_empty(self) -> bool:
         """No control set (strengths alone steer nothing)."""
-        steering = ("program", "key", "chords", "density", "low_note", "high_note", "max_polyphony")
+        steering = (
+            "program", "key", "chords", "density", "low_note", "high_note", "max_polyphony", "instruments",
+        )  # fmt: skip
         return all(getattr(self, name) is None for name in steering)
 
     def to_dict(self) -> dict:
@@ -381,6 +428,20 @@ class Controls:
             applied["density"] = self.density
         if self.max_polyphony is not None:
             applied["max_polyphony"] = self.max_polyphony
+        instruments = None
+        if self.instruments not in (None, "motif"):
+            from musicrel.midi.instruments import NUM_INSTRUMENTS, instrument_name
+
+            instruments = np.ones(NUM_INSTRUMENTS, dtype=bool)
+            if self.instruments != "any":
+                instruments[:] = False
+                instruments[instrument_numbers(self.instruments)] = True
+            applied["instruments"] = (
+                "any" if self.instruments == "any"
+                else [instrument_name(i) for i in instrument_numbers(self.instruments)]
+            )  # fmt: skip
+        elif self.instruments == "motif":
+            applied["instruments"] = "motif"
         return RowControls(
             pitch_bias=pitch_bias,
             chord_ends=chord_ends,
@@ -391,6 +452,8 @@ class Controls:
             program=self.program,
             applied=applied,
             warnings=warnings,
+            instruments=instruments,
+            asks_instruments=self.instruments is not None,
         )
 
 
@@ -441,6 +504,9 @@ class RowControls:
     program: int | None
     applied: dict  # what was applied, for the output's metadata
     warnings: list[str] = dataclasses.field(default_factory=list)  # controls that pull apart (allowed)
+    # (129,) bool: the instruments that may play (a codec with them); None: the motif's (the grammar reads)
+    instruments: np.ndarray | None = None
+    asks_instruments: bool = False  # the instruments control was given (a piano model refuses it)
 
 
 class DensityLoop:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from musicrel.errors import GenerationError
 from musicrel.generation.controls import DENSITY_CHORD, DENSITY_SHIFT_TILT, DensityLoop, RowControls
 from musicrel.generation.join import join_mask
 from musicrel.midi.codec import open_pitches, shift_steps
@@ -105,8 +106,18 @@ class Grammar:
         # specials (pad/bos/eos) and the infill markers after them (FUTURE/PAST/FILL) are placed, never drawn
         self.allowed[codec.pad_id :] = False
         B = len(prompts)
+        controls = list(controls) if controls is not None else [None] * B
         # a codec with instruments: their tokens are allowed, and the note state is per instrument
-        self.inst = _Instruments(codec, prompts, device) if codec.instrument_offset is not None else None
+        if codec.instrument_offset is None and any(c is not None and c.asks_instruments for c in controls):
+            raise GenerationError(
+                "the instruments control needs a model with instruments; this one writes one piano stream",
+                code="no_instruments",
+            )
+        self.inst = (
+            _Instruments(codec, prompts, device, [None if c is None else c.instruments for c in controls])
+            if codec.instrument_offset is not None
+            else None
+        )
         if self.inst is not None:
             self.allowed[self.inst.first : self.inst.first + self.inst.count] = True
         # Every row's clock counts steps from its cut, which lies `tail` steps after its primer's last token
@@ -128,7 +139,7 @@ class Grammar:
         self.recent_pitches = torch.as_tensor(
             np.stack(recent) if B else np.zeros((0, REPEAT_WINDOW), np.int64), device=device
         )  # (B, REPEAT_WINDOW) long: the last note-ons' pitches, oldest first; -1 where there were fewer
-        self._init_controls(list(controls) if controls is not None else [None] * B, device)
+        self._init_controls(controls, device)
 
     def _init_controls(self, controls: list[RowControls | None], device) -> None:
         """Per-row control tensors; rows without controls get the neutral ones (zero bias, no cap)."""
@@ -417,13 +428,19 @@ class _Instruments:
     of `Grammar.open`/`onset`, the current instrument's row of it in use there), and the rules on
     INSTRUMENT tokens."""
 
-    def __init__(self, codec, prompts: Sequence[np.ndarray], device):
+    def __init__(self, codec, prompts: Sequence[np.ndarray], device, permitted: Sequence[np.ndarray | None]):
         self.first, self.count = int(codec.instrument_offset), int(codec.num_instruments)
+        self.on0 = int(codec.note_on_offset)
         B = len(prompts)
         current = np.zeros(B, np.int64)
         bank = np.full((B, self.count, 128), _SILENT, np.int64)
+        may = np.ones((B, self.count), bool)
         for r, p in enumerate(prompts):
             current[r], bank[r] = instrument_onsets(codec, p)
+            may[r] = motif_instruments(codec, p) if permitted[r] is None else permitted[r]
+        # (B, I) bool: the instruments a row may strike notes of (the instruments control; the motif's by
+        # default, so a band goes on as itself). Another instrument's sounding notes may still be closed.
+        self.permitted = torch.as_tensor(may, device=device)
         self.current = torch.as_tensor(current, device=device)  # (B,) long
         self.onset = torch.as_tensor(bank, device=device)  # (B, I, 128) long: steps from the cut, or _SILENT
         self.switched = torch.zeros(B, dtype=torch.bool, device=device)  # the last token was an INSTRUMENT
@@ -452,6 +469,10 @@ class _Instruments:
         instruments that hold a note past max_hold) when the current instrument has none overdue."""
         rows = torch.arange(allowed.size(0), device=allowed.device)
         block = slice(self.first, self.first + self.count)
+        open_ = self.onset > _SILENT
+        # an instrument not permitted is switched to only to close its notes, and strikes none
+        allowed[:, block] &= self.permitted | open_.any(dim=2)
+        allowed[:, self.on0 : self.on0 + 128] &= self.permitted[rows, self.current][:, None]
         allowed[rows, self.first + self.current] = False
         if bool(self.switched.any()):
             notes = torch.zeros(allowed.size(1), dtype=torch.bool, device=allowed.device)
@@ -459,7 +480,6 @@ class _Instruments:
             notes[codec.note_off_offset : codec.note_off_offset + 128] = True  # those allowed: sounding ones
             notes[codec.velocity_offset : codec.velocity_offset + codec.config.velocity_bins] = True
             allowed[self.switched] &= notes
-        open_ = self.onset > _SILENT
         late = open_ & (elapsed[:, None, None] >= (self.onset + max_hold[:, None, None]).clamp(min=0))
         late = late.any(dim=2)  # (B, I)
         late[rows, self.current] = False
@@ -479,11 +499,25 @@ class _Instruments:
 
     def select(self, rows: Tensor) -> None:
         self.current, self.onset, self.switched = self.current[rows], self.onset[rows], self.switched[rows]
+        self.permitted = self.permitted[rows]
 
     def extend(self, other: _Instruments) -> None:
+        self.permitted = torch.cat([self.permitted, other.permitted])
         self.current = torch.cat([self.current, other.current])
         self.onset = torch.cat([self.onset, other.onset])
         self.switched = torch.cat([self.switched, other.switched])
+
+
+def motif_instruments(codec, tokens) -> np.ndarray:
+    """(I,) bool: the instruments that play a note event in `tokens` (notes before any INSTRUMENT token are
+    the piano's); every instrument where none plays (nothing to go on)."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    first = int(codec.instrument_offset)
+    inst = current_instrument(tokens, codec.is_instrument(tokens), first)
+    events = codec.is_note_on(tokens) | codec.is_note_off(tokens)
+    plays = np.zeros(int(codec.num_instruments), bool)
+    plays[inst[events]] = True
+    return plays if plays.any() else ~plays
 
 
 def instrument_onsets(codec, tokens) -> tuple[int, np.ndarray]:

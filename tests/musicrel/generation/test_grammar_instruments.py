@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from musicrel.errors import GenerationError
+from musicrel.generation.controls import ControlError, Controls
 from musicrel.generation.decode_batch import generate_batch
 from musicrel.generation.grammar import MAX_REPEATS, Grammar, instrument_onsets
-from musicrel.generation.primer import prepare_primer
+from musicrel.generation.primer import Primer, prepare_primer
 from musicrel.generation.sampling import SamplingParams
 from musicrel.midi.codec import CodecConfig, EventCodec
 from musicrel.midi.instruments import DRUMS
@@ -22,6 +24,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BAND = EventCodec(CodecConfig(instruments=True))
 ON, OFF, SHIFT, VEL = BAND.note_on_offset, BAND.note_off_offset, BAND.time_shift_offset, BAND.velocity_offset
 VIOLIN, CELLO, KIT = BAND.instrument_offset + 40, BAND.instrument_offset + 42, BAND.drums_id
+
+
+def _any(rows: int = 1) -> list:
+    """Controls that let every instrument play (the default is the motif's): for the rules other than that."""
+    return [Controls(instruments="any").resolve(None, BAND.config.step_ms)] * rows
 
 
 def _peaked(*tokens: int, codec=BAND) -> torch.Tensor:
@@ -66,13 +73,13 @@ def test_a_codec_without_instruments_never_reaches_the_instrument_rules(monkeypa
 
 
 def test_instrument_tokens_allowed_only_with_instruments():
-    grammar = Grammar(BAND, [np.array([VIOLIN, ON + 60])], [1000])
+    grammar = Grammar(BAND, [np.array([VIOLIN, ON + 60])], [1000], controls=_any())
     allowed = _allowed(grammar)
     assert allowed[BAND.instrument_offset : BAND.instrument_offset + 129].sum() == 128  # all but the current
     assert not allowed[VIOLIN] and allowed[CELLO] and allowed[KIT]
     assert not allowed[BAND.pad_id : BAND.instrument_offset].any()  # specials never
     infill = EventCodec(CodecConfig(instruments=True, infill=True))
-    allowed = _allowed(Grammar(infill, [np.array([ON + 60])], [1000]))
+    allowed = _allowed(Grammar(infill, [np.array([ON + 60])], [1000], controls=_any()))
     assert not allowed[infill.pad_id : infill.instrument_offset].any()  # markers never
     assert allowed[infill.instrument_offset + 1 :].all() and not allowed[infill.instrument_offset]
 
@@ -94,7 +101,7 @@ def test_note_state_is_per_instrument():
 
 
 def test_after_an_instrument_a_note_event_comes():
-    grammar = Grammar(BAND, [np.array([VIOLIN, ON + 60, SHIFT + 9])], [1000])
+    grammar = Grammar(BAND, [np.array([VIOLIN, ON + 60, SHIFT + 9])], [1000], controls=_any())
     grammar.advance(torch.tensor([CELLO]))
     allowed = _allowed(grammar)
     assert allowed[ON : ON + 128].all() and allowed[VEL : VEL + 32].all()
@@ -145,7 +152,9 @@ def test_generated_streams_with_instruments_decode_cleanly():
     with torch.no_grad():  # a random model that switches often, so that every rule is met
         model.head.weight[BAND.instrument_offset :] += 0.5 * model.head.weight[ON + 60]
     primer = prepare_primer(BAND, make_motif(), 4.0)
-    params = SamplingParams(seconds=4.0, seed=1, num_samples=3, temperature=1.3)
+    params = SamplingParams(
+        seconds=4.0, seed=1, num_samples=3, temperature=1.3, controls={"instruments": "any"}
+    )
     (res,) = generate_batch(model, BAND, [(primer, params)])
     switches = 0
     for tokens in res.tokens:
@@ -166,3 +175,64 @@ def test_generated_streams_with_instruments_decode_cleanly():
                 assert (current, t - OFF) in sounding
                 sounding.discard((current, t - OFF))
     assert switches > 0
+
+
+def test_the_motifs_instruments_play_by_default():
+    # a violin and a cello in the motif: only they may play; drums and the piano wait
+    grammar = Grammar(BAND, [np.array([VIOLIN, ON + 60, SHIFT + 9, CELLO, ON + 48])], [1000])
+    allowed = _allowed(grammar)
+    insts = allowed[BAND.instrument_offset :].nonzero().flatten() + BAND.instrument_offset
+    assert insts.tolist() == [VIOLIN]  # the cello is current; nothing else
+    assert allowed[ON : ON + 128].all()  # the cello strikes
+
+
+def test_the_instruments_control_chooses_who_plays_and_closes_the_others_notes():
+    rows = [Controls(instruments="Violin, drums").resolve(None, BAND.config.step_ms)]
+    # the cello (current) sounds 48 but is not chosen: it may close it, strike nothing; drums may come in
+    grammar = Grammar(BAND, [np.array([VIOLIN, ON + 60, SHIFT + 9, CELLO, ON + 48])], [1000], controls=rows)
+    allowed = _allowed(grammar)
+    assert not allowed[ON : ON + 128].any() and allowed[OFF + 48] and allowed[VIOLIN] and allowed[KIT]
+    assert not allowed[BAND.instrument_offset]  # the piano: not chosen, nothing sounding
+    grammar.advance(torch.tensor([OFF + 48]))
+    grammar.advance(torch.tensor([VIOLIN]))
+    assert not _allowed(grammar)[CELLO]  # nothing of the cello's left to close
+    assert _allowed(grammar)[ON : ON + 128].all()
+
+
+def test_the_instruments_control_is_refused_by_a_piano_model_and_checked():
+    rows = [Controls(instruments="any").resolve(None, CODEC.config.step_ms)]
+    with pytest.raises(GenerationError) as err:
+        Grammar(CODEC, [np.array([CODEC.note_on_offset + 60])], [1000], controls=rows)
+    assert err.value.code == "no_instruments"
+    assert Controls(instruments=" cello ,Violin, DRUMS").instruments == "40,42,drums"
+    assert (
+        Controls(instruments="ANY").instruments == "any" and Controls(instruments="motif").is_empty is False
+    )
+    for bad in ("", "kazoo", "128", 5):  # 128 is drums inside, not a program a user names
+        with pytest.raises(ControlError) as err:
+            Controls(instruments=bad)
+        assert err.value.code == "invalid_controls"
+    applied = Controls(instruments="42,40").resolve(None, 10).applied
+    assert applied["instruments"] == ["Violin", "Cello"]
+
+
+def test_a_continuation_keeps_to_the_motifs_instruments():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=BAND.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128)
+    model = MusicTransformer(cfg).eval()
+    with torch.no_grad():  # a random model that would switch often to anything
+        model.head.weight[BAND.instrument_offset :] += 0.5 * model.head.weight[ON + 60]
+    prompt = np.array(
+        [VIOLIN, VEL + 20, ON + 60, SHIFT + 19, KIT, ON + 36, SHIFT + 19, OFF + 36, VIOLIN, OFF + 60]
+    )
+    primer = Primer(tokens=prompt, start_time=0.0, end_time=0.4, tempo=120.0, program=0, notes=[])
+    heard = set()
+    for controls, expected in ((None, {40, DRUMS}), ({"instruments": "drums"}, {DRUMS})):
+        params = SamplingParams(seconds=4.0, seed=2, num_samples=3, temperature=1.3, controls=controls)
+        (res,) = generate_batch(model, BAND, [(primer, params)])
+        for tokens in res.tokens:
+            notes = BAND.decode_instrument_notes(np.concatenate([primer.tokens, tokens]))
+            played = {i for i, n in zip(notes.instruments, notes.notes, strict=True) if n.start >= 0.39}
+            assert played <= expected
+            heard |= played
+    assert 40 in heard  # the model would play: the rule, not silence, keeps the others out

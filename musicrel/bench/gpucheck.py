@@ -317,6 +317,41 @@ def device_step(device: str) -> None:
         )
 
 
+def agreement(model, codec, primer, mode: str, other: str, steps: int = 96) -> float:
+    """The share of tokens two step modes draw alike for the same jobs, seeds and schedule: three jobs (1, 2
+    and 1 rows, every control on one), the last joining after 8 steps, rows leaving at 24 and 48 tokens (the
+    buckets change as they go). Per sample, tokens up to the first difference count as alike."""
+    from dataclasses import replace
+
+    from musicrel.bench.generate import every_control
+    from musicrel.generation.decode_batch import DecodeBatch
+    from musicrel.generation.sampling import SamplingParams
+
+    base = SamplingParams(seconds=10_000.0, max_new_tokens=steps, seed=5)
+    jobs = [
+        (primer, replace(base, max_new_tokens=24, controls=every_control())),
+        (primer, replace(base, max_new_tokens=48, num_samples=2, seed=6, top_p=0.9)),
+        (primer, replace(base, seed=7)),
+    ]
+    drawn = []
+    for m in (mode, other):
+        batch = DecodeBatch(model, codec, max_rows=4, step_mode=m)
+        results, ids = {}, batch.admit(jobs[:2])
+        for _ in range(8):
+            results.update(batch.step())
+        ids += batch.admit(jobs[2:])
+        while batch.rows:
+            results.update(batch.step())
+        drawn.append([t for job_id in ids for t in results[job_id].tokens])
+    alike = total = 0
+    for a, b in zip(*drawn, strict=True):
+        n = min(len(a), len(b))
+        differ = [i for i in range(n) if a[i] != b[i]]
+        alike += differ[0] if differ else n
+        total += max(len(a), len(b))
+    return alike / total
+
+
 class _SyncTimedModel:
     """`model` as the decode loop sees it, adding up the seconds of its one-token forward passes with the
     device synchronised before and after each (on a GPU a call returns before its kernels end)."""
@@ -440,6 +475,13 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
         step_mode=graph.step_mode, graph_step_ms=graph_ms, graph_rtf_b1=graph_rtf,
     )  # fmt: skip
     del graph
+    # The graph replays what the uncaptured step computes (the same kernels: the same tokens), and the eager
+    # step's tokens as far as bfloat16's rounding lets two attention lengths agree.
+    same = {mode: agreement(model, codec, primer, "graph", mode) for mode in ("static", "eager")}
+    got(
+        f"tokens of graph steps equal to static: {same['static']:.1%}, to eager: {same['eager']:.1%}",
+        graph_same_as_static=same["static"], graph_same_as_eager=same["eager"],
+    )  # fmt: skip
     firsts = [first_note(model, codec, primer, tokens) for _ in range(3)]
     shown = ", ".join("n/a" if s is None else f"{1000 * s:.0f}" for s, _ in firsts)
     got(

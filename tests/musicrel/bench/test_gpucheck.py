@@ -148,6 +148,8 @@ def test_a_dry_run_on_the_cpu_writes_every_file(tiny_checkpoint, tmp_path):
     # the GPU's step, uncaptured on a CPU, and the sweep of batch sizes (the dry run's one)
     assert batch1["step_mode"] == "static" and batch1["graph_step_ms"] > 0 and batch1["graph_rtf_b1"] > 0
     assert list(batch1["rows"]) == ["4"] and batch1["rows"]["4"]["step_ms"] > 0
+    assert batch1["graph_same_as_static"] == 1.0  # on a CPU "graph" is "static": the same step
+    assert batch1["graph_same_as_eager"] == 1.0  # float32 on a CPU: the tokens of the CPU's step
     assert [r["listeners"] for r in summary["listeners"]["rows"]] == [1]
     assert summary["listeners"] == json.loads((out / gpucheck.LISTENERS_JSON).read_text())
     log = (out / gpucheck.LOG).read_text()

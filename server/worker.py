@@ -68,6 +68,11 @@ THREADS_RECHECK_S = 5.0  # how often "auto" threads look at the machine again wh
 MAX_CREDIT_S = 0.25
 ACCOMPANIMENT_SHARE = 0.75  # accompaniment seconds per second of batch steps, while both have work
 TURN_S = 0.03  # the accompaniments' shortest turn beside the batch (a streamed note waits at most this)
+# Streamed tokens go out after every step while few jobs stream; past that, at most every STREAM_REPORT_S
+# (a note then waits at most this, inside the page's 60 ms lead): each report is a message per job through
+# the engine's pipe, and a step of a GPU's graph at 1,024 rows is shorter than 1,024 messages (issue 43).
+STREAM_EVERY_STEP_JOBS = 16
+STREAM_REPORT_S = 0.02
 
 
 def generation_threads(
@@ -237,6 +242,7 @@ class GenerationThread:
         self._side: list[tuple[Job, Generator[None, None, Any]]] = []  # accompaniments running, in turn
         self._turn = 0  # the next of them to step
         self._credit = 0.0  # seconds of accompaniment steps the batch's steps have left them
+        self._streamed_at = 0.0  # when streamed tokens last went out (STREAM_REPORT_S)
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="musicrel-generation", daemon=True)
@@ -487,6 +493,9 @@ class GenerationThread:
             if job.stop_reason is not None:
                 self.metrics.stopped.labels(job.stop_reason).inc()
             job._deliver(result)
+        if len(self._running) > STREAM_EVERY_STEP_JOBS and now - self._streamed_at < STREAM_REPORT_S:
+            return batch
+        self._streamed_at = now
         for job_id, job in self._running.items():
             if job.stream and job.stop_reason is None:
                 job._report_new_tokens(batch.generated(job_id))

@@ -76,10 +76,16 @@ def describe(exc: BaseException) -> tuple[int, dict[str, Any]]:
 # code alone settles the rest. The page shows the message next to that field's input.
 _CONTROL_WORDS = (
     *("key_strength", "chord_strength", "program", "density", "low_note", "high_note", "max_polyphony"),
+    "instruments",
     "chord",
     "key",
 )
-_CONTROL_CODE_FIELDS = {"unknown_chord": "chords", "unknown_key": "key", "empty_range": "low_note"}
+_CONTROL_CODE_FIELDS = {
+    "unknown_chord": "chords",
+    "unknown_key": "key",
+    "empty_range": "low_note",
+    "no_instruments": "instruments",
+}
 # An infill's span (musicrel.generation.span, POST /v1/infills): the field each InfillError code is about (the
 # page shows the message beside that input). invalid_span names its field first when it is one number's fault.
 _INFILL_CODE_FIELDS = {

@@ -87,10 +87,16 @@ class MusicForm(BaseModel):
     max_polyphony: int | None = Field(
         _C.max_polyphony, ge=1, le=128, description="most notes sounding at once"
     )
+    instruments: str | None = Field(
+        _C.instruments,
+        max_length=1000,
+        description='a model with instruments: who plays. "motif" (the default: the instruments the motif '
+        'plays), "any" (the model may bring in others) or a list: "Violin, Cello, drums" or "40,42,drums"',
+    )
 
     @field_validator(
         "top_k", "seed", "program", "key", "chords", "density", "low_note", "high_note", "max_polyphony",
-        "motif_end", "track", mode="before", check_fields=False,
+        "instruments", "motif_end", "track", mode="before", check_fields=False,
     )  # fmt: skip
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:

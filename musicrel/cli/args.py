@@ -19,7 +19,7 @@ def given(args, *names: str) -> dict:
 
 
 CONTROL_FLAGS = ("program", "key", "key_strength", "chords", "chord_strength", "density", "low_note",
-                 "high_note", "max_polyphony")  # fmt: skip
+                 "high_note", "max_polyphony", "instruments")  # fmt: skip
 
 
 def add_control_arguments(p, what: str = "the continuation", source: str = "the motif", program: bool = True):
@@ -41,6 +41,9 @@ def add_control_arguments(p, what: str = "the continuation", source: str = "the 
     g.add_argument("--low-note", type=int, default=None, help="lowest MIDI pitch of a new note")
     g.add_argument("--high-note", type=int, default=None, help="highest MIDI pitch of a new note")
     g.add_argument("--max-polyphony", type=int, default=None, help="most notes sounding at once")
+    g.add_argument("--instruments", default=None, help="a model with instruments: who plays: motif (default: "
+                   "the motif's instruments), any (the model may bring in others) or a list such as "
+                   "'Violin, Cello, drums'")  # fmt: skip
 
 
 def add_sampling_arguments(p, shift_temperature: bool = False) -> None:

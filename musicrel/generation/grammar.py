@@ -20,8 +20,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from musicrel.errors import GenerationError
-from musicrel.generation.controls import DENSITY_CHORD, DENSITY_SHIFT_TILT, DensityLoop, RowControls
+from musicrel.generation.controls import (
+    DENSITY_CHORD,
+    DENSITY_SHIFT_TILT,
+    ControlError,
+    DensityLoop,
+    RowControls,
+)
 from musicrel.generation.join import join_mask
 from musicrel.midi.codec import open_pitches, shift_steps
 from musicrel.midi.instruments import DRUMS, current_instrument
@@ -109,8 +114,8 @@ class Grammar:
         controls = list(controls) if controls is not None else [None] * B
         # a codec with instruments: their tokens are allowed, and the note state is per instrument
         if codec.instrument_offset is None and any(c is not None and c.asks_instruments for c in controls):
-            raise GenerationError(
-                "the instruments control needs a model with instruments; this one writes one piano stream",
+            raise ControlError(
+                "instruments: this model writes one piano stream; the control needs a model with instruments",
                 code="no_instruments",
             )
         self.inst = (

@@ -154,7 +154,7 @@ def test_an_untouched_steer_section_steers_nothing(form_inputs):
 
 
 CONTROL_FIELDS = {"program", "key", "key_strength", "chords", "chord_strength", "density", "low_note"}
-CONTROL_FIELDS |= {"high_note", "max_polyphony"}
+CONTROL_FIELDS |= {"high_note", "max_polyphony", "instruments"}
 
 
 def test_the_page_sends_every_control_field():

@@ -27,19 +27,48 @@ def _melody_file(tmp_path: Path, chords: bool = False) -> Path:
     return path
 
 
-# Pixels of the roll in each layer's hue: the melody's blue (--motif) and the accompaniment's orange (--cont),
-# at any velocity's transparency over the light background; the playhead's red (green below blue) is neither.
-COLOUR_COUNTS = """() => {
+# Pixels of the roll in each track's colour (style.css's --track-N for the slots asked), matched by hue at any
+# velocity's transparency over the light background; the greys of the grid, the pale span band and the
+# playhead's red are none of them.
+TRACK_PIXELS = """slots => {
+  const css = getComputedStyle(document.documentElement);
+  const hex = (v) => css.getPropertyValue(v).trim().match(/\\w\\w/g).map((h) => parseInt(h, 16));
+  const hsv = (r, g, b) => {
+    const max = Math.max(r, g, b), d = max - Math.min(r, g, b);
+    let h = !d ? 0 : max === r ? ((g - b) / d) % 6 : max === g ? (b - r) / d + 2 : (r - g) / d + 4;
+    return [(h * 60 + 360) % 360, max ? d / max : 0];
+  };
+  const hues = slots.map((k) => hsv(...hex(`--track-${k}`))[0]);
   const c = document.getElementById('roll');
   const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-  let blue = 0, orange = 0;
+  const counts = slots.map(() => 0);
   for (let i = 0; i < px.length; i += 4) {
-    const r = px[i], g = px[i + 1], b = px[i + 2];
-    if (b - r > 40 && b - g > 20) blue++;
-    if (r - b > 60 && g - b > 20) orange++;
+    const [h, s] = hsv(px[i], px[i + 1], px[i + 2]);
+    if (s < 0.3) continue;
+    hues.forEach((t, k) => { if (Math.min(Math.abs(h - t), 360 - Math.abs(h - t)) < 8) counts[k]++; });
   }
-  return [blue, orange];
+  return counts;
 }"""
+
+# Pixels of the new notes' outline (--text) strictly inside the span band (its edges are drawn in --text too).
+OUTLINE_IN_SPAN = """() => {
+  const css = getComputedStyle(document.documentElement);
+  const [r, g, b] = css.getPropertyValue('--text').trim().match(/\\w\\w/g).map((h) => parseInt(h, 16));
+  const roll = window.musicrel.roll, v = roll.view, c = document.getElementById('roll');
+  const x = (t) => v.left + (t / v.tEnd) * v.pw;
+  const dpr = window.devicePixelRatio || 1;
+  const x0 = Math.ceil((x(roll.span.start) + 2) * dpr), x1 = Math.floor((x(roll.span.end) - 2) * dpr);
+  const y0 = Math.ceil(v.top * dpr), y1 = Math.floor((v.top + v.ph) * dpr);
+  const px = c.getContext('2d').getImageData(x0, y0, x1 - x0, y1 - y0).data;
+  let n = 0;
+  for (let i = 0; i < px.length; i += 4) {
+    if (Math.abs(px[i] - r) + Math.abs(px[i + 1] - g) + Math.abs(px[i + 2] - b) < 40) n++;
+  }
+  return n;
+}"""
+
+LEGEND = """() => [...document.querySelectorAll('#track-legend li')].map((li) => [li.textContent,
+  getComputedStyle(li.querySelector('.swatch')).backgroundColor, li.dataset.drum === 'true'])"""
 
 
 def _accompany_mode(page) -> None:
@@ -73,8 +102,10 @@ def test_accompany_mode_draws_melody_and_accompaniment_in_two_colours_and_plays_
     # The menu numbers the instruments as the server does, and picks the one named like a melody.
     assert page.eval_on_selector_all("#track option", "os => os.map(o => o.value)") == ["0", "1"]
     assert page.input_value("#track") == "1"
-    blue, orange = page.evaluate(COLOUR_COUNTS)
-    assert blue > 100 and orange == 0, (blue, orange)  # the melody alone before Accompany
+    # The melody alone before Accompany, in its track's colour (the second instrument: the second colour).
+    bass, melody = page.evaluate(TRACK_PIXELS, [0, 1])
+    assert melody > 100 and bass == 0, (bass, melody)
+    assert [text for text, _, _ in page.evaluate(LEGEND)] == ["MELODY · Flute"]
     page.fill("#seed", "7")
     page.fill("#num_samples", "1")
     page.click("#continue")
@@ -89,8 +120,11 @@ def test_accompany_mode_draws_melody_and_accompaniment_in_two_colours_and_plays_
     assert page.inner_text("#info-seed").strip() == "7"
     assert "melody" in page.get_attribute("#roll", "aria-label")
     assert page.inner_text("#legend-cont").strip() == "accompaniment"
-    blue, orange = page.evaluate(COLOUR_COUNTS)
-    assert blue > 100 and orange > 50, f"both layers drawn in their colours: blue {blue}, orange {orange}"
+    melody, accompaniment = page.evaluate(TRACK_PIXELS, [1, 2])
+    assert melody > 100 and accompaniment > 50, f"both tracks in their colours: {melody}, {accompaniment}"
+    legend = page.evaluate(LEGEND)
+    assert [text for text, _, _ in legend] == ["MELODY · Flute", "accompaniment · Acoustic Grand Piano"]
+    assert legend[0][1] != legend[1][1]
 
     # Played together as soon as it came: the playhead runs and voices are scheduled.
     page.wait_for_function("window.musicrel.roll.playhead > 0.2", timeout=5000)
@@ -187,8 +221,9 @@ def test_fill_mode_drags_a_span_fills_it_plays_it_in_place_and_rerolls(page, tmp
     assert page.inner_text("#info-seed").strip() == "7"
     assert "new notes in the span" in page.get_attribute("#roll", "aria-label")
     assert page.inner_text("#legend-cont").strip() == "new notes"
-    blue, orange = page.evaluate(COLOUR_COUNTS)
-    assert blue > 100 and orange > 10, (blue, orange)
+    # The kept notes in the track's colour, the new ones outlined as well.
+    (kept_pixels,) = page.evaluate(TRACK_PIXELS, [0])
+    assert kept_pixels > 100 and page.evaluate(OUTLINE_IN_SPAN) > 10, kept_pixels
     # Heard in place at once: from 2 s before the span (1 s), not from the file's start.
     page.wait_for_function("window.musicrel.roll.playhead > 1.2", timeout=5000)
     assert page.evaluate("window.musicrel.synth.nodes.size") > 0
@@ -300,3 +335,131 @@ def test_fill_is_disabled_when_the_server_has_no_infill_model(browser, live_serv
     assert page.is_disabled("#mode-fill")
     assert not page.is_visible("#fill_start")
     context.close()
+
+
+# ---------------------------------------------------------------- tracks: colours, legend, Fill's picker
+def _band_file(tmp_path: Path) -> Path:
+    """Three tracks, 8 s: a piano line, a bass line and drums (kick and closed hi-hat)."""
+    pm = pretty_midi.PrettyMIDI(initial_tempo=120)
+    piano = pretty_midi.Instrument(program=0, name="Piano")
+    piano.notes = [pretty_midi.Note(80, 64 + (k * 5) % 12, 0.5 * k, 0.5 * k + 0.4) for k in range(16)]
+    bass = pretty_midi.Instrument(program=33, name="Bass")
+    bass.notes = [pretty_midi.Note(80, 36 + (k * 7) % 12, 1.0 * k, 1.0 * k + 0.9) for k in range(8)]
+    drums = pretty_midi.Instrument(program=0, is_drum=True, name="Drums")
+    drums.notes = [pretty_midi.Note(100, 42 if k % 2 else 36, 0.25 * k, 0.25 * k + 0.1) for k in range(32)]
+    pm.instruments += [piano, bass, drums]
+    path = tmp_path / "band.mid"
+    pm.write(str(path))
+    return path
+
+
+BAND_LEGEND = ["Piano · Acoustic Grand Piano", "Bass · Electric Bass (finger)", "drums"]
+
+
+def test_a_band_file_is_drawn_in_its_tracks_colours_with_a_legend_and_drums_on_their_own_lane(page, tmp_path):
+    page.wait_for_function("window.musicrel.state.programs !== null")  # the legend names the programs
+    page.set_input_files("#file", str(_band_file(tmp_path)))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    legend = page.evaluate(LEGEND)
+    assert [text for text, _, _ in legend] == BAND_LEGEND
+    assert [drum for _, _, drum in legend] == [False, False, True]
+    assert len({colour for _, colour, _ in legend}) == 3, legend
+    piano, bass, drums = page.evaluate(TRACK_PIXELS, [0, 1, 2])
+    assert piano > 100 and bass > 100 and drums > 30, (piano, bass, drums)
+    # The drums are marks on a lane of their own under the pitches, not notes at a pitch.
+    view = page.evaluate("window.musicrel.roll.view")
+    assert view["lane"] and view["lane"]["height"] >= 18
+    assert view["top"] + (view["hi"] - view["lo"] + 1) * view["rowH"] <= view["lane"]["top"]
+    # Played as noise bursts, never as pitched voices.
+    kinds = page.evaluate(
+        """() => { const s = window.musicrel.synth;
+          s.play(window.musicrel.state.motif.notes.filter((n) => n.drum), 0);
+          const kinds = [...s.nodes].map((n) => n.constructor.name); s.stop(); return kinds; }"""
+    )
+    assert kinds and set(kinds) == {"AudioBufferSourceNode"}, kinds
+
+
+def test_the_legend_colours_hold_in_the_dark_theme(browser, live_server, tmp_path):
+    """Every track colour stands out from the roll's background in both themes (contrast at least 2:1)."""
+    contrast = """() => {
+      const css = getComputedStyle(document.documentElement);
+      const lum = (v) => css.getPropertyValue(v).trim().match(/\\w\\w/g).map((h) => parseInt(h, 16) / 255)
+        .map((c) => (c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4))
+        .reduce((a, c, i) => a + c * [0.2126, 0.7152, 0.0722][i], 0);
+      const bg = lum('--roll-bg');
+      return [0, 1, 2, 3, 4, 5, 6, 7].map((k) => {
+        const l = lum(`--track-${k}`);
+        return (Math.max(l, bg) + 0.05) / (Math.min(l, bg) + 0.05);
+      });
+    }"""
+    for scheme in ("light", "dark"):
+        context = browser.new_context(color_scheme=scheme)
+        page = context.new_page()
+        page.goto(f"{live_server}/")
+        ratios = page.evaluate(contrast)
+        context.close()
+        assert min(ratios) >= 2.0, (scheme, ratios)
+
+
+def _posted_fields(body: bytes) -> dict[str, str]:
+    """The text fields of a multipart/form-data body."""
+    import re
+
+    found = re.findall(rb'name="([^"]+)"\r\n\r\n(.*?)\r\n--', body, re.S)
+    return {name.decode(): value.decode() for name, value in found if name != b"file"}
+
+
+def test_fill_sends_the_tracks_picked_and_keeps_each_tracks_colour(page, tmp_path):
+    page.wait_for_function("!document.getElementById('mode-fill').disabled")
+    page.check("#mode-fill")
+    page.set_input_files("#file", str(_band_file(tmp_path)))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    boxes = "#fill-tracks-list input[type=checkbox]"
+    assert page.eval_on_selector_all(boxes, "bs => bs.map(b => [b.value, b.checked])") == [
+        ["0", True],
+        ["1", True],
+        ["2", True],
+    ]
+    labels = page.eval_on_selector_all("#fill-tracks-list label", "ls => ls.map(l => l.textContent)")
+    assert labels == [
+        "0: Piano · Acoustic Grand Piano (16 notes)",
+        "1: Bass · Electric Bass (finger) (8 notes)",
+        "2: drums (32 notes)",
+    ]
+    before = page.evaluate(LEGEND)
+    sent: list[dict[str, str]] = []
+
+    def capture(route) -> None:
+        sent.append(_posted_fields(route.request.post_data_buffer))
+        route.continue_()
+
+    page.route("**/v1/infills", capture)
+    page.fill("#fill_start", "2")
+    page.fill("#fill_end", "5")
+    page.fill("#seed", "7")
+    page.fill("#num_samples", "1")
+    # Every track checked: the field is left out (the API's default).
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+    assert sent[-1]["start"] == "2" and sent[-1]["end"] == "5" and "tracks" not in sent[-1], sent[-1]
+    after = {text: colour for text, colour, _ in page.evaluate(LEGEND)}
+    for text, colour, _ in before:  # a track keeps its colour from the upload to the result
+        assert after.get(text, colour) == colour, (text, after)
+    assert set(after) & {text for text, _, _ in before}, after
+
+    # Only the bass: tracks=1 (the server that knows the field rewrites the bass alone).
+    page.uncheck("#fill-track-0")
+    page.uncheck("#fill-track-2")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=done], #app[data-state=error]", timeout=GENERATION_TIMEOUT_MS)
+    assert sent[-1]["tracks"] == "1", sent[-1]
+    assert page.is_enabled("#continue")
+
+    # None: refused before sending, beside the picker.
+    page.uncheck("#fill-track-1")
+    page.click("#continue")
+    assert "at least one track" in page.inner_text("#error")
+    assert len(sent) == 2
+    assert page.get_attribute("#fill-tracks", "aria-invalid") == "true"
+    page.check("#fill-track-1")
+    assert page.get_attribute("#fill-tracks", "aria-invalid") is None

@@ -33,7 +33,9 @@ export function clearError() { $("error").hidden = true; $("error").replaceChild
 // The API names the field an error is about (`field` of a 422); its message goes next to that input too, so a
 // bad chord symbol is pointed at where it was typed, with the Steer section opened if it was folded.
 export function showFieldError(field, message) {
-  const el = field && document.querySelector(`#form [name="${CSS.escape(field)}"]`);
+  // Two modes may name a field alike (Continue's `tracks` input, Fill's picker): the one shown takes it.
+  const named = field ? [...document.querySelectorAll(`#form [name="${CSS.escape(field)}"]`)] : [];
+  const el = named.find((e) => e.getClientRects().length) || named[0];
   if (!el || el.type === "file") return false;
   const box = el.closest(".field") || el.parentElement;
   let note = $(`${field}-error`);

@@ -8,7 +8,7 @@ import { state } from "./state.js";
 
 // The generation controls' form fields (the "Steer" section), sent when filled in: blank is the API's "not set".
 export const CONTROL_FIELDS = ["program", "key", "key_strength", "chords", "chord_strength", "density", "low_note",
-  "high_note", "max_polyphony"];
+  "high_note", "max_polyphony", "instruments"];
 
 const SAMPLING_FIELDS = ["temperature", "top_k", "top_p", "seed", "num_samples"];
 

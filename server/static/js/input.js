@@ -17,6 +17,7 @@ async function loadMotif(file, sourceLabel) {
   state.preparedInfo = null;
   try {
     state.motif = parseMidi(await file.arrayBuffer());
+    state.colours.reset(state.motif);
     const m = state.motif;
     const pitched = m.notes.filter((n) => !n.drum).length;
     $("motif-info").textContent = `${sourceLabel}: ${file.name} — ${m.notes.length} notes` +
@@ -25,6 +26,7 @@ async function loadMotif(file, sourceLabel) {
   } catch (err) {
     // The browser's parser is only for the preview; the server's verdict is the one that counts.
     state.motif = null;
+    state.colours.reset(null);
     $("motif-info").textContent = `${sourceLabel}: ${file.name} (${fmtBytes(file.size)}) — ` +
       `cannot preview it here (${err.message}); the server will check it.`;
   }

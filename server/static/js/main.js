@@ -13,6 +13,7 @@ import { wireAccompany } from "./modes/accompany.js";
 import { wireContinue } from "./modes/continue.js";
 import { wireFill } from "./modes/fill.js";
 import { wireSpan } from "./modes/span.js";
+import { renderLegend } from "./legend.js";
 import { play, stop } from "./results.js";
 import { loadModelInfo, pollReady } from "./server.js";
 import { roll, state, synth } from "./state.js";
@@ -37,10 +38,11 @@ $("play-cont").addEventListener("click", () => play("cont"));
 $("stop").addEventListener("click", stop);
 $("volume").addEventListener("input", () => synth.setVolume(Number($("volume").value)));
 
+roll.onSet = renderLegend; // the track legend lists what the roll draws
 drawInput();
 loadExamples();
 pollReady();
-loadModelInfo();
+loadModelInfo().then(() => renderLegend(roll.layers)); // now with the programs' names
 
 // Exposed for tests and the console; the page itself does not need it.
 window.musicrel = { parseMidi, state, synth, roll };

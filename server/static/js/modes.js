@@ -43,7 +43,7 @@ export function drawInput() {
   markSpan(def);
   if (!state.motif) { roll.set([], null); return; }
   const { notes, label, shade = [], playCont = false } = def.input();
-  roll.set([{ notes, color: "--motif" }], null, ...shade);
+  roll.set([{ notes, role: "kept" }], null, ...shade);
   $("roll").setAttribute("aria-label", label);
   for (const id of ["play-all", "play-motif"]) $(id).disabled = !notes.length;
   $("play-cont").disabled = !playCont;

@@ -33,7 +33,7 @@ export function showAnswer(def, body, elapsed) {
   state.samples = samples.map((s, i) => {
     const bytes = decodeBase64(s.midi_base64);
     let parsed = { notes: [], tracks: [] };
-    try { parsed = parseMidi(bytes.buffer); } catch (_) { /* drawn empty; the download is still offered */ }
+    try { parsed = state.colours.paint(parseMidi(bytes.buffer)); } catch (_) { /* drawn empty; the download is still offered */ }
     const url = URL.createObjectURL(new Blob([bytes], { type: "audio/midi" }));
     const suffix = samples.length > 1 ? `-${(s.index ?? i) + 1}` : "";
     return { bytes, url, raw: s, ...split(parsed), filename: `${base}-${def.fileTag(body)}${seed}${suffix}.mid` };
@@ -81,7 +81,7 @@ function selectSample(i, keepPlaying = false) {
   state.current = i;
   const s = state.samples[i], def = mode(state.kind);
   for (const [j, tab] of [...$("sample-tabs").children].entries()) tab.setAttribute("aria-selected", String(i === j));
-  roll.set([{ notes: s.motifNotes, color: "--motif" }, { notes: s.contNotes, color: "--cont" }], s.boundary);
+  roll.set([{ notes: s.motifNotes, role: "kept" }, { notes: s.contNotes, role: "new" }], s.boundary);
   $("roll").setAttribute("aria-label", def.rollLabel(s.motifNotes, s.contNotes, s.boundary));
   $("roll").dataset.notes = String(s.contNotes.length);
   const a = $("download");

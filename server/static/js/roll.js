@@ -1,4 +1,7 @@
-// Piano roll on a canvas (device-pixel-ratio aware; redrawn on resize and for the playhead).
+// Piano roll on a canvas (device-pixel-ratio aware; redrawn on resize and for the playhead): the grid, axes,
+// span, boundary and playhead here, the notes in their tracks' colours and the drum lane in roll-notes.js.
+
+import { drawDrumLane, drawNotes, drumLane } from "./roll-notes.js";
 
 const NOTE_NAMES = ["C", "C♯", "D", "D♯", "E", "F", "F♯", "G", "G♯", "A", "A♯", "B"];
 export const pitchName = (p) => NOTE_NAMES[p % 12] + (Math.floor(p / 12) - 1);
@@ -13,7 +16,8 @@ function niceStep(span, target) {
 export class PianoRoll {
   constructor(canvas) {
     this.canvas = canvas;
-    this.layers = []; // {notes, color}
+    this.layers = []; // {notes, role}: role "new" (the answer's new notes, outlined) or "kept"
+    this.onSet = null; // called with the layers each time they change (the track legend follows them)
     this.boundary = null; // seconds where the continuation starts
     this.playhead = null;
     this.span = null; // Fill: {start, end} seconds, drawn as a band
@@ -35,6 +39,7 @@ export class PianoRoll {
     this.shadeUntil = shadeUntil; // seconds before the primer window: drawn dimmed
     this.shadeFrom = shadeFrom; // seconds after the motif's end (motif_end): drawn dimmed too
     this.playhead = null;
+    if (this.onSet) this.onSet(layers);
     this.draw();
   }
 
@@ -65,15 +70,17 @@ export class PianoRoll {
       return;
     }
     const pitched = all.filter((n) => !n.drum);
-    let lo = pitched.length ? Math.min(...pitched.map((n) => n.pitch)) : 35;
-    let hi = pitched.length ? Math.max(...pitched.map((n) => n.pitch)) : 81;
+    let lo = pitched.reduce((m, n) => Math.min(m, n.pitch), pitched.length ? 127 : 48);
+    let hi = pitched.reduce((m, n) => Math.max(m, n.pitch), pitched.length ? 0 : 72);
     lo = Math.max(0, lo - 2); hi = Math.min(127, hi + 2);
     if (hi - lo < 24) { const pad = Math.ceil((24 - (hi - lo)) / 2); lo = Math.max(0, lo - pad); hi = Math.min(127, hi + pad); }
-    const tEnd = Math.max(1, ...all.map((n) => n.end));
-    this.view = { left, top, pw, ph, tEnd };
+    const tEnd = all.reduce((m, n) => Math.max(m, n.end), 1);
+    const lane = drumLane(all, top, ph);
+    const pitchH = lane ? lane.top - top - 3 : ph; // the pitches above the drum lane
     const x = (t) => left + (t / tEnd) * pw;
-    const rowH = ph / (hi - lo + 1);
+    const rowH = pitchH / (hi - lo + 1);
     const y = (p) => top + (hi - p) * rowH;
+    this.view = { left, top, pw, ph, tEnd, lo, hi, rowH, lane };
 
     // Black-key rows shaded, C rows labelled: the usual piano-roll orientation aids.
     for (let p = lo; p <= hi; p++) {
@@ -121,15 +128,16 @@ export class PianoRoll {
     ctx.fillText("pitch", 0, 0);
     ctx.restore();
 
-    for (const layer of this.layers) {
-      ctx.fillStyle = color(layer.color);
-      for (const n of layer.notes) {
-        const p = n.drum ? hi : n.pitch;
-        ctx.globalAlpha = 0.35 + 0.65 * (n.velocity / 127);
-        ctx.fillRect(x(n.start), y(p) + 0.5, Math.max(1.5, x(n.end) - x(n.start)), Math.max(1.5, rowH - 1));
-      }
+    const geometry = { left, pw, x, y, rowH, lane };
+    const span = this.span && this.span.end > this.span.start ? this.span : null;
+    if (span) { // under the notes, which keep their tracks' colours in it
+      ctx.fillStyle = color("--cont");
+      ctx.globalAlpha = 0.14;
+      ctx.fillRect(x(span.start), top, Math.max(2, x(span.end) - x(span.start)), ph);
+      ctx.globalAlpha = 1;
     }
-    ctx.globalAlpha = 1;
+    drawDrumLane(ctx, geometry, color);
+    drawNotes(ctx, this.layers, geometry, color);
     if (this.shadeUntil > 0) {
       ctx.fillStyle = color("--roll-bg");
       ctx.globalAlpha = 0.7;
@@ -151,10 +159,6 @@ export class PianoRoll {
       if (left + pw - x(this.shadeFrom) > 150) ctx.fillText("after the motif's end", x(this.shadeFrom) + 6, top + 4);
     }
     if (this.span && this.span.end > this.span.start) {
-      ctx.fillStyle = color("--cont");
-      ctx.globalAlpha = 0.14;
-      ctx.fillRect(x(this.span.start), top, Math.max(2, x(this.span.end) - x(this.span.start)), ph);
-      ctx.globalAlpha = 1;
       ctx.strokeStyle = color("--text");
       for (const t of [this.span.start, this.span.end]) {
         ctx.beginPath();

@@ -3,6 +3,7 @@
 
 import { $, fmt, fmtBytes, num } from "./dom.js";
 import { setModeDefaults } from "./mode-switch.js";
+import { state } from "./state.js";
 
 export async function pollReady() {
   const banner = $("ready-banner");
@@ -50,6 +51,7 @@ export async function loadModelInfo() {
       ? Math.min(limits.max_num_samples, limits.max_batch_rows) : limits.max_num_samples);
     cap("top_k", info.vocab_size);
     // The instrument menu: the General MIDI names as the library knows them (musicrel.controls).
+    if (Array.isArray(info.programs)) state.programs = info.programs; // the track legend's names too
     if (Array.isArray(info.programs) && $("program").options.length === 1) {
       info.programs.forEach((name, program) => {
         const opt = document.createElement("option");

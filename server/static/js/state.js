@@ -4,6 +4,7 @@
 import { $ } from "./dom.js";
 import { PianoRoll } from "./roll.js";
 import { Synth } from "./synth.js";
+import { TrackColours } from "./tracks.js";
 
 export const state = {
   motifFile: null, // File (uploaded or example)
@@ -17,6 +18,8 @@ export const state = {
   stream: null, // the last Continue: transport ("stream" | "plain") and its timeline (performance.now() ms)
   mode: "continue", // or "accompany" or "fill" (the mode switch; app's data-mode shows each mode's fields)
   kind: "continue", // what state.samples hold: a continuation, an accompaniment or a fill
+  colours: new TrackColours(), // each instrument's colour, the upload's first (tracks.js)
+  programs: null, // the General MIDI names (GET /v1/model's `programs`), for the track legend
 };
 
 export const roll = new PianoRoll($("roll"));

@@ -1,16 +1,30 @@
-// Fill a span: POST /v1/infills (JSON: every sample). The file is drawn with the span's new notes in the
-// second colour, and the span is heard in place (from a little before it to a little after); Re-roll asks
-// again with a new seed.
+// Fill a span: POST /v1/infills (JSON: every sample), of every track or of those picked (pick.js). The file
+// is drawn with the span's new notes outlined, and the span is heard in place (from a little before it to a
+// little after); Re-roll asks again with a new seed.
 
-import { $, app, fmt, showFieldError } from "../dom.js";
+import { $, app, clearFieldError, fmt, showFieldError } from "../dom.js";
 import { CONTROL_FIELDS } from "../fields.js";
-import { defineMode } from "../modes.js";
+import { defineMode, drawInput } from "../modes.js";
 import { play } from "../results.js";
 import { state, synth } from "../state.js";
 import { submit } from "../task.js";
+import { fillTrackPicker, nothingPicked, picked, pickedTracks } from "./pick.js";
 import { defaultFillSpan, fillBars, fillSpan, resetFillSpan } from "./span.js";
 
 const FILL_CONTEXT_S = 2; // seconds heard before the span, and half as many after it
+const SAME_S = 0.006; // a note back within this of an uploaded one (a MIDI tick or two) is that note, kept
+
+// A note of the answer that the upload has too, at the same pitch and times: one the span left as it was
+// (a track not picked, a drum the model does not write) rather than one written anew.
+function keptFrom(notes) {
+  const byPitch = new Map();
+  for (const n of notes) {
+    if (!byPitch.has(n.pitch)) byPitch.set(n.pitch, []);
+    byPitch.get(n.pitch).push(n);
+  }
+  return (n) => (byPitch.get(n.pitch) || []).some((o) => o.drum === n.drum && Math.abs(o.start - n.start) < SAME_S &&
+    Math.abs(o.end - n.end) < SAME_S);
+}
 
 // Fill's "in place": the notes sounding from FILL_CONTEXT_S before the span to half that after it.
 function playSpan(notes) {
@@ -32,6 +46,8 @@ const fillMode = defineMode({
   // Steer's controls but the instrument (hidden in Fill: the span's new notes join the file's own)
   fields: CONTROL_FIELDS.filter((id) => id !== "program"),
   addFields(fd) {
+    const tracks = pickedTracks();
+    if (tracks) fd.append("tracks", tracks); // only a choice: every track is the default
     const bars = fillBars();
     if (bars) {
       fd.append("first_bar", String(bars[0]));
@@ -42,29 +58,40 @@ const fillMode = defineMode({
     }
   },
   check() {
+    if (nothingPicked()) {
+      showFieldError("tracks", "check at least one track to rewrite");
+      return "check at least one track to rewrite in the span";
+    }
     if (fillSpan() || fillBars()) return null;
     showFieldError("start", "choose a span: drag across the piano roll, or type its start and end");
     return "choose a span to fill: drag across the piano roll, or type its start and end";
   },
   answered: () => play("cont"), // the span in place
   rerolls: true,
-  loaded() { if (state.mode === "fill" && state.motif) resetFillSpan(); },
+  loaded() {
+    fillTrackPicker(() => {
+      clearFieldError($("fill-tracks"));
+      if (state.mode === "fill" && !state.samples.length) drawInput();
+    });
+    if (state.mode === "fill" && state.motif) resetFillSpan();
+  },
   entered: defaultFillSpan,
   span: (answer) => (answer ? { start: answer.start, end: answer.end } : fillSpan()),
   input() {
     const notes = state.motif.notes;
     const sp = fillSpan();
     const total = notes.reduce((m, n) => Math.max(m, n.end), 0);
-    const inside = sp ? notes.filter((n) => !n.drum && n.start >= sp.start && n.start < sp.end).length : 0;
+    const inside = sp ? notes.filter((n) => picked(n) && n.start >= sp.start && n.start < sp.end).length : 0;
     return { notes, playCont: !!(sp && notes.length), label: sp
       ? `Piano roll: ${notes.length} notes over ${fmt(total, 1)} s; the span ${fmt(sp.start, 2)}–${fmt(sp.end, 2)} s ` +
         `holds ${inside} notes to write anew`
       : `Piano roll: ${notes.length} notes over ${fmt(total, 1)} s; drag across it to choose a span` };
   },
-  // Every note that starts in the span is new (the old ones there were removed); the rest is the file's.
+  // A note that starts in the span and is not one of the upload's there is new; the rest is the file's.
   split(body) {
-    const inSpan = (n) => !n.drum && n.start >= body.start - 1e-6 && n.start < body.end - 1e-6;
-    return ({ notes }) => ({ boundary: null, motifNotes: notes.filter((n) => !inSpan(n)), contNotes: notes.filter(inSpan) });
+    const kept = keptFrom(state.motif ? state.motif.notes : []);
+    const isNew = (n) => n.start >= body.start - 1e-6 && n.start < body.end - 1e-6 && !kept(n);
+    return ({ notes }) => ({ boundary: null, motifNotes: notes.filter((n) => !isNew(n)), contNotes: notes.filter(isNew) });
   },
   untitled: "music",
   fileTag: (body) => `filled-${fmt(body.start, 2)}-${fmt(body.end, 2)}`,

@@ -40,11 +40,14 @@ class LiveRoll {
     if (e.type === "start") return this.start(e);
     if (e.sample !== 0) return; // the other samples are shown from the result
     if (e.type === "note_on") {
-      const n = { pitch: e.pitch, velocity: e.velocity, start: this.boundary + e.time, end: null, program: this.program };
+      // A streamed note says its pitch and time; its instrument, where the stream says it, else the motif's.
+      const program = num(e.program) ?? this.program, drum = e.drum === true;
+      const n = { pitch: e.pitch, velocity: e.velocity, start: this.boundary + e.time, end: null, program, drum,
+        slot: state.colours.slotOfProgram(program, drum) };
       this.notes.set(e.id, n);
       this.cont.push(n);
       this.clock = Math.max(this.clock, e.time);
-      synth.liveOn(e.id, { pitch: e.pitch, velocity: e.velocity, start: e.time, program: this.program });
+      synth.liveOn(e.id, { pitch: e.pitch, velocity: e.velocity, start: e.time, program, drum });
       if (state.stream.notes++ === 0) {
         state.stream.firstNoteAt = performance.now();
         performance.mark("musicrel:first-note");
@@ -89,7 +92,7 @@ class LiveRoll {
       const until = this.boundary + this.clock;
       const drawn = this.cont.map((n) => (n.end == null ? { ...n, end: Math.max(n.start + 0.05, until) } : n));
       const playhead = roll.playhead;
-      roll.set([{ notes: this.motif, color: "--motif" }, { notes: drawn, color: "--cont" }], this.boundary);
+      roll.set([{ notes: this.motif, role: "kept" }, { notes: drawn, role: "new" }], this.boundary);
       roll.playhead = playhead;
     });
   }

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pretty_midi
 
-from musicrel.errors import InfillError, is_int, is_number
+from musicrel.errors import InfillError, InvalidMidiError, is_int, is_number
 from musicrel.generation.controls import ControlError
 from musicrel.generation.fim import split_at
 from musicrel.generation.sampling import Sampling
+from musicrel.midi.codec import shift_steps
 from musicrel.midi.files import copy_midi
 from musicrel.midi.instruments import instrument_of
+from musicrel.midi.notes import collect, raw_instruments
 
 MAX_SPAN_SECONDS = 30.0
 # A track's voice (`route`, several chosen tracks): the median pitch of its notes this far around the gap.
@@ -86,6 +88,9 @@ class InfillSegments:
     start_step: int
     end_step: int
     tracks: list[int] = field(default_factory=list)  # the instruments whose notes in the span are regenerated
+    # the kept tracks' note events in the gap (`kept_schedule`), placed while the gap is written: (steps from
+    # the gap's start, tokens); empty when every track read is regenerated
+    kept: tuple = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @property
     def gap_steps(self) -> int:
@@ -188,7 +193,51 @@ def infill_segments(codec, midi, start: float, end: float, tracks=None) -> Infil
     if e_step <= s_step:
         raise InfillError(f"the span is shorter than one time step ({step:g} s)", code="invalid_span")
     past, gap, future = split_at(codec, codec.encode_notes(notes), [s_step, e_step])
-    return InfillSegments(pm, notes, past, gap, future, s_step, e_step, chosen)
+    kept = [t for t in _read_instruments(codec, pm) if t not in chosen]
+    schedule = kept_schedule(codec, pm, kept, s_step, e_step)
+    return InfillSegments(pm, notes, past, gap, future, s_step, e_step, chosen, schedule)
+
+
+def kept_schedule(codec, pm, kept: list[int], s_step: int, e_step: int) -> tuple[np.ndarray, np.ndarray]:
+    """The note events of the `kept` tracks (as the codec reads them) in the gap's steps [s_step, e_step), as
+    (steps from the gap's start, tokens) in stream order: what the model is made to hear while it writes the
+    gap (`infill.KeptGrammar` places them). Each note-on comes after its SET_VELOCITY and, with instruments,
+    each note event after its INSTRUMENT token: the model's own notes in between may have changed either."""
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if not kept:
+        return empty
+    try:
+        notes = collect(codec.config, raw_instruments(codec.config, pm), kept)
+    except InvalidMidiError:  # the kept tracks have no notes
+        return empty
+    listed = [
+        pretty_midi.Note(int(v), int(p), float(a), float(b))
+        for a, b, p, v in zip(notes.start, notes.end, notes.pitch, notes.velocity, strict=True)
+    ]
+    tokens = np.asarray(codec.encode_notes(listed, notes.instrument), dtype=np.int64)
+    steps_of = shift_steps(codec)
+    clock = np.cumsum(steps_of[tokens]) - steps_of[tokens]  # each token's step
+    vel0, bins = codec.velocity_offset, codec.config.velocity_bins
+    is_velocity = (tokens >= vel0) & (tokens < vel0 + bins)
+    is_note = codec.is_note_on(tokens) | codec.is_note_off(tokens)
+    velocity = _in_force(tokens, is_velocity)
+    instrument = _in_force(tokens, codec.is_instrument(tokens))
+    out_steps, out_tokens = [], []
+    for k in np.flatnonzero(is_note & (clock >= s_step) & (clock < e_step)).tolist():
+        prefix = [instrument[k]] if codec.instrument_offset is not None else []
+        if codec.is_note_on(tokens[k]) and velocity[k] >= 0:
+            prefix.append(velocity[k])
+        for tok in [*prefix, int(tokens[k])]:
+            out_steps.append(int(clock[k]) - s_step)
+            out_tokens.append(int(tok))
+    return np.asarray(out_steps, dtype=np.int64), np.asarray(out_tokens, dtype=np.int64)
+
+
+def _in_force(tokens: np.ndarray, mask: np.ndarray) -> list[int]:
+    """The last token of `mask` at or before each token (-1 before the first)."""
+    index = np.where(mask, np.arange(len(tokens)), -1)
+    last = np.maximum.accumulate(index) if len(tokens) else index
+    return np.where(last >= 0, tokens[np.maximum(last, 0)], -1).tolist()
 
 
 def past_velocity(codec, past: np.ndarray) -> np.ndarray:

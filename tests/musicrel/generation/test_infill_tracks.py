@@ -4,6 +4,7 @@ voice for a model without instruments, by instrument for a model with them (a ti
 
 from __future__ import annotations
 
+import numpy as np
 import pretty_midi
 import pytest
 import torch
@@ -150,3 +151,68 @@ def test_a_model_with_instruments_writes_only_the_chosen_tracks_instruments():
         assert sorted(_key(n) for n in notes) == sorted(viola)
         wrote_others += sum(i != 41 for i in instruments)
     assert wrote_others > 0  # the random model wrote other instruments too, and they were dropped
+
+
+def test_the_model_hears_the_kept_tracks_in_the_gap_and_only_its_own_notes_come_back():
+    """tracks=1: the kept tracks' note events in the gap are placed in each row at their steps (KeptGrammar,
+    the accompaniment's melody mechanism on plain note tokens), so the raw rows decode to every kept note that
+    starts in the gap, at its step; the rows the library returns leave exactly those note events out."""
+    from musicrel.generation.decode_batch import DecodeBatch
+    from musicrel.generation.infill import KeptGrammar, _gap_steps, infill_job
+    from musicrel.generation.span import past_velocity
+
+    model, source = tiny(PIANO), three_tracks()
+    seg = infill_segments(PIANO, source, START, END, (1,))
+    assert len(seg.kept[0]) and (seg.kept[0] >= 0).all() and (seg.kept[0] < seg.gap_steps).all()
+    job = infill_job(model, PIANO, seg, InfillParams(seed=4, num_samples=2, tracks=(1,)))
+    assert isinstance(job.grammar, KeptGrammar)
+    batch = DecodeBatch(model, PIANO, max_rows=2)
+    batch.admit([job])
+    while not (finished := batch.step()):
+        pass
+    ((_, raw),) = finished
+    step = PIANO.config.step_ms / 1000.0
+    kept = sorted(
+        (n.pitch, round(n.start / step))
+        for t in (0, 2)
+        for n in source.instruments[t].notes
+        if START <= n.start < END
+    )
+    job = infill_job(model, PIANO, seg, InfillParams(seed=4, num_samples=2, tracks=(1,)))
+    own = _gap_steps(model, PIANO, job, seg.kept)
+    while True:
+        try:
+            next(own)
+        except StopIteration as done:
+            rows = done.value
+            break
+    for tokens, mine in zip(raw.tokens, rows, strict=True):
+        decoded = PIANO.decode_notes(np.concatenate([past_velocity(PIANO, seg.past), tokens]))
+        heard = sorted((n.pitch, round(n.start / step) + seg.start_step) for n in decoded)
+        assert all(k in heard for k in kept)  # every kept note struck in the gap, at its own step
+        ons = lambda t: int(PIANO.is_note_on(np.asarray(t)).sum())  # noqa: E731
+        assert ons(tokens) - ons(mine) == len(kept)  # and exactly those note-ons are left out
+    # a default infill (every track) places nothing: the plain grammar, the decoding of before
+    everything = infill_segments(PIANO, source, START, END)
+    assert not len(everything.kept[0])
+    assert type(infill_job(model, PIANO, everything, InfillParams(seed=4)).grammar).__name__ == "Grammar"
+
+
+def test_a_gap_written_beside_kept_tracks_holds_the_chosen_tracks_density_unless_one_is_asked():
+    from musicrel.generation.controls import Controls
+    from musicrel.generation.infill import chosen_density
+
+    model, source = tiny(PIANO), three_tracks()
+    seg = infill_segments(PIANO, source, START, END, (1,))
+    rate = chosen_density(PIANO, seg)
+    around = [
+        n for n in source.instruments[1].notes if START - 10 <= n.start < START or END <= n.start < END + 10
+    ]
+    assert rate == pytest.approx(
+        len(around) / (START + 10.0), rel=1e-6
+    )  # 8 s before (the file's start), 10 after
+    result = infill(model, source, START, END, codec=PIANO, params=InfillParams(seed=1, tracks=(1,)))
+    assert result.controls == {"density": round(rate, 3)}
+    asked = InfillParams(seed=1, tracks=(1,), controls=Controls(density=3.0))
+    assert infill(model, source, START, END, codec=PIANO, params=asked).controls == {"density": 3.0}
+    assert infill(model, source, START, END, codec=PIANO, params=InfillParams(seed=1)).controls is None

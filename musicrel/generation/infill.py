@@ -203,7 +203,7 @@ def _with_chosen_density(codec, seg: InfillSegments, controls: Controls | None) 
     """The controls a gap is written with: those asked, and where tracks are kept and no density is asked,
     the density loop holding the chosen tracks' own rate around the gap (`chosen_density`). Hearing the kept
     tracks, a model without instruments would otherwise write a whole texture over them (POP909 song 001,
-    30-36 s, tracks=0: 70-85 new notes where the melody had 8; with the loop, 9-13: docs/INFILL.md)."""
+    30-36 s, tracks=0: 70-85 new notes where the melody had 8; with the loop, 20-21: docs/INFILL.md)."""
     if not len(seg.kept[0]) or (controls is not None and controls.density is not None):
         return controls
     rate = min(chosen_density(codec, seg), MAX_DENSITY)

@@ -250,6 +250,7 @@ class DecodeBatch:
             max_rows, self.window if self.step_mode != "eager" else min(self.window, 64)
         )
         self._static: dict[tuple, StaticStep] = {}  # by bucket and signature
+        self._static_now: StaticStep | None = None  # the last step's
         self.left_pad = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # (max_rows,)
         self.length = 0  # positions the live rows share
         # per live row, in batch order; the grammar's class is the first job's once one is admitted
@@ -444,13 +445,18 @@ class DecodeBatch:
         return finished + self._drop((~done).tolist())
 
     def _static_step(self) -> list[tuple[int, ContinuationResult]]:
-        """`step`'s token for every row through the bucket's StaticStep (captured in "graph" mode)."""
-        rows = bucket(len(self.rows), self.max_rows)
-        key = (rows, *decode_graph_signature(self.live))
-        static = self._static.get(key)
-        if static is None:
-            static = self._static[key] = StaticStep(self, rows)
-        token, done = static.run(self, capture=self.step_mode == "graph")
+        """`step`'s token for every row through the bucket's StaticStep (captured in "graph" mode). While no
+        row joins or leaves, the last step's StaticStep still holds the rows (`bound`): no key to make."""
+        static = self._static_now
+        bound = static is not None and static.bound(self)
+        if not bound:
+            rows = bucket(len(self.rows), self.max_rows)
+            key = (rows, *decode_graph_signature(self.live))
+            static = self._static.get(key)
+            if static is None:
+                static = self._static[key] = StaticStep(self, rows)
+            self._static_now = static
+        token, done = static.run(self, capture=self.step_mode == "graph", bound=bound)
         self.length += 1
         self._steps.append(token.clone())  # the buffer is the next step's input
         if not bool(done.any()):  # the step's one question to the device

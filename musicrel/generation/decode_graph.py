@@ -128,6 +128,15 @@ class StaticStep:
         self.kept: tuple = ()
         self.views: list[Tensor] = []
 
+    def bound(self, batch) -> bool:
+        """Whether the live objects still hold this step's views of their rows (no row joined or left)."""
+        views = self.views
+        if not views or views[0].size(0) != len(batch.rows):
+            return False
+        return all(
+            getattr(obj, name) is view for (obj, name), view in zip(slots(batch.live), views, strict=True)
+        )
+
     def bind(self, batch) -> None:
         """The live rows' state into the buffers' first n rows, the live objects holding views of them; the
         position from the batch's length. Only what changed since the last step is copied."""
@@ -175,10 +184,15 @@ class StaticStep:
             setattr(obj, name, buf)
         return done
 
-    def run(self, batch, capture: bool) -> tuple[Tensor, Tensor]:
-        """One step of the live rows (bound first): their (n,) tokens and (n,) done flags. With `capture`,
-        the second step at these shapes captures the graph and every later one replays it."""
-        self.bind(batch)
+    def run(self, batch, capture: bool, bound: bool = False) -> tuple[Tensor, Tensor]:
+        """One step of the live rows (bound first, unless `bound` says they are): their (n,) tokens and (n,)
+        done flags. With `capture`, the second step at these shapes captures the graph and every later one
+        replays it."""
+        if not bound:
+            self.bind(batch)
+        elif self.pos_at != batch.length:  # an eager step or a slide moved the rows' length
+            self.pos.fill_(batch.length)
+            self.pos_at = batch.length
         n = len(batch.rows)
         if capture and self.graph is None and self.warm:
             self._capture(batch)
@@ -198,8 +212,9 @@ class StaticStep:
             done = self._body(batch)
             self.warm = True
         self.pos_at += 1
-        for (obj, name), view in zip(slots(batch.live), self.views, strict=True):
-            setattr(obj, name, view)
+        if self.graph is None:  # `_body` left the full buffers in the objects (a replay changes none)
+            for (obj, name), view in zip(slots(batch.live), self.views, strict=True):
+                setattr(obj, name, view)
         return self.views[0], done[:n]
 
     def _capture(self, batch) -> None:
@@ -221,6 +236,8 @@ class StaticStep:
         # Captured, nothing ran: the buffers still hold this step's input. What the graph reads besides them
         # (the grammar's codec tables, the model) stays alive with it.
         self.graph, self.done, self.kept = graph, done, (live.grammar, live.grammar._constants())
+        for (obj, name), view in zip(slots(live), self.views, strict=True):
+            setattr(obj, name, view)  # `_body` left the full buffers in the objects
 
     @staticmethod
     def _stream(batch):

@@ -4,6 +4,7 @@ controls on; padding rows that never change a live row's tokens; the buckets, th
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import numpy as np
@@ -175,3 +176,115 @@ def test_the_slots_are_every_per_row_tensor():
 
     live.grammar.__class__ = MelodyGrammar  # a subclass's own state is not in the slots: an eager step
     assert not decode_graph.supported(live)
+
+
+class _FakeGraphs:
+    """torch.cuda's graph API as the CPU can play it: a capture records `StaticStep._body` without running
+    it (what it computed is undone: a real capture runs nothing), a replay runs the recorded body on the same
+    buffers and writes its flags into the captured output, leaving the Python objects as they were (a real
+    replay touches no Python state). So the "graph" mode's bookkeeping runs as it would on a GPU."""
+
+    def __init__(self, monkeypatch):
+        self.capturing: _FakeGraphs.Graph | None = None
+        self.captures = self.replays = 0
+        original = decode_graph.StaticStep._body
+        fakes = self
+
+        class Graph:
+            def __init__(self):
+                self.recorded = None
+
+            def replay(self):
+                step, batch, done = self.recorded
+                held = [getattr(o, n) for o, n in slots(batch.live)]
+                done.copy_(original(step, batch))
+                for (o, n), value in zip(slots(batch.live), held, strict=True):
+                    setattr(o, n, value)
+                fakes.replays += 1
+
+        class Capture:
+            def __init__(self, graph, stream=None, capture_error_mode="global"):
+                assert stream is not None and capture_error_mode == "thread_local"
+                self.graph = graph
+
+            def __enter__(self):
+                fakes.capturing = self.graph
+
+            def __exit__(self, *exc):
+                fakes.capturing = None
+                fakes.captures += exc[0] is None
+
+        def body(step, batch):
+            if fakes.capturing is None:
+                return original(step, batch)
+            before = [b.clone() for b in step.buffers], step.pos.clone()
+            done = original(step, batch)
+            for buf, old in zip(step.buffers, before[0], strict=True):
+                buf.copy_(old)
+            step.pos.copy_(before[1])
+            fakes.capturing.recorded = (step, batch, done)
+            return done
+
+        class Stream:
+            def __init__(self, device=None):
+                pass
+
+            def wait_stream(self, other):
+                pass
+
+        monkeypatch.setattr(decode_graph.StaticStep, "_body", body)
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", Capture)
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+
+def test_the_graph_modes_bookkeeping_draws_the_eager_tokens(monkeypatch):
+    """The "graph" mode's path (warm-up, capture, replays, rows joining and leaving, buckets and signatures
+    changing) with torch.cuda's graph API played on the CPU (`_FakeGraphs`): the eager step's tokens."""
+    model = tiny_model(max_seq_len=32)
+    jobs = _jobs(max_tokens=24)
+    eager, _ = _run(model, "eager", jobs)
+    fakes = _FakeGraphs(monkeypatch)
+    real_init = DecodeBatch.__init__
+
+    def graph_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.step_mode = "graph"  # what "auto" is on a GPU; on a CPU it resolves to "static"
+
+    monkeypatch.setattr(DecodeBatch, "__init__", graph_init)
+    graphed, batch = _run(model, "static", jobs)
+    assert batch.step_mode == "graph" and fakes.captures >= 3 and fakes.replays > 50
+    assert sum(s.graph is not None for s in batch._static.values()) == fakes.captures
+    for a, b in zip(eager, graphed, strict=True):
+        for x, y in zip(a.tokens, b.tokens, strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_a_capture_that_fails_goes_on_uncaptured(monkeypatch, caplog):
+    model = tiny_model(max_seq_len=32)
+    jobs = _jobs(max_tokens=24)
+    eager, _ = _run(model, "eager", jobs)
+    fakes = _FakeGraphs(monkeypatch)
+
+    class Broken:
+        def __init__(self, *a, **k):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "graph", Broken)
+    real_init = DecodeBatch.__init__
+
+    def graph_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.step_mode = "graph"
+
+    monkeypatch.setattr(DecodeBatch, "__init__", graph_init)
+    with caplog.at_level("ERROR"):
+        fallback, batch = _run(model, "static", jobs)
+    assert batch.step_mode == "static" and fakes.replays == 0
+    assert "capturing the decode step at" in caplog.text
+    for a, b in zip(eager, fallback, strict=True):
+        for x, y in zip(a.tokens, b.tokens, strict=True):
+            np.testing.assert_array_equal(x, y)

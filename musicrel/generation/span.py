@@ -19,8 +19,8 @@ from musicrel.generation.fim import split_at
 from musicrel.generation.sampling import Sampling
 from musicrel.midi.codec import shift_steps
 from musicrel.midi.files import copy_midi
-from musicrel.midi.instruments import instrument_of
 from musicrel.midi.notes import collect, raw_instruments
+from musicrel.midi.tracks import read_tracks
 
 MAX_SPAN_SECONDS = 30.0
 # A track's voice (`route`, several chosen tracks): the median pitch of its notes this far around the gap.
@@ -324,27 +324,24 @@ def _nearest(heard: dict[int, float], pitch: int) -> int:
 def route(pm, tracks: list[int], start: float, end: float, notes: list, instruments: list | None) -> list:
     """The track (instrument index of `pm`) each new note goes to, None for a note that is dropped; the rule
     of docs/INFILL.md. A model without instruments: with one chosen track, onto it; with several, the track
-    of the nearest voice (`voices`: the median pitch around the gap). A model with instruments: the chosen
-    track of the note's instrument (its General MIDI program, or drums), the nearest voice among several of
-    one instrument; a note of an instrument no chosen track plays is dropped (the kept tracks stay exact)."""
+    of the nearest voice (`voices`: the median pitch around the gap). A model with instruments: through
+    `midi.tracks` (the rule every route of such a model shares): the chosen track of the note's instrument
+    (its General MIDI program, or drums), the nearest voice among several of one instrument (`Placer`: the
+    latest onset before the note); a note of an instrument no chosen track plays is dropped (the kept tracks
+    stay exact)."""
     if instruments is None:
         if len(tracks) == 1:
             return [tracks[0]] * len(notes)
         heard = voices(pm, tracks, start, end) or {tracks[0]: 60.0}
         return [_nearest(heard, n.pitch) for n in notes]
-    by_instrument: dict[int, list[int]] = {}
-    for t in tracks:
-        inst = pm.instruments[t]
-        by_instrument.setdefault(instrument_of(inst.program, inst.is_drum), []).append(t)
-    heard = voices(pm, tracks, start, end)
-    out = []
-    for n, i in zip(notes, instruments, strict=True):
-        candidates = by_instrument.get(i, [])
-        if len(candidates) > 1:
-            among = {t: heard[t] for t in candidates if t in heard}
-            out.append(_nearest(among, n.pitch) if among else candidates[0])
-        else:
-            out.append(candidates[0] if candidates else None)
+    tracks = sorted(tracks)  # read_tracks lists them in order
+    chosen, _ = read_tracks(pm, tracks, [], [], start)
+    playing = {t.instrument for t in chosen.tracks}
+    placer = chosen.placer()
+    out: list[int | None] = [None] * len(notes)
+    for k in sorted(range(len(notes)), key=lambda k: notes[k].start):  # a placer reads notes in time order
+        if instruments[k] in playing:
+            out[k] = tracks[placer.place(instruments[k], notes[k].pitch, notes[k].start)]
     return out
 
 

@@ -27,7 +27,14 @@ from torch import Tensor
 from musicrel.errors import GenerationError, is_int
 from musicrel.generation.controls import RowControls
 from musicrel.generation.decode import decode_one_token, eval_mode, prefill, sample
-from musicrel.generation.decode_graph import StaticStep, bucket, resolve_mode, rows_that_fit, supported
+from musicrel.generation.decode_graph import (
+    MAX_STATIC_STEPS,
+    StaticStep,
+    bucket,
+    resolve_mode,
+    rows_that_fit,
+    supported,
+)
 from musicrel.generation.decode_graph import signature as decode_graph_signature
 from musicrel.generation.grammar import Grammar, max_hold_seconds
 from musicrel.generation.lru import LRU
@@ -452,9 +459,10 @@ class DecodeBatch:
         if not bound:
             rows = bucket(len(self.rows), self.max_rows)
             key = (rows, *decode_graph_signature(self.live))
-            static = self._static.get(key)
-            if static is None:
-                static = self._static[key] = StaticStep(self, rows)
+            static = self._static.pop(key, None) or StaticStep(self, rows)
+            self._static[key] = static  # the most recently used last
+            if len(self._static) > MAX_STATIC_STEPS:  # each holds its buffers and graph memory
+                del self._static[next(iter(self._static))]
             self._static_now = static
         token, done = static.run(self, capture=self.step_mode == "graph", bound=bound)
         self.length += 1

@@ -46,6 +46,9 @@ STEP_MODES = ("auto", "eager", "static", "graph")
 ROW_FIELDS = ("pending", "temperature", "top_k", "top_p", "shift_temperature", "drawn", "max_new")
 RANDOM_FIELDS = ("state", "step")
 KV_MEMORY_SHARE = 0.5  # of the GPU's free memory at a batch's start, for its preallocated KV cache
+# StaticSteps a batch keeps (buckets x the settings that change a step's operations), the least recently used
+# dropped past it: 11 buckets for 1,024 rows, a few settings each
+MAX_STATIC_STEPS = 32
 
 
 def bucket(n: int, max_rows: int) -> int:

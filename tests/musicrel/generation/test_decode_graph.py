@@ -288,3 +288,27 @@ def test_a_capture_that_fails_goes_on_uncaptured(monkeypatch, caplog):
     for a, b in zip(eager, fallback, strict=True):
         for x, y in zip(a.tokens, b.tokens, strict=True):
             np.testing.assert_array_equal(x, y)
+
+
+def test_the_least_recently_used_steps_go_past_the_bound(monkeypatch):
+    """A batch keeps at most MAX_STATIC_STEPS StaticSteps (each holds buffers, on a GPU a graph's memory); a
+    step dropped and needed again is made again, the tokens the same."""
+    from musicrel.generation import decode_batch
+
+    model = tiny_model(max_seq_len=32)
+    jobs = _jobs(max_tokens=24)
+    kept, _ = _run(model, "static", jobs)
+    monkeypatch.setattr(decode_batch, "MAX_STATIC_STEPS", 1)
+    made = []
+    real_init = decode_graph.StaticStep.__init__
+
+    def counted(self, batch, rows):
+        made.append(rows)
+        real_init(self, batch, rows)
+
+    monkeypatch.setattr(decode_graph.StaticStep, "__init__", counted)
+    bounded, batch = _run(model, "static", jobs)
+    assert len(batch._static) == 1 and len(made) > len(set(made))  # a bucket made twice
+    for a, b in zip(kept, bounded, strict=True):
+        for x, y in zip(a.tokens, b.tokens, strict=True):
+            np.testing.assert_array_equal(x, y)

@@ -63,6 +63,19 @@ def metrics_table(metrics: dict, systems: dict, reference: dict, indent: str = "
     return table
 
 
+def instrument_cases_lines(systems: dict) -> list[str]:
+    """The continuity question pooled over its cases (a report with instruments; none for a piano one): each
+    (piece, seed, instrument) of the motif's last 5 s that the truth plays, and the share kept playing."""
+    pooled = {n: s["instrument_cases"] for n, s in systems.items() if "instrument_cases" in s}
+    if not pooled:
+        return []
+    cells = [
+        f"{n} {c['kept']}/{c['cases']}" + (f" ({100 * c['share']:.0f}%)" if c["share"] is not None else "")
+        for n, c in pooled.items()
+    ]
+    return ["motif's instruments kept, over all cases (piece x seed x instrument): " + ", ".join(cells)]
+
+
 def format_report(report: dict) -> str:
     """Metrics as rows, systems (and the truth) as columns: mean [95 % interval]."""
     head = (
@@ -72,6 +85,7 @@ def format_report(report: dict) -> str:
     )
     lines = [head, *notes_lines(report)]
     lines += metrics_table(report["metrics"], report["systems"], report["reference"])
+    lines += instrument_cases_lines(report["systems"])
     if "two_sample" in report:
         lines += format_two_sample(report["two_sample"])
     timing = ", ".join(f"{n} {s['seconds']:.0f} s" for n, s in report["systems"].items())

@@ -321,6 +321,7 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
     # a piano model's report is as it was: no instrument rows, no pooled instrument cases
     assert not any(m.name in report["metrics"] for m in METRICS if m.instruments)
     assert all("instrument_cases" not in row for row in rows.values())
+    assert "instruments" not in format_report(report)
     d = paired_difference(report, "pc_overlap", "repeat-motif", "untrained")
     assert d["n"] == 3 and d["mean"] == pytest.approx(
         1.0 - rows["untrained"]["metrics"]["pc_overlap"]["mean"]

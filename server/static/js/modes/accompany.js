@@ -54,10 +54,15 @@ defineMode({
     const end = notes.reduce((m, n) => Math.max(m, n.end), 0);
     return { notes, label: `Piano roll: melody of ${notes.length} notes over ${fmt(end, 1)} s` };
   },
-  // The answer holds the melody's track and one named "accompaniment" (musicrel.accompaniment).
-  split: () => ({ notes, tracks }) => {
-    const isAcc = (n) => tracks[n.track] === "accompaniment";
-    return { boundary: null, motifNotes: notes.filter((n) => !isAcc(n)), contNotes: notes.filter(isAcc) };
+  // The answer holds the melody's track (its name, program and drums: its key, tracks.js) and the
+  // accompaniment's: one named "accompaniment" (musicrel.accompaniment), or one for each instrument it wrote.
+  split: () => {
+    const melody = melodyNotes()[0];
+    return ({ notes, tracks }) => {
+      const isAcc = notes.some((n) => melody && n.key === melody.key) ? (n) => n.key !== melody.key
+        : (n) => tracks[n.track] === "accompaniment";
+      return { boundary: null, motifNotes: notes.filter((n) => !isAcc(n)), contNotes: notes.filter(isAcc) };
+    };
   },
   untitled: "melody",
   fileTag: () => "accompanied",

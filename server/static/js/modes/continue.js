@@ -105,8 +105,9 @@ function split(body) {
   const winStart = num(p.start_time) ?? fallback.start;
   const motifEnd = num(p.end_time) ?? fallback.end;
   const boundary = motifEnd - winStart;
+  const drums = Array.isArray(body.tracks); // a model with instruments hears the drums; a piano model none
   const inWindow = (notes, shift) => notes
-    .filter((n) => !n.drum && n.end > winStart + shift)
+    .filter((n) => (drums || !n.drum) && n.end > winStart + shift)
     .map((n) => ({ ...n, start: Math.max(0, n.start - shift - winStart), end: n.end - shift - winStart }));
   const uploadedMotif = state.motif ? inWindow(state.motif.notes, 0) : [];
   return ({ notes }) => {

@@ -4,6 +4,7 @@
 import { openStream, streamEvents } from "../api.js";
 import { $, app, num, setStatus } from "../dom.js";
 import { roll, state, synth } from "../state.js";
+import { instrumentKeys } from "../tracks.js";
 
 // The first note sounds this long after it arrives: room for the next notes' jitter (a chord's notes come a
 // few decoding steps apart, ~5-10 ms each); a note later than that moves the timeline (synth.live.slips).
@@ -29,6 +30,7 @@ class LiveRoll {
   constructor() {
     this.boundary = 0;
     this.notes = new Map(); // id -> drawn note (first sample)
+    this.tracks = new Map(); // the answer's track index -> {name, program, drum, key}
     this.cont = [];
     state.stream.liveNotes = this.cont; // what has been heard (tests compare it with the result)
     this.motif = [];
@@ -40,10 +42,11 @@ class LiveRoll {
     if (e.type === "start") return this.start(e);
     if (e.sample !== 0) return; // the other samples are shown from the result
     if (e.type === "note_on") {
-      // A streamed note says its pitch and time; its instrument, where the stream says it, else the motif's.
-      const program = num(e.program) ?? this.program, drum = e.drum === true;
-      const n = { pitch: e.pitch, velocity: e.velocity, start: this.boundary + e.time, end: null, program, drum,
-        slot: state.colours.slotOfProgram(program, drum) };
+      // A model with instruments says each note's track and instrument (128: drums); else the motif's program.
+      const drum = e.instrument === 128, program = drum ? 0 : num(e.instrument) ?? this.program;
+      const track = this.tracks.get(e.track);
+      const slot = track ? state.colours.slotFor(track.key, track, false) : state.colours.slotOfProgram(program, drum);
+      const n = { pitch: e.pitch, velocity: e.velocity, start: this.boundary + e.time, end: null, program, drum, slot };
       this.notes.set(e.id, n);
       this.cont.push(n);
       this.clock = Math.max(this.clock, e.time);
@@ -74,11 +77,15 @@ class LiveRoll {
     state.stream.seed = e.seed;
     const p = e.primer || {};
     this.program = num(e.settings && e.settings.program) ?? num(p.program) ?? 0; // the program field's, if set
+    // A model with instruments: the answer's tracks, which a note's `track` names (keyed as the result's will be).
+    const tracks = Array.isArray(e.tracks) ? e.tracks : [];
+    const keys = instrumentKeys({ instruments: tracks });
+    this.tracks = new Map(tracks.map((t, i) => [t.index, { ...t, key: keys[i] }]));
     const winStart = num(p.start_time) ?? 0;
     this.boundary = (num(p.end_time) ?? 0) - winStart;
     if (synth.live) synth.live.offset = this.boundary;
     this.motif = state.motif ? state.motif.notes
-      .filter((n) => !n.drum && n.end > winStart)
+      .filter((n) => (tracks.length || !n.drum) && n.end > winStart) // a piano model hears no drums
       .map((n) => ({ ...n, start: Math.max(0, n.start - winStart), end: n.end - winStart })) : [];
     this.redraw();
   }

@@ -31,6 +31,7 @@ from musicrel.generation.decode_graph import (
     MAX_STATIC_STEPS,
     StaticStep,
     bucket,
+    buckets,
     resolve_mode,
     rows_that_fit,
     supported,
@@ -450,6 +451,20 @@ class DecodeBatch:
         if not bool(done.any()):  # the step's one question to the device
             return finished
         return finished + self._drop((~done).tolist())
+
+    @torch.inference_mode()
+    def warm_buckets(self, primer: Primer, params: SamplingParams) -> list[int]:
+        """In "graph" mode, with no row live: a job of each bucket's rows sampled as `params` say, three
+        steps each (the warm-up, the capture, a replay), so that requests of that kind pay no capture as the
+        batch grows. Returns the buckets warmed (none in another mode, or with rows live)."""
+        if self.step_mode != "graph" or self.rows:
+            return []
+        sizes = buckets(self.max_rows)
+        for rows in sizes:
+            self.admit([(primer, replace(params, seconds=10_000.0, max_new_tokens=3, num_samples=rows))])
+            while self.rows:
+                self.step()
+        return sizes
 
     def _static_step(self) -> list[tuple[int, ContinuationResult]]:
         """`step`'s token for every row through the bucket's StaticStep (captured in "graph" mode). While no

@@ -51,6 +51,11 @@ KV_MEMORY_SHARE = 0.5  # of the GPU's free memory at a batch's start, for its pr
 MAX_STATIC_STEPS = 32
 
 
+def buckets(max_rows: int) -> list[int]:
+    """Every bucket a batch of max_rows rows steps at, smallest first."""
+    return sorted({bucket(n, max_rows) for n in (1 << i for i in range(max_rows.bit_length() + 1))})
+
+
 def bucket(n: int, max_rows: int) -> int:
     """The rows a step of `n` live rows runs at: the next power of two, at most max_rows (a graph per bucket:
     11 at most for 1,024 rows; the padding costs at most what the live rows cost)."""
@@ -98,9 +103,11 @@ def supported(live) -> bool:
 
 def signature(live) -> tuple:
     """What a captured step depends on besides the bucket: the Python flags that choose its operations and
-    each state's shape past the rows (a chord schedule's length) and dtype."""
+    each state's shape past the rows (a chord schedule's length) and dtype. (`any_control` alone chooses
+    none: with no control rule on, `Grammar._steer` runs no operation, so rows given empty controls share
+    the graph of rows given none.)"""
     g = live.grammar
-    flags = (live.truncate, live.reshape, g.any_control, g.any_density, g.any_pitch, g.any_chords, g.any_cap)
+    flags = (live.truncate, live.reshape, g.any_density, g.any_pitch, g.any_chords, g.any_cap)
     shapes = tuple((tuple(getattr(o, n).shape[1:]), getattr(o, n).dtype) for o, n in slots(live))
     return (type(g), flags, shapes)
 

@@ -312,3 +312,23 @@ def test_the_least_recently_used_steps_go_past_the_bound(monkeypatch):
     for a, b in zip(kept, bounded, strict=True):
         for x, y in zip(a.tokens, b.tokens, strict=True):
             np.testing.assert_array_equal(x, y)
+
+
+def test_warm_buckets_capture_every_batch_size_before_the_requests(monkeypatch):
+    """The service's warm-up on a GPU: one job per bucket, each step captured; later requests of that kind
+    (no controls, or empty ones: the same operations) replay without a capture of their own."""
+    from musicrel.generation.controls import Controls
+
+    fakes = _FakeGraphs(monkeypatch)
+    model = tiny_model(max_seq_len=64)
+    primer = prepare_primer(CODEC, make_motif(8), 1.0, max_tokens=40)
+    assert DecodeBatch(model, CODEC, 2, step_mode="static").warm_buckets(primer, SamplingParams()) == []
+    batch = DecodeBatch(model, CODEC, max_rows=6, step_mode="static")
+    batch.step_mode = "graph"  # what "auto" is on a GPU
+    assert batch.warm_buckets(primer, SamplingParams(seed=0)) == [1, 2, 4, 6]
+    assert fakes.captures == 4 and not batch.rows and batch.length == 0
+    batch.admit([(primer, SamplingParams(seconds=1.0, seed=3, num_samples=3, controls=Controls()))])
+    batch.admit([(primer, SamplingParams(seconds=0.5, seed=4))])
+    while batch.rows:
+        batch.step()
+    assert fakes.captures == 4 and fakes.replays > 4 * 2

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn.functional import pad as nn_pad
 
 from musicrel.errors import GenerationError
-from musicrel.generation.controls import gm_program_name
+from musicrel.generation.controls import ControlError, gm_program_name
 from musicrel.generation.grammar import MAX_HOLD_SECONDS, Grammar
 from musicrel.generation.melody import (
     ACCOMPANIMENT_NAME,
@@ -269,6 +269,125 @@ def accompany_notes_steps(
     return list(result.tokens), job.seed, result.controls, warnings
 
 
+# ---------------------------------------------------------------- a model with instruments
+def instruments_job(
+    model, codec: EventCodec, pm, track: int, params: AccompanimentParams, tempo: float = 120.0
+):
+    """The decode job that accompanies the melody track `track` of `pm` with a model whose codec has
+    instruments (and no melody tokens): num_samples rows from bos under a `placed.PlacedGrammar` that places
+    the track's own note events (its instrument, velocities, times: `span.kept_schedule`) while the model
+    writes the other instruments around them, until the melody is placed and its last note ended
+    TAIL_SECONDS ago. The instruments control says which it may bring in (every one by default: the prompt
+    has no motif to keep to)."""
+    from musicrel.generation.decode_batch import DecodeJob
+    from musicrel.generation.placed import PlacedGrammar
+    from musicrel.generation.primer import Primer
+
+    if params.controls is not None and params.controls.program is not None:
+        raise ControlError(
+            "program: this model writes each instrument it brings in on a track of its own with its own "
+            "program; choose them with instruments, leave program empty",
+            code="program_with_instruments",
+        )
+    notes, limit, schedule = _placed_melody(codec, pm, track)
+    step_ms = codec.config.step_ms
+    end = max(n.end for n in notes)
+    resolved = None
+    if params.controls is not None:
+        anchor = Primer(np.array([codec.bos_id]), 0.0, 0.0, tempo, 0, [], motif_notes=list(notes))
+        resolved = params.controls.resolve(anchor, step_ms)
+    B = params.num_samples
+    grammar = PlacedGrammar(
+        codec,
+        [np.array([codec.bos_id], dtype=np.int64)] * B,
+        [limit] * B,
+        [round(MAX_HOLD_SECONDS * 1000.0 / step_ms)] * B,
+        next(model.parameters()).device,
+        None if resolved is None else [resolved] * B,
+        schedule,
+    )
+    return DecodeJob(
+        tokens=np.array([codec.bos_id], dtype=np.int64),
+        grammar=grammar,
+        seed=params.seed if params.seed is not None else draw_seed(),
+        max_new_tokens=int((end + TAIL_SECONDS) * TOKENS_PER_SECOND_CAP) + len(schedule[1]) + 64,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        controls=resolved,
+    )
+
+
+def _placed_melody(codec: EventCodec, pm, track: int) -> tuple[list, int, tuple]:
+    """The melody's notes (`melody_notes`: its errors), the accompaniment's length in steps, and the track's
+    note events placed while it is written (`span.kept_schedule`: the codec's reading of the track)."""
+    from musicrel.generation.span import kept_schedule
+
+    notes = melody_notes(pm, track)
+    limit = math.ceil((max(n.end for n in notes) + TAIL_SECONDS) * 1000.0 / codec.config.step_ms)
+    return notes, limit, kept_schedule(codec, pm, [track], 0, limit)
+
+
+def accompany_instruments_steps(
+    model, codec: EventCodec, pm: pretty_midi.PrettyMIDI, track: int, params: AccompanimentParams
+) -> Generator[None, None, AccompanimentResult]:
+    """`accompany_steps` for a model with instruments (`instruments_job`): the model's own notes (the placed
+    melody taken out: `placed.Heard`) go on tracks of their own, one per instrument it wrote, through
+    `midi.tracks` (named by General MIDI name, drums on a drum track); a note of the melody's own instrument
+    is dropped (the melody track stays exact). The answer file: the upload's tempo map, its melody track
+    unchanged, then the new tracks."""
+    from musicrel.generation.decode_batch import DecodeBatch
+    from musicrel.generation.placed import Heard
+    from musicrel.midi.tracks import read_tracks
+
+    params = params or AccompanimentParams()
+    tempi = pm.get_tempo_changes()[1]
+    job = instruments_job(model, codec, pm, track, params, float(tempi[0]) if len(tempi) else 120.0)
+    began = time.perf_counter()
+    batch = DecodeBatch(model, codec, max_rows=job.num_samples)
+    batch.admit([job])
+    while not (finished := batch.step()):
+        yield
+    ((_, result),) = finished
+    decode_seconds = time.perf_counter() - began
+    _, _, schedule = _placed_melody(codec, pm, track)
+    melody, _ = read_tracks(pm, [track], [], [], 0.0)
+    midis, parts, seconds = [], [], 0.0
+    for tokens in result.tokens:
+        heard = Heard(codec, schedule)
+        own = np.asarray([t for t in np.asarray(tokens).tolist() if heard.mine(t)], dtype=np.int64)
+        seconds = max(seconds, float(shift_steps(codec)[own].sum() * codec.config.step_ms / 1000.0))
+        written = codec.decode_instrument_notes(own)
+        placer = melody.placer()
+        by_track: dict[int, list] = {}
+        for note, instrument in sorted(zip(written.notes, written.instruments, strict=True), key=_onset):
+            index = placer.place(instrument, note.pitch, note.start)
+            if index:  # 0 is the melody's track: its instrument's notes are not the model's to write
+                by_track.setdefault(index, []).append(note)
+        out = copy_midi(pm, instruments=[track])
+        for index, t in enumerate(placer.tracks[1:], start=1):
+            inst = pretty_midi.Instrument(program=t.program, is_drum=t.is_drum, name=t.name)
+            inst.notes = by_track.get(index, [])
+            out.instruments.append(inst)
+        midis.append(out)
+        parts.append([n for i in sorted(by_track) for n in by_track[i]])
+    warnings = job.controls.warnings if job.controls is not None else []
+    return AccompanimentResult(
+        midis=midis,
+        notes=parts,
+        seed=job.seed,
+        melody_track=track,
+        seconds=seconds,
+        decode_seconds=decode_seconds,
+        controls=result.controls,
+        warnings=warnings,
+    )
+
+
+def _onset(pair) -> float:
+    return pair[0].start
+
+
 def render(pm: pretty_midi.PrettyMIDI, track: int, notes: list, program: int = 0) -> pretty_midi.PrettyMIDI:
     """The answer file: the input's tempo map and signatures, its melody track unchanged, the accompaniment on
     a track of its own."""
@@ -300,6 +419,8 @@ def accompany_steps(
     """`accompany_midi` of a parsed file whose melody track is known, one token at a time (it yields after
     each and returns the result): the server's engine interleaves it with its continuation batch."""
     params = params or AccompanimentParams()
+    if codec.instrument_offset is not None:  # a model with instruments: the melody track's notes are placed
+        return (yield from accompany_instruments_steps(model, codec, pm, track, params))
     notes = melody_notes(pm, track)
     tempo = float(pm.get_tempo_changes()[1][0]) if len(pm.get_tempo_changes()[1]) else 120.0
     start = time.perf_counter()

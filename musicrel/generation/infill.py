@@ -27,13 +27,13 @@ import time
 from collections.abc import Generator
 
 import numpy as np
-import torch
 
 from musicrel.errors import InfillError
 from musicrel.generation.controls import MAX_DENSITY, Controls
 from musicrel.generation.decode_batch import DecodeBatch, DecodeJob
 from musicrel.generation.fim import FUTURE_SHARE, FimSequence, fim_sequence
 from musicrel.generation.grammar import HOLD_FACTOR, MAX_HOLD_SECONDS, MIN_HOLD_SECONDS, Grammar
+from musicrel.generation.placed import Heard, PlacedGrammar
 from musicrel.generation.primer import Primer
 from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed
 from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-exported)
@@ -52,7 +52,6 @@ from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-e
     past_velocity,
     route,
 )
-from musicrel.midi.codec import shift_steps
 
 # The controls read the music this far either side of the gap: the key `auto` finds, the rate the density
 # loop starts from (as a continuation's read its motif).
@@ -102,91 +101,6 @@ def around_gap(codec, seg: InfillSegments) -> Primer:
     return Primer(np.array([codec.bos_id]), start, start, tempo, 0, around, motif_notes=around)
 
 
-_NEVER = 2**62  # the step of "no more kept events"
-
-
-class KeptGrammar(Grammar):
-    """The continuation grammar, plus the kept tracks' notes in the gap (InfillSegments.kept): each row's
-    kept events are placed at their steps, before anything the model writes at that step (a time shift that
-    would cross the next one is cut short to land on it, and then its token is the only one allowed), so the
-    model writes the chosen tracks hearing every other track, in the gap as around it. The mechanism is the
-    accompaniment's melody (`accompaniment.MelodyGrammar`) on the codec's own note tokens."""
-
-    def __init__(self, codec, prompts, limit_steps, max_hold_steps, device, controls, kept):
-        super().__init__(codec, prompts, limit_steps, max_hold_steps, device=device, controls=controls)
-        steps, tokens = (np.asarray(x, dtype=np.int64) for x in kept)
-        B, M = len(prompts), len(steps) + 1  # +1: a sentinel, never due, after every row's events
-        at = np.full((B, M), _NEVER, dtype=np.int64)
-        tok = np.full((B, M), codec.pad_id, dtype=np.int64)
-        at[:, : len(steps)], tok[:, : len(tokens)] = steps, tokens
-        self.kept_step = torch.as_tensor(at, device=device)  # (B, M)
-        self.kept_tok = torch.as_tensor(tok, device=device)  # (B, M)
-        self.kept_next = torch.zeros(B, dtype=torch.long, device=device)  # (B,) the next event to place
-
-    def _due(self) -> tuple[torch.Tensor, torch.Tensor]:
-        i = self.kept_next[:, None]
-        return self.kept_step.gather(1, i).squeeze(1), self.kept_tok.gather(1, i).squeeze(1)
-
-    def constrain(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = super().constrain(logits)
-        step, tok = self._due()
-        placed = torch.full_like(logits, float("-inf")).scatter_(1, tok[:, None], 0.0)
-        return torch.where((step <= self.elapsed)[:, None], placed, logits)  # no sync with the device
-
-    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
-        step, _ = self._due()
-        placed = step <= self.elapsed
-        self.kept_next += placed.long()
-        remaining = step - self.elapsed
-        cut = (self.steps_per_token[tokens] > remaining) & (remaining > 0)
-        tokens = torch.where(cut, self.shift0 + remaining.clamp(1, self.max_shift) - 1, tokens)
-        tokens = super().advance(tokens)
-        if self.any_density:  # the loop holds the model's own notes: a kept note struck is not one
-            struck = placed & (tokens >= self.on0) & (tokens < self.on0 + 128)
-            self.density.update(-struck.float(), torch.zeros_like(self.density.recent))
-        return tokens
-
-    def select(self, rows: torch.Tensor) -> None:
-        super().select(rows)
-        for name in ("kept_step", "kept_tok", "kept_next"):
-            setattr(self, name, getattr(self, name)[rows])
-
-    def extend(self, other: Grammar) -> None:
-        if not isinstance(other, KeptGrammar):
-            raise TypeError(f"a KeptGrammar extends with a KeptGrammar, not a {type(other).__name__}")
-        for name, value in (("kept_step", _NEVER), ("kept_tok", self.codec.pad_id)):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            width = max(mine.size(1), theirs.size(1))
-            mine, theirs = (
-                torch.nn.functional.pad(x, (0, width - x.size(1)), value=value) for x in (mine, theirs)
-            )
-            setattr(self, name, torch.cat([mine, theirs]))
-        self.kept_next = torch.cat([self.kept_next, other.kept_next])
-        super().extend(other)
-
-
-class _Heard:
-    """Tells, token by token, which of a row's gap tokens were the kept tracks' note events (the model heard
-    them; they are not its notes), replaying KeptGrammar's rule: the token drawn when a kept event was due is
-    that event. Their velocity and instrument tokens stay in the row: they set what the model's next notes
-    are played with."""
-
-    def __init__(self, codec, kept: tuple):
-        self.steps = np.asarray(kept[0], dtype=np.int64).tolist()
-        tokens = np.asarray(kept[1], dtype=np.int64)
-        self.note = (codec.is_note_on(tokens) | codec.is_note_off(tokens)).tolist()
-        self.steps_of = shift_steps(codec).tolist()
-        self.next, self.elapsed = 0, 0
-
-    def mine(self, token: int) -> bool:
-        """Whether `token` (the row's next) is the model's own, or a kept event's velocity or instrument."""
-        placed = self.next < len(self.steps) and self.steps[self.next] <= self.elapsed
-        note = placed and self.note[self.next]
-        self.next += placed
-        self.elapsed += self.steps_of[token]
-        return not note
-
-
 def chosen_density(codec, seg: InfillSegments) -> float:
     """The chosen tracks' notes a second around the gap: those that start in the CONTROL_CONTEXT_SECONDS
     before and after it (as far as the file goes), over the seconds that holds."""
@@ -233,7 +147,7 @@ def infill_job(model, codec, seg: InfillSegments, params: InfillParams) -> Decod
     )
     device, controls = next(model.parameters()).device, None if resolved is None else [resolved] * B
     if len(seg.kept[0]):  # tracks kept: the model hears their notes in the gap
-        grammar = KeptGrammar(*rows, device, controls, seg.kept)
+        grammar = PlacedGrammar(*rows, device, controls, seg.kept)
     else:
         grammar = Grammar(*rows, device=device, controls=controls)
     budget = int(seg.gap_steps * codec.config.step_ms / 1000.0 * TOKENS_PER_SECOND_CAP) + 64
@@ -255,12 +169,12 @@ def _gap_steps(
     """Each sample's gap tokens, decoded on a `DecodeBatch` of the job's own, a step per token: it yields each
     sample's tokens so far (the same lists, growing) after every token but the last, and returns them. With
     `kept` (InfillSegments.kept) the kept tracks' note events placed in the gap are left out: what is yielded
-    and returned is the model's own (`_Heard`)."""
+    and returned is the model's own (`placed.Heard`)."""
     batch = DecodeBatch(model, codec, max_rows=job.num_samples)
     (job_id,) = batch.admit([job])
     out: list[list[int]] = [[] for _ in range(job.num_samples)]
     read = [0] * job.num_samples  # tokens of each row read so far
-    heard = [_Heard(codec, kept) for _ in out] if kept is not None and len(kept[0]) else None
+    heard = [Heard(codec, kept) for _ in out] if kept is not None and len(kept[0]) else None
 
     def take(rows) -> None:
         for r, tokens in enumerate(rows):

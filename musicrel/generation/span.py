@@ -201,7 +201,7 @@ def infill_segments(codec, midi, start: float, end: float, tracks=None) -> Infil
 def kept_schedule(codec, pm, kept: list[int], s_step: int, e_step: int) -> tuple[np.ndarray, np.ndarray]:
     """The note events of the `kept` tracks (as the codec reads them) in the gap's steps [s_step, e_step), as
     (steps from the gap's start, tokens) in stream order: what the model is made to hear while it writes the
-    gap (`infill.KeptGrammar` places them). Each note-on comes after its SET_VELOCITY and, with instruments,
+    gap (`placed.PlacedGrammar` places them). Each note-on comes after its SET_VELOCITY and, with instruments,
     each note event after its INSTRUMENT token: the model's own notes in between may have changed either."""
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     if not kept:

@@ -154,18 +154,19 @@ def test_a_model_with_instruments_writes_only_the_chosen_tracks_instruments():
 
 
 def test_the_model_hears_the_kept_tracks_in_the_gap_and_only_its_own_notes_come_back():
-    """tracks=1: the kept tracks' note events in the gap are placed in each row at their steps (KeptGrammar,
+    """tracks=1: the kept tracks' note events in the gap are placed in each row at their steps (PlacedGrammar,
     the accompaniment's melody mechanism on plain note tokens), so the raw rows decode to every kept note that
     starts in the gap, at its step; the rows the library returns leave exactly those note events out."""
     from musicrel.generation.decode_batch import DecodeBatch
-    from musicrel.generation.infill import KeptGrammar, _gap_steps, infill_job
+    from musicrel.generation.infill import _gap_steps, infill_job
+    from musicrel.generation.placed import PlacedGrammar
     from musicrel.generation.span import past_velocity
 
     model, source = tiny(PIANO), three_tracks()
     seg = infill_segments(PIANO, source, START, END, (1,))
     assert len(seg.kept[0]) and (seg.kept[0] >= 0).all() and (seg.kept[0] < seg.gap_steps).all()
     job = infill_job(model, PIANO, seg, InfillParams(seed=4, num_samples=2, tracks=(1,)))
-    assert isinstance(job.grammar, KeptGrammar)
+    assert isinstance(job.grammar, PlacedGrammar)
     batch = DecodeBatch(model, PIANO, max_rows=2)
     batch.admit([job])
     while not (finished := batch.step()):

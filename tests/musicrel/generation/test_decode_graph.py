@@ -332,3 +332,16 @@ def test_warm_buckets_capture_every_batch_size_before_the_requests(monkeypatch):
     while batch.rows:
         batch.step()
     assert fakes.captures == 4 and fakes.replays > 4 * 2
+
+
+def test_a_bfloat16_model_the_gpus_weights_runs_the_static_step():
+    """The weights a GPU holds (bfloat16, its KV cache too) through both steps on the CPU: no dtype the step
+    does not take; on this tiny model, the same tokens."""
+    model = tiny_model(max_seq_len=32).to(torch.bfloat16)
+    jobs = _jobs(max_tokens=24)
+    eager, _ = _run(model, "eager", jobs)
+    static, batch = _run(model, "static", jobs)
+    assert batch._cache.k.dtype == torch.bfloat16
+    for a, b in zip(eager, static, strict=True):
+        for x, y in zip(a.tokens, b.tokens, strict=True):
+            np.testing.assert_array_equal(x, y)

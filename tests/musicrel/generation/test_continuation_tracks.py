@@ -291,3 +291,15 @@ def test_drums_only_continues_the_drums_and_a_piano_model_says_no_notes(model):
     with pytest.raises(InvalidMidiError) as err:
         prepare_primer(EventCodec(), as_bytes(drums_only()))
     assert err.value.code == "no_notes"
+
+
+def test_the_pedal_of_an_events_codec_goes_on_every_track_but_the_drums():
+    codec = EventCodec(CodecConfig(instruments=True, pedal="events"))
+    primer = prepare_primer(codec, as_bytes(band()))
+    new = [codec.pedal_on_id, codec.instrument_offset + 33, codec.note_on_offset + 40]
+    new += [codec.time_shift_offset + 49, codec.pedal_off_id, codec.time_shift_offset + 9]
+    pm = render(codec, primer, np.asarray(new))
+    for inst in pm.instruments:
+        changes = [(c.number, c.value, round(c.time, 3)) for c in inst.control_changes]
+        assert changes == ([] if inst.is_drum else [(64, 127, 0.0), (64, 0, 0.5)]), inst.name
+    assert [n.pitch for n in pm.instruments[1].notes] == [40]

@@ -251,3 +251,15 @@ def test_no_module_is_a_long_file():
 
 def test_static_dir_is_the_package_folder():
     assert Path(STATIC_DIR).resolve() == (Path(__file__).resolve().parents[2] / "server" / "static")
+
+
+def test_every_track_colour_is_defined_for_both_themes():
+    """tracks.js cycles through TRACK_COLOURS colours, each a --track-N of style.css in the light theme and
+    again in the dark one, all different within a theme."""
+    count = int(re.search(r"export const TRACK_COLOURS = (\d+);", _page_js()).group(1))
+    css = (STATIC_DIR / "style.css").read_text()
+    light, dark = css.split("@media (prefers-color-scheme: dark)", 1)
+    for theme in (light, dark.split("}\n}", 1)[0]):
+        colours = dict(re.findall(r"--track-(\d+):\s*(#[0-9a-fA-F]{6});", theme))
+        assert sorted(map(int, colours)) == list(range(count))
+        assert len({c.lower() for c in colours.values()}) == count

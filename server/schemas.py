@@ -177,7 +177,8 @@ class ContinuationParams(MusicForm):
     tracks: str = Field(
         "merge",
         max_length=400,
-        description='"merge" (every non-drum track) or comma-separated instrument indices, e.g. "0,2"',
+        description='"merge" (every non-drum track; with a model with instruments every track, drums too) '
+        'or comma-separated instrument indices, e.g. "0,2"',
     )
     program: int | None = _program("the motif's")
 

@@ -62,6 +62,8 @@ from musicrel.midi.codec import open_pitches
 from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, check_decode_weights, load_codec, load_model
 
 EXAMPLES = 4  # pieces drawn as piano rolls
+# the figures that compare a continuation's pitched notes with the truth's (metrics.compare, not describe)
+COMPARED = {m.name for m in METRICS if not (m.intrinsic or m.tokens or m.index or m.instruments)}
 
 
 @dataclass(frozen=True)
@@ -191,9 +193,12 @@ def _played(name: str, p: Piece, seconds: float) -> tuple[list | None, dict | No
 
 def _with_parts(scores: dict, p: Piece, ensemble) -> dict:
     """`scores` with the instrument figures of a continuation's parts (`ensemble.scores`), where the piece
-    has parts (a codec with instruments)."""
+    has parts (a codec with instruments). A truth with no pitched note (drums alone) has nothing for the
+    pitch figures to compare with: they are left empty, not "alike" as two empty histograms would read."""
     if p.motif_parts is not None:
         scores.update(instrument_scores(p.motif_parts, p.reference_parts, ensemble or {}))
+        if not p.reference:
+            scores.update({m.name: math.nan for m in METRICS if m.name in COMPARED})
     return scores
 
 

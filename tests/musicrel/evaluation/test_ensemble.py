@@ -240,8 +240,13 @@ def test_evaluate_continuations_per_instrument(band_world):
     assert 0 <= model["instrument_cases"]["kept"] <= 22
     assert all(v is None or 0 <= v <= 1 for v in model["per_piece"]["instrument_continuity"])
     assert model["metrics"]["grammar_error"]["mean"] == 0.0  # read per instrument, the primer's notes open
-    # the drums-only piece: no pitched note in its truth, so no pitch-class figure; its drums are scored
-    assert rows["repeat-motif"]["per_piece"]["pc_overlap"][4] == 1.0  # both empty: alike
+    # the drums-only piece: no pitched note in its truth, so no figure compares pitched notes; its drums
+    # are scored, and so is what it plays besides them (none: 0 notes/s)
+    for name in ("pc_overlap", "ioi_overlap", "range_diff", "density_ratio"):
+        assert rows["repeat-motif"]["per_piece"][name][4] is None, name
+        assert rows["model"]["per_piece"][name][4] is None, name
+    assert rows["repeat-motif"]["per_piece"]["density"][4] == 0.0
+    assert rows["repeat-motif"]["per_piece"]["pc_overlap"][0] == pytest.approx(1.0)  # a bass line repeated
     assert rows["repeat-motif"]["per_piece"]["drum_groove"][4] == pytest.approx(1.0)
     # the classifier reads the instruments family
     assert report["two_sample"]["features"][-1].startswith("instruments: ")

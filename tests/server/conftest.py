@@ -174,18 +174,25 @@ def start_server(
 
 
 @pytest.fixture(scope="session")
-def live_server(
+def live_process(
     tiny_checkpoint, tiny_accompany_checkpoint, tiny_infill_checkpoint, tmp_path_factory
-) -> Iterator[str]:
-    """Base URL (http://127.0.0.1:PORT) of a real uvicorn process serving `tiny_checkpoint` (and
-    `tiny_accompany_checkpoint` for the page's Accompany mode, `tiny_infill_checkpoint` for its Fill mode)."""
+) -> Iterator[ServerProcess]:
+    """A real uvicorn process serving `tiny_checkpoint` (and `tiny_accompany_checkpoint` for the page's
+    Accompany mode, `tiny_infill_checkpoint` for its Fill mode), one a session: a start costs seconds of CPU.
+    A test must not stop it."""
     folder = tmp_path_factory.mktemp("live_server")
     models = {
         "MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint),
         "MUSICREL_INFILL_CHECKPOINT": str(tiny_infill_checkpoint),
     }
     with start_server(tiny_checkpoint, folder, **models) as server:
-        yield server.url
+        yield server
+
+
+@pytest.fixture(scope="session")
+def live_server(live_process) -> str:
+    """Base URL (http://127.0.0.1:PORT) of `live_process`."""
+    return live_process.url
 
 
 FAST = {"seconds": "0.3", "seed": "7"}  # a short continuation keeps each generation cheap on the tiny model

@@ -47,43 +47,6 @@ def test_live_continuation_of_a_shared_file(live_server, real_midi_files):
         assert 'status="422"' in metrics
 
 
-def test_sigterm_mid_request_drains_then_exits_0(tiny_checkpoint, tmp_path):
-    # A 2 s batch window keeps the request in flight long enough to watch the drain from outside.
-    with start_server(tiny_checkpoint, tmp_path, cli=True, MUSICREL_BATCH_WINDOW_MS="2000") as server:
-        answer: dict = {}
-
-        def continuation() -> None:
-            answer["r"] = httpx.post(
-                f"{server.url}/v1/continuations",
-                files={"file": ("m.mid", MOTIF, "audio/midi")},
-                data={"seconds": "0.5", "seed": "1"},
-                timeout=60,
-            )
-
-        thread = threading.Thread(target=continuation)
-        thread.start()
-        deadline = time.monotonic() + 20
-        while "musicrel_in_flight 1.0" not in httpx.get(f"{server.url}/metrics").text:
-            assert time.monotonic() < deadline, "the request never arrived"
-            time.sleep(0.02)
-
-        server.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while (ready := httpx.get(f"{server.url}/readyz")).status_code == 200:
-            assert time.monotonic() < deadline, "readiness did not turn 503 after SIGTERM"
-            time.sleep(0.02)
-        assert ready.status_code == 503 and ready.json()["error"]["code"] == "draining"
-        refused = httpx.post(f"{server.url}/v1/continuations", files={"file": ("m.mid", MOTIF, "audio/midi")})
-        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
-
-        thread.join(60)
-        response = answer["r"]
-        assert response.status_code == 200, response.text
-        assert pretty_midi.PrettyMIDI(io.BytesIO(response.content)).instruments
-        assert server.proc.wait(30) == 0, server.log()[-3000:]
-        assert "draining" in server.log()
-
-
 def _sample(metrics_text: str, name: str) -> float:
     for line in metrics_text.splitlines():
         if line.startswith(name + " "):
@@ -127,11 +90,13 @@ def test_metrics_add_up_over_workers(tiny_checkpoint, tmp_path):
             assert _sample(text, "musicrel_batched_jobs_total") == 24
 
 
-def test_sigterm_under_load_loses_no_accepted_request(tiny_checkpoint, tmp_path):
-    """Eight requests in flight (held together by a 1.5 s batch window) when SIGTERM comes: every one is
-    answered 200 and the process exits 0; one sent after the signal is refused, never dropped."""
+def test_sigterm_under_load_drains_and_loses_no_accepted_request(tiny_checkpoint, tmp_path):
+    """Eight requests in flight (held together by a 2 s batch window, long enough to watch the drain from
+    outside) when SIGTERM comes: readiness turns 503 `draining`, a request sent after the signal is refused,
+    never dropped, every accepted one is answered 200, and the process exits 0 having said it drained. (One
+    server for one request in flight and for eight: each start costs seconds.)"""
     n = 8
-    with start_server(tiny_checkpoint, tmp_path, cli=True, MUSICREL_BATCH_WINDOW_MS="1500") as server:
+    with start_server(tiny_checkpoint, tmp_path, cli=True, MUSICREL_BATCH_WINDOW_MS="2000") as server:
         answers: list = [None] * n
 
         def continuation(i: int) -> None:
@@ -149,40 +114,45 @@ def test_sigterm_under_load_loses_no_accepted_request(tiny_checkpoint, tmp_path)
         while f"musicrel_in_flight {n}.0" not in httpx.get(f"{server.url}/metrics").text:
             assert time.monotonic() < deadline, "the requests never were all in flight"
             time.sleep(0.02)
+
         server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while (ready := httpx.get(f"{server.url}/readyz")).status_code == 200:
+            assert time.monotonic() < deadline, "readiness did not turn 503 after SIGTERM"
+            time.sleep(0.02)
+        assert ready.status_code == 503 and ready.json()["error"]["code"] == "draining"
         late = httpx.post(f"{server.url}/v1/continuations", files={"file": ("m.mid", MOTIF, "audio/midi")})
         assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+
         for thread in threads:
             thread.join(60)
         assert [a.status_code for a in answers] == [200] * n, [a.text for a in answers]
+        assert pretty_midi.PrettyMIDI(io.BytesIO(answers[1].content)).instruments  # seed 1 gives notes
         assert server.proc.wait(30) == 0, server.log()[-3000:]
+        assert "draining" in server.log()
 
 
-def test_the_server_process_loads_neither_torch_nor_weights(
-    tiny_checkpoint, tiny_accompany_checkpoint, tmp_path
-):
+def test_the_server_process_loads_neither_torch_nor_weights(live_process):
     """The engine process holds the models (server/model.py); the process that answers HTTP reads only the
     checkpoints' configs and receives tokens, so libtorch is never mapped into it, even after a continuation,
     a stream and an accompaniment."""
     from tests.server.test_accompaniments import MELODY
 
-    accompany = {"MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint)}
-    with start_server(tiny_checkpoint, tmp_path, **accompany) as server:
-        files = {"file": ("m.mid", MOTIF, "audio/midi")}
-        assert (
-            httpx.post(f"{server.url}/v1/continuations", files=files, data={"seconds": "0.3"}).status_code
-            == 200
-        )
-        streamed = httpx.post(f"{server.url}/v1/continuations/stream", files=files, data={"seconds": "0.3"})
-        assert streamed.status_code == 200
-        melody = {"file": ("t.mid", MELODY, "audio/midi")}
-        assert httpx.post(f"{server.url}/v1/accompaniments", files=melody, timeout=60).status_code == 200
-        info = httpx.get(f"{server.url}/v1/model").json()
-        assert info["parameters"] > 0 and info["accompaniment"]["parameters"] > 0  # the engine's cards
-        maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
-        assert "libtorch" not in maps, "the HTTP process loaded torch"
-        children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
-        assert any("libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in children)  # the engine's
+    server = live_process
+    files = {"file": ("m.mid", MOTIF, "audio/midi")}
+    assert (
+        httpx.post(f"{server.url}/v1/continuations", files=files, data={"seconds": "0.3"}).status_code == 200
+    )
+    streamed = httpx.post(f"{server.url}/v1/continuations/stream", files=files, data={"seconds": "0.3"})
+    assert streamed.status_code == 200
+    melody = {"file": ("t.mid", MELODY, "audio/midi")}
+    assert httpx.post(f"{server.url}/v1/accompaniments", files=melody, timeout=60).status_code == 200
+    info = httpx.get(f"{server.url}/v1/model").json()
+    assert info["parameters"] > 0 and info["accompaniment"]["parameters"] > 0  # the engine's cards
+    maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
+    assert "libtorch" not in maps, "the HTTP process loaded torch"
+    children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+    assert any("libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in children)  # the engine's
 
 
 def test_sigterm_drains_an_accompaniment_in_the_engine(tiny_checkpoint, tiny_accompany_checkpoint, tmp_path):

@@ -36,10 +36,13 @@ def register(subparsers) -> None:
         help="write an accompaniment for every melody of a MIDI file or folder",
         description="For each .mid/.midi of --input (recursive): the melody track (--track, or the "
         "file's only track with notes) is kept unchanged and an accompaniment is written on a track of its "
-        "own, <name>.sample<i>.mid under --out, with summary.json. Outputs that exist are skipped.",
+        "own (with a model whose codec has instruments, a track per instrument it writes; --instruments "
+        "chooses them), <name>.sample<i>.mid under --out, with summary.json. Outputs that exist are skipped.",
     )
     p.add_argument(
-        "--checkpoint", required=True, help="an accompaniment model folder (checkpoints/accompany)"
+        "--checkpoint",
+        required=True,
+        help="an accompaniment model folder (checkpoints/accompany), or a model with instruments",
     )
     add_weights_argument(p)
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")

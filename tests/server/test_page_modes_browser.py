@@ -463,3 +463,65 @@ def test_fill_sends_the_tracks_picked_and_keeps_each_tracks_colour(page, tmp_pat
     assert page.get_attribute("#fill-tracks", "aria-invalid") == "true"
     page.check("#fill-track-1")
     assert page.get_attribute("#fill-tracks", "aria-invalid") is None
+
+
+def test_a_streamed_continuation_colours_each_note_by_the_track_the_stream_names(page, tmp_path):
+    """A model with instruments streams each note's track and instrument (128: drums): drawn live in that
+    track's colour, the drums as drums, and the result's file in the same colours as the upload."""
+    import base64
+    import json
+
+    band = _band_file(tmp_path)
+    page.wait_for_function("window.musicrel.state.programs !== null")
+    page.set_input_files("#file", str(band))
+    page.wait_for_function("!document.getElementById('continue').disabled")
+    uploaded = page.evaluate(LEGEND)
+    tracks = [
+        {"index": 0, "name": "Piano", "program": 0, "drum": False, "source": 0},
+        {"index": 1, "name": "Bass", "program": 33, "drum": False, "source": 1},
+        {"index": 2, "name": "Drums", "program": 0, "drum": True, "source": 2},
+        {"index": 3, "name": "Strings", "program": 48, "drum": False, "source": None},
+    ]
+    primer = {
+        "start_time": 0,
+        "end_time": 8,
+        "tokens": 10,
+        "program": 0,
+        "instrument": "Acoustic Grand Piano",
+    }
+    # The sample's file: the motif's tracks, then strings the model brought in (a track the upload lacks).
+    answer = pretty_midi.PrettyMIDI(str(band))
+    strings = pretty_midi.Instrument(program=48, name="Strings")
+    strings.notes = [pretty_midi.Note(80, 60, 8.2, 9.0)]
+    answer.instruments.append(strings)
+    answer.write(str(tmp_path / "answer.mid"))
+    sample = {"index": 0, "midi_base64": base64.b64encode((tmp_path / "answer.mid").read_bytes()).decode()}
+    events = [
+        {"type": "start", "seed": 3, "settings": {}, "primer": primer, "tracks": tracks, "samples": 1},
+        {"type": "note_on", "sample": 0, "id": 1, "pitch": 40, "velocity": 90, "time": 0.0, "track": 1,
+         "instrument": 33},
+        {"type": "note_on", "sample": 0, "id": 2, "pitch": 36, "velocity": 90, "time": 0.1, "track": 2,
+         "instrument": 128},
+        {"type": "note_off", "sample": 0, "id": 1, "time": 0.5},
+        {"type": "note_on", "sample": 0, "id": 3, "pitch": 60, "velocity": 80, "time": 0.2, "track": 3,
+         "instrument": 48},
+        {"type": "result", "seed": 3, "settings": {}, "primer": primer, "tracks": tracks, "new_tokens": 4,
+         "samples": [sample], "timings": {}},
+    ]  # fmt: skip
+    body = "".join(json.dumps(e) + "\n" for e in events)
+    page.route(
+        "**/v1/continuations/stream",
+        lambda route: route.fulfill(status=200, content_type="application/x-ndjson", body=body),
+    )
+    page.fill("#seconds", "2")
+    page.click("#continue")
+    page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
+    live = page.evaluate("window.musicrel.state.stream.liveNotes.map((n) => [n.slot, n.drum, n.program])")
+    assert live == [[1, False, 33], [2, True, 0], [3, False, 48]], live
+    # The result's tracks in the upload's colours, and the strings in the colour they had live.
+    legend = page.evaluate(LEGEND)
+    assert legend[:3] == uploaded and [text for text, _, _ in legend[3:]] == ["Strings · String Ensemble 1"]
+    assert (
+        page.evaluate("window.musicrel.state.samples[0].contNotes.filter((n) => n.program === 48)[0].slot")
+        == 3
+    )

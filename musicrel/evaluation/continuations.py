@@ -10,6 +10,10 @@ Per piece, a system's scores are averaged over its seeds, and every figure gets 
 pieces. The per-piece values are kept (aligned by piece, None where a system has no value) so two systems can
 be compared on the same pieces (`musicrel.evaluation.metrics.paired_difference`).
 
+With a codec that has instruments, pieces and continuations are also read by instrument (`Piece`'s parts,
+`musicrel.evaluation.ensemble`): the report adds the continuity and drum-groove rows and the classifier its
+`instruments` family; the other figures read the pitched notes of every instrument merged.
+
 `evaluate_continuations` reads as its three parts: `load_systems`, `_run`, `_report`.
 """
 

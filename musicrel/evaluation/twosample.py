@@ -3,7 +3,10 @@
 For every system of an `evaluate-continuations` report, a random forest (scikit-learn) is asked to tell the
 system's continuations from the true continuations of the same motifs. It sees what a musician would name
 (`FAMILIES`): pitch-class, interval, IOI, duration and velocity histograms, polyphony, density, register,
-self-repetition, and how the continuation joins what came before it. If it cannot do better than chance
+self-repetition, and how the continuation joins what came before it; with instruments (a codec that has
+them), the pitched notes of every instrument merged, and the `instruments` family beside
+(`musicrel.evaluation.ensemble`: which instruments play, each class's density and register, the drums'
+onsets). If it cannot do better than chance
 (balanced accuracy 50 %, AUC 0.5) the system's continuations are, to these features, indistinguishable.
 
 - Cross-validated by composition (GroupKFold): a piece's truth and all its samples, and every other

@@ -3,9 +3,9 @@ prepared and packed for real, and its size projected to the whole. A file of its
 one xdist worker while the other runs tests/training/test_gpu_pack.py's tiny runs.
 
 Preparing and packing the corpora at full size took 130 CPU-s, an eighth of the suite; the quarter takes 35.
-Its projection errs large (2026-11-27: 20.2 M training tokens and 15.3 MB of packed data projected, 20.4 M and
-14.7 MB at full size: a quarter's token streams compress a little worse); `musicrel pack-gpu` itself refuses,
-writing nothing, a pack over its limit."""
+Its projection errs on the safe side (2026-11-27: 20.2 M training tokens and 15.3 MB of packed data projected,
+20.4 M and 14.7 MB at full size: a quarter's token streams compress a little worse); `musicrel pack-gpu`
+itself refuses, writing nothing, a pack over its limit."""
 
 from __future__ import annotations
 

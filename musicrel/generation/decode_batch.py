@@ -196,6 +196,28 @@ class _Rows:
         self._flags()
 
 
+class _Ended:
+    """A static step's (n,) flags of the rows that ended, on their way to the host: copied without waiting
+    (pinned memory on a GPU) and read at the next step, after that step is queued behind it."""
+
+    def __init__(self, done: Tensor):
+        if done.is_cuda:
+            self.flags = torch.empty(done.shape, dtype=done.dtype, pin_memory=True)
+            self.flags.copy_(done, non_blocking=True)
+            self.event: torch.cuda.Event | None = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.flags, self.event = done.clone(), None
+
+    def read(self, rows: int) -> np.ndarray:
+        """(rows,) bool: the flags, False for the rows admitted since."""
+        if self.event is not None:
+            self.event.synchronize()  # that step only: the one queued since runs on
+        late = np.zeros(rows, dtype=bool)
+        late[: len(self.flags)] = self.flags.numpy()
+        return late
+
+
 class DecodeBatch:
     """Continuous batching: the rows of many jobs decode together, one token each per `step()`, and jobs join
     (`admit`) and leave (done or stopped) between steps, so no row waits for a batch to finish.
@@ -259,6 +281,7 @@ class DecodeBatch:
         )
         self._static: dict[tuple, StaticStep] = {}  # by bucket and signature
         self._static_now: StaticStep | None = None  # the last step's
+        self._ended: _Ended | None = None  # the last static step's ended rows, not read yet
         self.left_pad = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # (max_rows,)
         self.length = 0  # positions the live rows share
         # per live row, in batch order; the grammar's class is the first job's once one is admitted
@@ -395,7 +418,8 @@ class DecodeBatch:
             )
             ids.append(job.id)
             for i in range(spec.num_samples):
-                history = np.empty(len(job.tokens) + spec.max_new_tokens, dtype=np.int64)
+                # one token of room past the most it draws: a static step's row draws one past its end
+                history = np.empty(len(job.tokens) + spec.max_new_tokens + 1, dtype=np.int64)
                 history[: len(job.tokens)] = job.tokens
                 rows.append(_Row(job, i, history, len(job.tokens)))
                 seeds.append(row_seed(spec.seed, i))
@@ -419,6 +443,7 @@ class DecodeBatch:
         if should_stop is not None:
             stop = {job_id for job_id in self.live_jobs if should_stop(job_id)}
             if stop:
+                finished += self._settle()  # rows that ended on the last step leave first, as ended
                 for row in self.rows:
                     row.job.stopped |= row.job.id in stop
                 finished += self._drop([row.job.id not in stop for row in self.rows])
@@ -482,9 +507,25 @@ class DecodeBatch:
         token, done = static.run(self, capture=self.step_mode == "graph", bound=bound)
         self.length += 1
         self._steps.append(token.clone())  # the buffer is the next step's input
-        if not bool(done.any()):  # the step's one question to the device
+        # Which rows ended is read one step late, while this step runs (`_Ended`): the step asks the device
+        # nothing while no row ends. A row that ended on the last step drew one token past its end on this
+        # one: it leaves now, that token dropped (rows never read one another: nothing else changed).
+        ended, self._ended = self._ended, None
+        late = ended.read(len(self.rows)) if ended is not None else None
+        if late is None or not late.any():
+            self._ended = _Ended(done)
             return []
-        return self._drop((~done).tolist())
+        now = done.cpu().numpy()  # rows leave this step: its own ends are read now too
+        return self._drop((~(late | now)).tolist(), late=late.tolist())
+
+    def _settle(self) -> list[tuple[int, ContinuationResult]]:
+        """The rows the last static step ended leave now (before anything reorders the rows), having drawn
+        nothing since."""
+        ended, self._ended = self._ended, None
+        late = ended.read(len(self.rows)) if ended is not None else None
+        if late is None or not late.any():
+            return []
+        return self._drop((~late).tolist())
 
     def _cache_view(self):
         """The live rows' part of the cache at the shared length, as the model reads it: one object for as
@@ -571,14 +612,18 @@ class DecodeBatch:
             self._cache.v[:, r, :, length - keep : length] = v
             self.left_pad[r] = length - keep
 
-    def _drop(self, keep: list[bool]) -> list[tuple[int, ContinuationResult]]:
-        """Remove the rows not kept: their samples are done; jobs with no rows left are finished.
+    def _drop(self, keep: list[bool], late: list[bool] | None = None) -> list[tuple[int, ContinuationResult]]:
+        """Remove the rows not kept: their samples are done; jobs with no rows left are finished. `late`: the
+        rows that drew one token past their end (a static step's ends are read a step late): it is dropped.
 
         Swap-remove: each hole among the first m (kept) rows takes a kept row from beyond them, so only those
         rows' K/V are copied (their real positions only: a row's padding is masked, whatever it holds) and a
         departure costs what moves, not the whole live cache. Every per-row state follows the same order."""
         self._flush()
         self._by_job = None
+        self._ended = None  # its flags name rows by their order, which changes here
+        for row, past in zip(self.rows, late or [], strict=bool(late)):
+            row.filled -= past
         finished = []
         for row, kept in zip(self.rows, keep, strict=True):
             if kept:

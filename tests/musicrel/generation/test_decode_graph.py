@@ -345,3 +345,32 @@ def test_a_bfloat16_model_the_gpus_weights_runs_the_static_step():
     for a, b in zip(eager, static, strict=True):
         for x, y in zip(a.tokens, b.tokens, strict=True):
             np.testing.assert_array_equal(x, y)
+
+
+def test_a_static_step_reads_which_rows_ended_one_step_late():
+    """No question to the device while no row ends: a row that ends is seen on the next step, and leaves
+    then with the tokens it had (the one it drew past its end dropped); a stop leaves the ended rows first."""
+    model = tiny_model()
+    primer = prepare_primer(CODEC, make_motif(8), 1.0)
+    params = SamplingParams(seconds=1000.0, max_new_tokens=5, seed=1)
+    for mode in ("eager", "static"):
+        batch = DecodeBatch(model, CODEC, max_rows=2, step_mode=mode)
+        (job,) = batch.admit([(primer, params)])
+        finished = [batch.step() for _ in range(5)]
+        if mode == "eager":
+            assert finished[-1] and not batch.rows
+            expected = finished[-1][0][1].tokens[0]
+            continue
+        assert not any(finished) and len(batch.rows) == 1 and batch._ended is not None
+        assert len(batch.generated(job)[0]) == 5  # the stream hears its 5 tokens, no more
+        ((done, result),) = batch.step()
+        assert done == job and not batch.rows
+        np.testing.assert_array_equal(result.tokens[0], expected)
+        # a stop: the row that ended on the last step leaves as ended (not stopped), before the stop
+        (a,) = batch.admit([(primer, params)])
+        (b,) = batch.admit([(primer, replace(params, max_new_tokens=50, seed=2))])
+        for _ in range(5):
+            assert batch.step() == []
+        out = dict(batch.step(should_stop=lambda job_id, stop=b: job_id == stop))
+        assert set(out) == {a, b} and not out[a].stopped and out[b].stopped
+        np.testing.assert_array_equal(out[a].tokens[0], expected)

@@ -199,11 +199,12 @@ TRACKS_REASON = "a model with instruments: each new note on its instrument's tra
 def refuse_program(primer: Primer, controls) -> None:
     """The `program` control chooses the one program a piano model's continuation is written with; a model
     with instruments writes each instrument on its own track, so no one program is the output's: refused
-    (ControlError program_with_instruments) before anything is generated, rather than ignored."""
+    (ControlError program_with_instruments) before anything is generated, rather than ignored; such a
+    model's `instruments` control chooses who plays."""
     if primer.tracks is not None and controls is not None and controls.program is not None:
         raise ControlError(
             "program: this model writes each instrument of the motif on its own track with its own "
-            "program; leave program empty",
+            "program; leave program empty (the instruments control chooses who plays)",
             code="program_with_instruments",
         )
 

@@ -303,3 +303,19 @@ def test_the_pedal_of_an_events_codec_goes_on_every_track_but_the_drums():
         changes = [(c.number, c.value, round(c.time, 3)) for c in inst.control_changes]
         assert changes == ([] if inst.is_drum else [(64, 127, 0.0), (64, 0, 0.5)]), inst.name
     assert [n.pitch for n in pm.instruments[1].notes] == [40]
+
+
+def test_new_tracks_come_only_where_the_instruments_control_lets_them(model):
+    upload = ENSEMBLES["quartet"]()
+    motif = len(upload.instruments)
+    plain = continue_midi(model, as_bytes(upload), codec=CODEC, seconds=3.0, num_samples=2, seed=4)
+    assert all(len(pm.instruments) == motif for pm in plain)  # the motif's instruments by default
+    free = continue_midi(
+        model, as_bytes(upload), codec=CODEC, seconds=3.0, num_samples=2, seed=4,
+        controls=Controls(instruments="any"),
+    )  # fmt: skip
+    own = {i.program for i in upload.instruments}
+    added = [[DRUMS if i.is_drum else i.program for i in pm.instruments[motif:]] for pm in free]
+    assert any(added)  # the random model brings in others once it may
+    for new in added:  # each new instrument on a track of its own
+        assert len(set(new)) == len(new) and not set(new) & own

@@ -1,5 +1,10 @@
-// A small WebAudio synth: one oscillator + ADSR gain per note, drums as filtered noise bursts. Notes are
-// scheduled a little ahead of time in slices so long pieces do not create thousands of nodes at once.
+// A small WebAudio synth: one oscillator + ADSR gain per note (its wave by the note's program), drums as
+// filtered noise bursts. Notes are scheduled a little ahead of time in slices so long pieces do not create
+// thousands of nodes at once.
+
+// A wave for each General MIDI family of eight programs, enough to tell a band's tracks apart: bass and pipes
+// round, strings, ensembles and brass bright, reeds hollow; pianos and the rest a soft triangle.
+const WAVES = { 4: "sine", 5: "sawtooth", 6: "sawtooth", 7: "sawtooth", 8: "square", 9: "sine" };
 
 export class Synth {
   constructor(onTick, onEnd) {
@@ -80,13 +85,13 @@ export class Synth {
       src.stop(start + 0.2);
     } else {
       src = ctx.createOscillator();
-      // Bass programs (32-39) get a rounder tone; everything else a soft triangle.
-      src.type = n.program >= 32 && n.program < 40 ? "sine" : "triangle";
+      src.type = WAVES[n.program >> 3] || "triangle";
+      const top = src.type === "sawtooth" || src.type === "square" ? peak * 0.5 : peak; // as loud as a triangle
       src.frequency.value = 440 * 2 ** ((n.pitch - 69) / 12);
       src.connect(g);
       g.gain.setValueAtTime(0, start);
-      g.gain.linearRampToValueAtTime(peak, start + 0.01);
-      g.gain.setTargetAtTime(peak * 0.45, start + 0.01, 0.25); // piano-ish decay while held
+      g.gain.linearRampToValueAtTime(top, start + 0.01);
+      g.gain.setTargetAtTime(top * 0.45, start + 0.01, 0.25); // piano-ish decay while held
       src.start(start);
     }
     this.nodes.add(src);

@@ -135,7 +135,7 @@ class Placer:
         self.tracks = list(tracks.tracks)
         self.offset = offset
         self._last: list[Onset | None] = list(tracks.last_onsets)  # latest onset of each track
-        self._before: list[Onset | None] = list(tracks.last_onsets)  # the one before it
+        self._before: list[Onset | None] = [None] * len(self.tracks)  # the one before it, once struck here
         self._of: dict[int, list[int]] = {}
         for i, t in enumerate(self.tracks):
             self._of.setdefault(t.instrument, []).append(i)

@@ -158,9 +158,9 @@ export class PianoRoll {
       ctx.textBaseline = "top";
       if (left + pw - x(this.shadeFrom) > 150) ctx.fillText("after the motif's end", x(this.shadeFrom) + 6, top + 4);
     }
-    if (this.span && this.span.end > this.span.start) {
+    if (span) {
       ctx.strokeStyle = color("--text");
-      for (const t of [this.span.start, this.span.end]) {
+      for (const t of [span.start, span.end]) {
         ctx.beginPath();
         ctx.moveTo(Math.round(x(t)) + 0.5, top);
         ctx.lineTo(Math.round(x(t)) + 0.5, top + ph);

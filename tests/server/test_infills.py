@@ -175,7 +175,19 @@ def test_tracks_regenerates_only_those_tracks_and_keeps_the_others_exactly(clien
     c, _ = client
     data = tune(tracks=3)
     r = post(c, data, json_=True, path=path, tracks=" 1 ", num_samples="2")
-    body = r.json() if path == "/v1/infills" else stream_events(r)[-1]
+    events = [] if path == "/v1/infills" else stream_events(r)
+    body = r.json() if path == "/v1/infills" else events[-1]
+    for i, sample in enumerate(body["samples"]):  # the streamed notes are the model's own: none placed
+        mine = [e for e in events[1:-1] if e["sample"] == i]
+        dropped = {e["id"] for e in mine if e["type"] == "note_drop"}
+        ons = sorted(
+            (e["pitch"], round(e["time"], 3))
+            for e in mine
+            if e["type"] == "note_on" and e["id"] not in dropped
+        )
+        if events:
+            assert ons == sorted((n["pitch"], round(n["start"], 3)) for n in sample["new_notes"])
+    assert sum(s["notes"] for s in body["samples"]) > 0
     assert r.status_code == 200, r.text
     assert body["tracks"] == [1] and body["settings"]["tracks"] == "1"
     assert body["removed"] == 3  # a bass note a second in [5, 8)

@@ -247,8 +247,10 @@ class DecodeBatch:
     `step_mode` (decode_graph.STEP_MODES): "eager" the step above, what a CPU runs ("auto" there); "static"
     the same step at fixed shapes (rows padded to a bucket, the cache preallocated at the whole window for
     max_rows rows, the position on the device: `decode_graph.StaticStep`); "graph" (a GPU's "auto") that
-    step captured in a CUDA graph per bucket and replayed. On a GPU max_rows is cut to the rows whose cache
-    fits the memory free at the start (`decode_graph.rows_that_fit`).
+    step captured in a CUDA graph per bucket and replayed. Both ask the device nothing while no row ends:
+    which rows ended is read a step late (`_Ended`), a row that ended drawing one token past its end, which
+    is dropped as it leaves (the same tokens). On a GPU max_rows is cut to the rows whose cache fits the
+    memory free at the start (`decode_graph.rows_that_fit`).
     """
 
     @torch.inference_mode()

@@ -14,6 +14,7 @@ fixed shapes and addresses; so here:
   replay moves them on by one step;
 - the model's forward is `MusicTransformer.decode_static`: the rows' shared length is a tensor on the device
   (`pos`), attention runs over the whole preallocated cache, masked;
+- which rows ended goes to the host without a wait and is read at the next step (`decode_batch._Ended`);
 - between steps the live objects hold views of the buffers' first n rows, so everything else (admit, rows
   leaving, streaming) works on them as before; a change of the rows (`select`, `extend`) makes new tensors,
   and the next step copies them back into the buffers (`bind`).

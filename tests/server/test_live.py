@@ -90,48 +90,6 @@ def test_metrics_add_up_over_workers(tiny_checkpoint, tmp_path):
             assert _sample(text, "musicrel_batched_jobs_total") == 24
 
 
-def test_sigterm_under_load_drains_and_loses_no_accepted_request(tiny_checkpoint, tmp_path):
-    """Eight requests in flight (held together by a 2 s batch window, long enough to watch the drain from
-    outside) when SIGTERM comes: readiness turns 503 `draining`, a request sent after the signal is refused,
-    never dropped, every accepted one is answered 200, and the process exits 0 having said it drained. (One
-    server for one request in flight and for eight: each start costs seconds.)"""
-    n = 8
-    with start_server(tiny_checkpoint, tmp_path, cli=True, MUSICREL_BATCH_WINDOW_MS="2000") as server:
-        answers: list = [None] * n
-
-        def continuation(i: int) -> None:
-            answers[i] = httpx.post(
-                f"{server.url}/v1/continuations",
-                files={"file": ("m.mid", MOTIF, "audio/midi")},
-                data={"seconds": "0.5", "seed": str(i)},
-                timeout=60,
-            )
-
-        threads = [threading.Thread(target=continuation, args=(i,)) for i in range(n)]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 20
-        while f"musicrel_in_flight {n}.0" not in httpx.get(f"{server.url}/metrics").text:
-            assert time.monotonic() < deadline, "the requests never were all in flight"
-            time.sleep(0.02)
-
-        server.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while (ready := httpx.get(f"{server.url}/readyz")).status_code == 200:
-            assert time.monotonic() < deadline, "readiness did not turn 503 after SIGTERM"
-            time.sleep(0.02)
-        assert ready.status_code == 503 and ready.json()["error"]["code"] == "draining"
-        late = httpx.post(f"{server.url}/v1/continuations", files={"file": ("m.mid", MOTIF, "audio/midi")})
-        assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
-
-        for thread in threads:
-            thread.join(60)
-        assert [a.status_code for a in answers] == [200] * n, [a.text for a in answers]
-        assert pretty_midi.PrettyMIDI(io.BytesIO(answers[1].content)).instruments  # seed 1 gives notes
-        assert server.proc.wait(30) == 0, server.log()[-3000:]
-        assert "draining" in server.log()
-
-
 def test_the_server_process_loads_neither_torch_nor_weights(live_process):
     """The engine process holds the models (server/model.py); the process that answers HTTP reads only the
     checkpoints' configs and receives tokens, so libtorch is never mapped into it, even after a continuation,
@@ -155,42 +113,64 @@ def test_the_server_process_loads_neither_torch_nor_weights(live_process):
     assert any("libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in children)  # the engine's
 
 
-def test_sigterm_drains_an_accompaniment_in_the_engine(tiny_checkpoint, tiny_accompany_checkpoint, tmp_path):
-    """An accompaniment is an engine job like a continuation: one in flight when SIGTERM comes is answered
-    200, a new one is refused 503 `draining`, and the process exits 0."""
+def test_sigterm_under_load_drains_and_loses_no_accepted_request(
+    tiny_checkpoint, tiny_accompany_checkpoint, tmp_path
+):
+    """Eight continuations (held together by a 2 s batch window, long enough to watch the drain from outside)
+    and an accompaniment (an engine job like a continuation) in flight when SIGTERM comes: readiness turns 503
+    `draining`, a continuation or an accompaniment sent after the signal is refused, never dropped, every
+    accepted one is answered 200, and the process exits 0 having said it drained. (One server for what were
+    three tests, one continuation, eight, and an accompaniment in flight: each start costs seconds.)"""
     from tests.server.test_accompaniments import MELODY, melody
 
+    n = 8
     env = {
+        "MUSICREL_BATCH_WINDOW_MS": "2000",
         "MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint),
         "MUSICREL_MAX_MELODY_SECONDS": "600",
     }
     with start_server(tiny_checkpoint, tmp_path, cli=True, **env) as server:
-        answer: dict = {}
+        answers: list = [None] * (n + 1)
         long_tune = melody(n=300, step=0.4)  # 120 s of melody: seconds of decoding on the tiny model
+
+        def continuation(i: int) -> None:
+            answers[i] = httpx.post(
+                f"{server.url}/v1/continuations",
+                files={"file": ("m.mid", MOTIF, "audio/midi")},
+                data={"seconds": "0.5", "seed": str(i)},
+                timeout=60,
+            )
 
         def accompaniment() -> None:
             files = {"file": ("t.mid", long_tune, "audio/midi")}
-            answer["r"] = httpx.post(f"{server.url}/v1/accompaniments", files=files, timeout=120)
+            answers[n] = httpx.post(f"{server.url}/v1/accompaniments", files=files, timeout=120)
 
-        thread = threading.Thread(target=accompaniment)
-        thread.start()
+        threads = [threading.Thread(target=continuation, args=(i,)) for i in range(n)]
+        threads.append(threading.Thread(target=accompaniment))
+        for thread in threads:
+            thread.start()
         deadline = time.monotonic() + 20
-        while "musicrel_in_flight 1.0" not in httpx.get(f"{server.url}/metrics").text:
-            assert time.monotonic() < deadline, "the request never arrived"
+        while f"musicrel_in_flight {n + 1}.0" not in httpx.get(f"{server.url}/metrics").text:
+            assert time.monotonic() < deadline, "the requests never were all in flight"
             time.sleep(0.02)
 
         server.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
-        while httpx.get(f"{server.url}/readyz").status_code == 200:
+        while (ready := httpx.get(f"{server.url}/readyz")).status_code == 200:
             assert time.monotonic() < deadline, "readiness did not turn 503 after SIGTERM"
             time.sleep(0.02)
+        assert ready.status_code == 503 and ready.json()["error"]["code"] == "draining"
+        late = httpx.post(f"{server.url}/v1/continuations", files={"file": ("m.mid", MOTIF, "audio/midi")})
+        assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
         refused = httpx.post(
             f"{server.url}/v1/accompaniments", files={"file": ("t.mid", MELODY, "audio/midi")}
         )
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
 
-        thread.join(120)
-        response = answer["r"]
-        assert response.status_code == 200, response.text
-        assert len(pretty_midi.PrettyMIDI(io.BytesIO(response.content)).instruments) == 2
+        for thread in threads:
+            thread.join(120)
+        assert [a.status_code for a in answers] == [200] * (n + 1), [a.text for a in answers]
+        assert pretty_midi.PrettyMIDI(io.BytesIO(answers[1].content)).instruments  # seed 1 gives notes
+        assert len(pretty_midi.PrettyMIDI(io.BytesIO(answers[n].content)).instruments) == 2
         assert server.proc.wait(60) == 0, server.log()[-3000:]
+        assert "draining" in server.log()

@@ -232,11 +232,18 @@ class StaticStep:
         live = batch.live
         live.grammar._constants()  # made now, outside the graph's memory
         graph = torch.cuda.CUDAGraph()
+        stream = self._stream(batch)
         torch.cuda.synchronize()
+        # capture_begin/end, not torch.cuda.graph(): that one also empties the allocator's caches (and in
+        # some versions collects garbage) at every capture, stalling the engine's thread for every stream.
+        # thread_local: the service's other threads may use CUDA meanwhile (their calls are not captured).
         try:
-            # thread_local: the service's other threads may use CUDA meanwhile (their calls are not captured)
-            with torch.cuda.graph(graph, stream=self._stream(batch), capture_error_mode="thread_local"):
-                done = self._body(batch)
+            with torch.cuda.stream(stream):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    done = self._body(batch)
+                finally:
+                    graph.capture_end()
         except Exception:  # noqa: BLE001 - any failure of capture: the same step, uncaptured
             log.exception("capturing the decode step at %d rows failed: it runs uncaptured", self.rows)
             batch.step_mode = "static"
@@ -244,6 +251,7 @@ class StaticStep:
             for (obj, name), view in zip(slots(live), self.views, strict=True):
                 setattr(obj, name, view)
             return
+        torch.cuda.current_stream().wait_stream(stream)
         # Captured, nothing ran: the buffers still hold this step's input. What the graph reads besides them
         # (the grammar's codec tables, the model) stays alive with it.
         self.graph, self.done, self.kept = graph, done, (live.grammar, live.grammar._constants())

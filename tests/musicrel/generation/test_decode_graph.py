@@ -194,6 +194,14 @@ class _FakeGraphs:
             def __init__(self):
                 self.recorded = None
 
+            def capture_begin(self, pool=None, capture_error_mode="global"):
+                assert capture_error_mode == "thread_local"
+                fakes.capturing = self
+
+            def capture_end(self):
+                fakes.capturing = None
+                fakes.captures += self.recorded is not None
+
             def replay(self):
                 step, batch, done = self.recorded
                 held = [getattr(o, n) for o, n in slots(batch.live)]
@@ -201,18 +209,6 @@ class _FakeGraphs:
                 for (o, n), value in zip(slots(batch.live), held, strict=True):
                     setattr(o, n, value)
                 fakes.replays += 1
-
-        class Capture:
-            def __init__(self, graph, stream=None, capture_error_mode="global"):
-                assert stream is not None and capture_error_mode == "thread_local"
-                self.graph = graph
-
-            def __enter__(self):
-                fakes.capturing = self.graph
-
-            def __exit__(self, *exc):
-                fakes.capturing = None
-                fakes.captures += exc[0] is None
 
         def body(step, batch):
             if fakes.capturing is None:
@@ -234,7 +230,6 @@ class _FakeGraphs:
 
         monkeypatch.setattr(decode_graph.StaticStep, "_body", body)
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-        monkeypatch.setattr(torch.cuda, "graph", Capture)
         monkeypatch.setattr(torch.cuda, "Stream", Stream)
         monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
         monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
@@ -269,11 +264,10 @@ def test_a_capture_that_fails_goes_on_uncaptured(monkeypatch, caplog):
     eager, _ = _run(model, "eager", jobs)
     fakes = _FakeGraphs(monkeypatch)
 
-    class Broken:
-        def __init__(self, *a, **k):
-            raise RuntimeError("operation not permitted when stream is capturing")
+    def broken(self, *a, **k):
+        raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(torch.cuda, "graph", Broken)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", broken)
     real_init = DecodeBatch.__init__
 
     def graph_init(self, *args, **kwargs):

@@ -83,6 +83,7 @@ def with_motif(case):
     return case
 
 
+@pytest.mark.long(25)
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 def test_every_operation_passes_every_check(schema, mode):
     checks = CHECKS.get_all()

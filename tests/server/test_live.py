@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pretty_midi
+import pytest
 
 from tests.server.conftest import MOTIF, start_server
 
@@ -54,6 +55,7 @@ def _sample(metrics_text: str, name: str) -> float:
     raise AssertionError(f"{name} missing from /metrics")
 
 
+@pytest.mark.long(25)
 def test_metrics_add_up_over_workers(tiny_checkpoint, tmp_path):
     """`musicrel serve --workers 2`: whichever worker answers a scrape reports every worker's numbers."""
     metrics_dir = tmp_path / "metrics"
@@ -113,6 +115,7 @@ def test_the_server_process_loads_neither_torch_nor_weights(live_process):
     assert any("libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in children)  # the engine's
 
 
+@pytest.mark.long(25)
 def test_sigterm_under_load_drains_and_loses_no_accepted_request(
     tiny_checkpoint, tiny_accompany_checkpoint, tmp_path
 ):

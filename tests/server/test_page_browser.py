@@ -389,6 +389,7 @@ def _latency_runs(page, path: Path, runs: int) -> list[dict]:
     return out
 
 
+@pytest.mark.long(70)  # with the shipped model's server
 def test_first_note_latency_on_the_shipped_model(browser, shipped_server, motif_file, record_property):
     """Click on Continue to the first generated note heard (its audio onset on the page's clock, output
     latency included), on the shipped model: a bundled example and a dense real file, each pressed once and

@@ -126,6 +126,7 @@ def test_auc_gain_pairs_two_runs_by_composition():
     assert auc_gain(far["oof"], other)["n"] == 0  # nothing shared: no figure
 
 
+@pytest.mark.long(15)
 def test_sources_are_separate_sections_and_real_music_joins_the_truth():
     rng, contexts, truths = world(16, seed=1)
     sources = ["pop"] * 8 + ["bach"] * 8
@@ -270,6 +271,7 @@ def report(two_sources):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.long(20)  # with its module's evaluation
 def test_evaluate_continuations_reports_the_classifier_per_source(report):
     from musicrel.evaluation.report import format_report
 

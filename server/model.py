@@ -96,7 +96,7 @@ class LoadedModel:
         """Load the checkpoint in `folder` (CheckpointError when it holds none) in eval mode on `device`, its
         weights held as `weights` (musicrel.model.quantize)."""
         from musicrel.model.checkpoint import load_codec, load_model, weights_sha256
-        from musicrel.model.quantize import is_quantized
+        from musicrel.model.quantize import held_weights
         from musicrel.runtime.threads import loading_threads
 
         loading_threads()  # only a decoding thread runs a team of threads
@@ -108,7 +108,7 @@ class LoadedModel:
             "checkpoint": str(folder),
             "sha256": weights_sha256(folder),
             "parameters": model.num_parameters(),
-            "weights": "int8" if is_quantized(model) else "float32",
+            "weights": held_weights(model),  # bfloat16 on a GPU
             "vocab_size": codec.vocab_size,
             "model": model.cfg.to_dict(),
             "codec": codec.config.to_dict(),

@@ -16,7 +16,7 @@ from musicrel.generation.sampling import MAX_SEED, Sampling, SamplingParams
 from musicrel.generation.span import MAX_SPAN_SECONDS
 from musicrel.generation.span import InfillParams as LibraryInfillParams
 from musicrel.midi.codec import CodecConfig
-from musicrel.model.checkpoint import DECODE_WEIGHTS
+from musicrel.model.checkpoint import DECODE_WEIGHTS, GPU_WEIGHTS
 
 # The defaults are the library's (Sampling, SamplingParams, PRIMER_SECONDS, Controls); the bounds are the
 # server's own.
@@ -537,9 +537,10 @@ class ModelInfo(BaseModel):
         description="sha256 of model.safetensors (of a sharded checkpoint: of its shards in index order)"
     )
     parameters: int
-    weights: Literal[DECODE_WEIGHTS] = Field(
+    weights: Literal[(*DECODE_WEIGHTS, GPU_WEIGHTS)] = Field(
         description="how the model holds its weights while decoding: int8 or float32 as trained, what "
-        "MUSICREL_WEIGHTS asked or, under auto, what the probe at load found faster (docs/BENCHMARKS.md)"
+        "MUSICREL_WEIGHTS asked or, under auto, what the probe at load found faster (docs/BENCHMARKS.md); "
+        "on a GPU bfloat16 for int8 and auto"
     )
     vocab_size: int
     model: dict[str, Any]

@@ -40,6 +40,8 @@ WEIGHT_DTYPES = ("float32", "bfloat16")
 HELD_WEIGHTS = ("int8", "float32")
 DECODE_WEIGHTS = ("auto", *HELD_WEIGHTS)
 DEFAULT_DECODE_WEIGHTS = "int8"
+# What int8 and auto hold on a GPU (musicrel.model.quantize: the int8 kernel is CPU-only)
+GPU_WEIGHTS = "bfloat16"
 # Room in a shard for its JSON header: per tensor its name plus ~80 bytes of dtype/shape/offsets, and the
 # metadata (format, tied-weight aliases).
 _HEADER_BYTES_PER_TENSOR = 128

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from musicrel.model.checkpoint import GPU_WEIGHTS
+
 INT8_MAX = 127
 # aten._weight_int8pack_mm reads its rows in blocks: on this machine a row of 8 gave wrong sums and rows of
 # other lengths not a multiple of 16 crashed the process. A layer is quantized only where its shape is one
@@ -42,7 +44,7 @@ KERNEL_OUT_MULTIPLE = 16
 # weights dequantized for the call): from this many rows on, the layer multiplies dequantized weights.
 DEQUANTIZE_ROWS = 256
 # What `int8` and `auto` hold on a GPU, where the int8 kernel is not: tensor cores take bfloat16 natively.
-GPU_WEIGHTS, GPU_WEIGHTS_DTYPE = "bfloat16", torch.bfloat16
+GPU_WEIGHTS_DTYPE = torch.bfloat16
 
 
 class Int8Linear(nn.Module):

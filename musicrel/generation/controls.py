@@ -370,7 +370,7 @@ class Controls:
             applied["instrument"] = gm_program_name(self.program)
         key = None
         if self.key is not None:
-            found = find_key(primer.motif_notes) if self.key == "auto" else parse_key(self.key)
+            found = find_key(_pitched(primer)) if self.key == "auto" else parse_key(self.key)
             if found is None:
                 raise ControlError(
                     "key 'auto': the notes it reads (the motif, the melody, the music around the span) give "
@@ -478,6 +478,17 @@ def _check_range_meets_key(controls: Controls, key: tuple[int, str]) -> None:
         raise ControlError(
             f"empty pitch range: no note of {key_label(key)} lies in {low}-{high}", code="empty_range"
         )
+
+
+def _pitched(primer) -> list:
+    """The motif's notes that have a pitch: a drum note's number names a drum sound (a codec with instruments
+    keeps drums; `Primer.motif_instruments` says which notes they are)."""
+    instruments = getattr(primer, "motif_instruments", None)
+    if instruments is None:
+        return primer.motif_notes
+    from musicrel.midi.instruments import DRUMS
+
+    return [n for n, i in zip(primer.motif_notes, instruments, strict=True) if i != DRUMS]
 
 
 def _motif_rate(primer) -> float:

@@ -348,3 +348,20 @@ def test_density_is_held_through_the_continuation(model):
         for half in (starts < 10, starts >= 10):
             assert half.sum() / 10 == pytest.approx(6, rel=0.3)
         assert polyphony(notes_of(pm))[1] > 0
+
+
+def test_key_auto_reads_the_motifs_pitched_notes_not_its_drums():
+    """A drum note's number names a sound (42: a closed hi-hat), not a pitch: key detection leaves them out."""
+    from musicrel.generation.keys import find_key, key_label
+    from musicrel.generation.primer import Primer
+    from musicrel.midi.instruments import DRUMS
+
+    a_minor = [57, 60, 64, 57, 60, 64, 69]
+    pitched = [pretty_midi.Note(80, p, i / 2, i / 2 + 0.4) for i, p in enumerate(a_minor)]
+    drums = [pretty_midi.Note(80, p, i / 4, i / 4 + 0.1) for i, p in enumerate([37, 39, 42, 44, 46, 49] * 4)]
+    primer = Primer(
+        tokens=np.zeros(0, np.int64), start_time=0.0, end_time=4.0, tempo=120.0, program=0, notes=[],
+        motif_notes=pitched + drums, motif_instruments=[0] * len(pitched) + [DRUMS] * len(drums),
+    )  # fmt: skip
+    applied = Controls(key="auto").resolve(primer, 10).applied
+    assert applied["key"] == key_label(find_key(pitched)) != key_label(find_key(pitched + drums))

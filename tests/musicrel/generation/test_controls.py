@@ -351,7 +351,7 @@ def test_density_is_held_through_the_continuation(model):
 
 
 def test_key_auto_reads_the_motifs_pitched_notes_not_its_drums():
-    """A drum note's number names a sound (42: a closed hi-hat), not a pitch: key detection leaves them out."""
+    """A drum note's number names a sound (42: a closed hi-hat), not a pitch: key detection skips them."""
     from musicrel.generation.keys import find_key, key_label
     from musicrel.generation.primer import Primer
     from musicrel.midi.instruments import DRUMS

@@ -7,12 +7,13 @@ or runs out is logged and the next one runs):
 
 1. device: nvidia-smi, and what torch sees (version, CUDA, the GPU, its memory, bfloat16);
 2. batch1: the checkpoint loaded on the device as the service loads it, then bench shapes' measurements
-   (`decode`, `first_note`: generate_batch with every control on, after a 256-event primer of real notes):
-   the real-time factor at batch 1 (median of 3, after a warm-up; a fresh batch each job, so its graph's
-   capture counts), where an eager batch-1 step goes (the model's forward timed inside the steps, the device
-   synchronised around it), the GPU's step (DecodeBatch's "graph" mode) at batch 1, the first-note
-   latency, the real-time factor at batch 8, the GPU's step at 64, 256 and 1,024 rows (ms a step, each
-   row's real-time factor), and torch.cuda.max_memory_allocated;
+   (`decode`, `first_note`: generate_batch with every control on, after a 256-event primer of real notes),
+   in this order: where an eager batch-1 step goes (the model's forward timed inside the steps, the device
+   synchronised around it), the GPU's step (DecodeBatch's "graph" mode) at batch 1, the share of tokens it
+   draws alike with the uncaptured and the eager step, the real-time factor at batch 1 (median of 3, after
+   a warm-up; a fresh batch each job, so its graph's capture counts), the first-note latency, the real-time
+   factor at batch 8, the GPU's step at 64, 256 and 1,024 rows (ms a step, each row's real-time factor),
+   and torch.cuda.max_memory_allocated;
 3. listeners: `bench listeners` with the same checkpoint, one process per N (1, 1,024, 256, 64: the first
    N, then the largest, so that the issue's 1,024 runs before the rest of the budget), each with its own
    limit (a fresh service's start, the phase's own limit, its shutdown): a step that runs out loses its N
@@ -417,15 +418,16 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     sync()
     load_s = time.perf_counter() - start
     primer = motif_primer(codec, min(PRIMER_EVENTS, default_max_primer_tokens(model)))
-    decode(model, codec, primer, 16, 1)  # warm-up: kernels, allocator, lazy initialisation
+    warm = DecodeBatch(model, codec, max_rows=1, step_mode="eager")  # kernels, allocator, lazy initialisation
+    warm.admit([(primer, SamplingParams(seconds=10_000.0, max_new_tokens=16, seed=0))])
+    while warm.rows:
+        warm.step()
     got(
         f"{checkpoint} on {device}: {held_weights(model)} weights, loaded in {load_s:.1f} s; torch threads "
         f"{torch.get_num_threads()} ({threads})",
         weights=held_weights(model), parameters=model.num_parameters(), load_s=round(load_s, 2),
         primer_events=len(primer.tokens), torch_threads=torch.get_num_threads(),
     )  # fmt: skip
-    b1 = rtf(1)
-    got(f"real-time factor b1 {b1:.1f}x ({tokens} tokens, median of 3)", rtf_b1=b1)
 
     def steps_ms(batch, n: int) -> float:
         """ms per step of `batch` over n steps, after two (a graph's warm-up and capture)."""
@@ -482,6 +484,10 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
         f"tokens of graph steps equal to static: {same['static']:.1%}, to eager: {same['eager']:.1%}",
         graph_same_as_static=same["static"], graph_same_as_eager=same["eager"],
     )  # fmt: skip
+    # Through generate_batch, as `musicrel generate` decodes: a fresh batch each job (its capture counted).
+    # After the eager figures above: a GPU step that failed past recovery would take the process down.
+    b1 = rtf(1)
+    got(f"real-time factor b1 {b1:.1f}x ({tokens} tokens, median of 3)", rtf_b1=b1)
     firsts = [first_note(model, codec, primer, tokens) for _ in range(3)]
     shown = ", ".join("n/a" if s is None else f"{1000 * s:.0f}" for s, _ in firsts)
     got(

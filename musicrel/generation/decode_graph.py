@@ -31,6 +31,7 @@ start (the rest: prefill's activations, the graphs, the primer cache, the other 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 
 import torch
@@ -43,6 +44,9 @@ from musicrel.generation.grammar import _GRAMMAR_ROWS, Grammar
 log = logging.getLogger(__name__)
 
 STEP_MODES = ("auto", "eager", "static", "graph")
+# What "auto" means in this process when set (a device check's rerun with the eager step on a GPU, say):
+# one of STEP_MODES; DecodeBatch's own argument, when not "auto", wins.
+STEP_MODE_ENV = "MUSICREL_DECODE_STEP"
 # what a row carries in `_Rows` (decode_batch), per row
 ROW_FIELDS = ("pending", "temperature", "top_k", "top_p", "shift_temperature", "drawn", "max_new")
 RANDOM_FIELDS = ("state", "step")
@@ -72,8 +76,11 @@ def rows_that_fit(model, rows: int, free_bytes: int, share: float = KV_MEMORY_SH
 
 
 def resolve_mode(mode: str, model, device: torch.device) -> str:
-    """`mode` (STEP_MODES) for this model and device: "auto" is "graph" on a GPU for a model
-    `decode_static` takes, else "eager" (the CPU's step, unchanged). ValueError for another name."""
+    """`mode` (STEP_MODES) for this model and device: "auto" is what STEP_MODE_ENV says when set, else
+    "graph" on a GPU for a model `decode_static` takes, else "eager" (the CPU's step, unchanged). ValueError
+    for another name."""
+    if mode == "auto":
+        mode = os.environ.get(STEP_MODE_ENV) or "auto"
     if mode not in STEP_MODES:
         raise ValueError(f"step mode must be one of {', '.join(STEP_MODES)}, got {mode!r}")
     if mode == "auto":

@@ -41,7 +41,7 @@ def test_rows_that_fit_the_memory_rule():
     assert rows_that_fit(model, 8, free_bytes=0) == 1  # one row, whatever: the batch must take a job
 
 
-def test_modes_resolve_by_device_and_model():
+def test_modes_resolve_by_device_and_model(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     skew = tiny_model()
     absolute = MusicTransformer(replace(skew.cfg, attention="absolute"))
@@ -52,6 +52,12 @@ def test_modes_resolve_by_device_and_model():
     assert resolve_mode("auto", absolute, cuda) == resolve_mode("static", absolute, cpu) == "eager"
     with pytest.raises(ValueError):
         resolve_mode("fast", skew, cpu)
+    monkeypatch.setenv(decode_graph.STEP_MODE_ENV, "eager")  # what "auto" means in this process
+    assert resolve_mode("auto", skew, cuda) == "eager" and resolve_mode("static", skew, cpu) == "static"
+    monkeypatch.setenv(decode_graph.STEP_MODE_ENV, "fast")
+    with pytest.raises(ValueError):
+        resolve_mode("auto", skew, cpu)
+    monkeypatch.delenv(decode_graph.STEP_MODE_ENV)
     with pytest.raises(GenerationError) as info:
         DecodeBatch(skew, CODEC, 2, step_mode="fast")
     assert info.value.code == "invalid_params"

@@ -324,7 +324,7 @@ class InfillParams(MusicForm):
         max_length=400,
         description="the tracks whose notes in the span are regenerated, as comma-separated instrument "
         "indices (as pretty_midi counts them, like the accompaniment's `track`), e.g. 2 or 0,2; every other "
-        "note comes back unchanged; empty: every track the model reads",
+        "note comes back unchanged; empty (or merge, all): every track the model reads",
     )
     key: str | None = _retold(
         "key",
@@ -340,10 +340,11 @@ class InfillParams(MusicForm):
     @field_validator("tracks")
     @classmethod
     def _infill_tracks(cls, value: str | None) -> str | None:
-        if value is None or not value.strip():
+        # "merge" and "all": every track, as a continuation's `tracks` (one pattern: server/openapi.py)
+        if value is None or value.strip().lower() in ("", "merge", "all"):
             return None
         parts = [p.strip() for p in value.split(",")]
-        if not all(p.isdigit() for p in parts):
+        if not all(p.isascii() and p.isdigit() for p in parts):
             raise ValueError('must be comma-separated instrument indices such as "2" or "0,2"')
         indices = sorted({int(p) for p in parts})
         if len(indices) > MAX_TRACKS or indices[-1] > 1023:

@@ -159,6 +159,9 @@ def test_a_file_with_several_tracks_gets_the_new_notes_on_its_own_tracks(client)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["tracks"] == [0, 1] and body["settings"]["tracks"] is None
+    for every in ("all", " MERGE "):  # every track, as a continuation's tracks says it
+        same = post(c, data, json_=True, tracks=every).json()
+        assert same["tracks"] == [0, 1] and same["samples"] == body["samples"]
     out = read(base64.b64decode(body["samples"][0]["midi_base64"]))
     assert [i.name for i in out.instruments] == ["lead", "bass1"]  # no track added
     listed = body["samples"][0]["new_notes"]

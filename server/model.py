@@ -35,7 +35,7 @@ class CheckpointView:
     folder: Path
     codec: EventCodec
     max_primer_tokens: int  # the longest primer the model reads (its window less room to continue)
-    accompanies: bool  # its codec has melody tokens: an accompaniment model
+    accompanies: bool  # its codec has melody tokens or instruments: it can accompany a melody
     infills: bool = False  # its codec has infill tokens and its model reads them: an infill model
 
     @classmethod
@@ -51,7 +51,9 @@ class CheckpointView:
         window = config.max_seq_len
         # generation.infill.check_model's rule, from the config alone
         infills = codec.fill_id is not None and config.vocab_size >= codec.vocab_size
-        return cls(folder, codec, max_primer_tokens(window), codec.melody_on_offset is not None, infills)
+        # generation.accompaniment's two ways: melody tokens, or the melody track's notes placed (instruments)
+        accompanies = codec.melody_on_offset is not None or codec.instrument_offset is not None
+        return cls(folder, codec, max_primer_tokens(window), accompanies, infills)
 
 
 def _view(folder: str | Path, what: str, can: str, lacks: str) -> tuple[CheckpointView | None, str]:
@@ -66,7 +68,7 @@ def _view(folder: str | Path, what: str, can: str, lacks: str) -> tuple[Checkpoi
 
 def view_accompanist(folder: str | Path) -> tuple[CheckpointView | None, str]:
     """The accompaniment checkpoint in `folder`, or None and why the server has none."""
-    return _view(folder, "accompaniment", "accompanies", "its codec has no melody tokens")
+    return _view(folder, "accompaniment", "accompanies", "its codec has no melody tokens nor instruments")
 
 
 def view_infiller(folder: str | Path) -> tuple[CheckpointView | None, str]:

@@ -381,3 +381,49 @@ def test_a_client_that_leaves_stops_its_accompaniment_in_the_engine(
         assert messages[0]["status"] == 499
         wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1, 30)
         assert post(c).status_code == 200  # the engine carries on
+
+
+def test_a_model_with_instruments_accompanies_on_a_track_per_instrument(tiny_checkpoint, tmp_path):
+    """An instruments model as the accompaniment model: the melody track comes back note for note, the
+    instruments it writes on tracks of their own, `instruments` chooses them, `program` is refused."""
+    import base64
+    import io
+
+    import pretty_midi
+    import torch
+
+    from musicrel.midi.codec import CodecConfig, EventCodec
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+
+    torch.manual_seed(0)
+    codec = EventCodec(CodecConfig(instruments=True))
+    cfg = ModelConfig(
+        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128
+    )
+    save_model(MusicTransformer(cfg), tmp_path / "band", codec=codec)
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    piano = pretty_midi.Instrument(program=0, name="Piano")
+    piano.notes = [pretty_midi.Note(60, 48 + k % 5, 0.5 * k, 0.5 * k + 0.4) for k in range(8)]
+    voice = pretty_midi.Instrument(program=68, name="Voice")
+    voice.notes = [pretty_midi.Note(90, 67 + k % 5, 0.5 * k + 0.1, 0.5 * k + 0.4) for k in range(8)]
+    pm.instruments += [piano, voice]
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    data = buffer.getvalue()
+    with serve(tiny_checkpoint, accompany_checkpoint=tmp_path / "band") as (c, _):
+        r = post(c, data, json=True, track="1", seed="3", instruments="Cello")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        out = pretty_midi.PrettyMIDI(io.BytesIO(base64.b64decode(body["samples"][0]["midi_base64"])))
+        voice_back, *others = out.instruments
+        assert (voice_back.name, voice_back.program) == ("Voice", 68)
+        given = pretty_midi.PrettyMIDI(io.BytesIO(data)).instruments[1].notes
+        assert [(n.pitch, n.start, n.end) for n in voice_back.notes] == [
+            (n.pitch, n.start, n.end) for n in given
+        ]
+        assert all((t.name, t.program) == ("Cello", 42) for t in others)
+        assert body["instrument"] in ("Cello", "none") and body["controls"]["instruments"] == ["Cello"]
+        refused = post(c, data, track="1", program="40")
+        assert refused.status_code == 422 and error_of(refused)["code"] == "program_with_instruments"

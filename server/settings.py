@@ -87,7 +87,8 @@ class Settings(BaseSettings):
     # The accompaniment model (POST /v1/accompaniments, server/tasks/accompaniment.py): loaded at start-up
     # when the folder holds a checkpoint; without one the route answers 503 no_accompaniment_model.
     accompany_checkpoint: Path = Field(
-        Path("checkpoints/accompany"), description="folder of the accompaniment model (melody tokens)"
+        Path("checkpoints/accompany"),
+        description="folder of the accompaniment model (melody tokens, or instruments)",
     )
     # An accompaniment is generated as long as its melody (about 4x real time on 2 cores), one at a time.
     max_melody_seconds: float = Field(300.0, gt=0, le=3600, description="longest melody accompanied (422)")

@@ -23,6 +23,8 @@ from fastapi import FastAPI
 
 from musicrel.generation.controls import (
     CHORD_QUALITIES,
+    DRUM_WORDS,
+    INSTRUMENT_CHOICES,
     MAX_BIAS,
     MAX_CHORDS,
     SCALES,
@@ -60,6 +62,11 @@ _WORDS = "|".join(_any_case(word) for word in STRENGTHS)
 STRENGTH_PATTERN = f"^{_SP}(?:{_WORDS}|1?[0-9](?:\\.[0-9]*)?|{int(MAX_BIAS)}(?:\\.0*)?){_SP}$"
 _NAMES = "|".join(_any_case(name) for name in sorted(gm_program_names(), key=len, reverse=True))
 PROGRAM_NAME_PATTERN = f"^{_BLANK}(?:{_NAMES}){_BLANK}$"
+# The instruments control (controls.parse_instruments): a word, or a list of programs (0-127, names) and drums
+_DRUMS = "|".join(_any_case(word) for word in DRUM_WORDS)
+_INSTRUMENT = f"{_SP}(?:0*(?:[0-9]{{1,2}}|1[01][0-9]|12[0-7])|{_NAMES}|{_DRUMS}){_SP}"
+_CHOICES = "|".join(_any_case(word) for word in INSTRUMENT_CHOICES)
+INSTRUMENTS_PATTERN = f"^{_SP}(?:{_CHOICES}|{_INSTRUMENT}(?:,{_INSTRUMENT}){{0,128}})?{_SP}$"  # blank: unset
 
 
 def form_limits(settings: Settings, vocab_size: int | None) -> dict[str, float]:
@@ -97,6 +104,7 @@ def _form_fields(schema: dict[str, Any], limits: dict[str, float]) -> dict[str, 
         ("key", KEY_PATTERN),
         ("key_strength", STRENGTH_PATTERN),
         ("chord_strength", STRENGTH_PATTERN),
+        ("instruments", INSTRUMENTS_PATTERN),
     ):
         if name in params:
             params[name]["pattern"] = pattern

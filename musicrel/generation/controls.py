@@ -211,6 +211,7 @@ def gm_program_names() -> list[str]:
 
 
 INSTRUMENT_CHOICES = ("motif", "any")  # the instruments control's words; else a list of instruments
+DRUM_WORDS = ("drums", "drum", "percussion")  # how a list of instruments names the drums
 
 
 def parse_instruments(value) -> str:
@@ -230,7 +231,7 @@ def parse_instruments(value) -> str:
     chosen = set()
     for part in value.split(","):
         part = part.strip()
-        if part.lower() in ("drums", "drum", "percussion"):
+        if part.lower() in DRUM_WORDS:
             chosen.add(DRUMS)
         else:
             try:
@@ -285,7 +286,8 @@ class Controls:
     low_note: int | None = None  # lowest MIDI pitch a new note may have
     high_note: int | None = None  # highest
     max_polyphony: int | None = None  # most notes sounding at once (new notes wait while that many sound)
-    # a model with instruments: which may play (`parse_instruments`); None is "motif"; a piano model refuses
+    # a model with instruments: which may play (`parse_instruments`); None is "motif"; a list, for a piano
+    # model, is refused
     instruments: str | None = None
 
     def __post_init__(self) -> None:
@@ -453,7 +455,7 @@ class Controls:
             applied=applied,
             warnings=warnings,
             instruments=instruments,
-            asks_instruments=self.instruments is not None,
+            asks_instruments=self.instruments not in (None, *INSTRUMENT_CHOICES),
         )
 
 
@@ -517,7 +519,9 @@ class RowControls:
     warnings: list[str] = dataclasses.field(default_factory=list)  # controls that pull apart (allowed)
     # (129,) bool: the instruments that may play (a codec with them); None: the motif's (the grammar reads)
     instruments: np.ndarray | None = None
-    asks_instruments: bool = False  # the instruments control was given (a piano model refuses it)
+    # the instruments control named instruments: a piano model refuses that ("motif" and "any" are what it
+    # does anyway: one stream, the motif's instrument)
+    asks_instruments: bool = False
 
 
 class DensityLoop:

@@ -76,6 +76,11 @@ def with_motif(case):
             case.body["start"], case.body["end"] = 1.0, 2.0
         if isinstance(case.body.get("tracks"), str):
             case.body["tracks"] = re.sub("[0-9]+", "0", case.body["tracks"])
+        # Nor which kind of model is served: a piano model refuses a list of instruments (422 no_instruments).
+        if isinstance(case.body.get("instruments"), str) and case.body["instruments"].strip().lower() not in (
+            "motif", "any", "",
+        ):  # fmt: skip
+            case.body["instruments"] = "motif"
         # Nor can it say that the lowest note is at most the highest (422 empty_range).
         low, high = case.body.get("low_note"), case.body.get("high_note")
         if isinstance(low, int) and isinstance(high, int) and low > high:

@@ -200,10 +200,13 @@ def test_the_instruments_control_chooses_who_plays_and_closes_the_others_notes()
 
 
 def test_the_instruments_control_is_refused_by_a_piano_model_and_checked():
-    rows = [Controls(instruments="any").resolve(None, CODEC.config.step_ms)]
+    rows = [Controls(instruments="Violin").resolve(None, CODEC.config.step_ms)]
     with pytest.raises(GenerationError) as err:
         Grammar(CODEC, [np.array([CODEC.note_on_offset + 60])], [1000], controls=rows)
     assert err.value.code == "no_instruments"
+    for word in ("motif", "any"):  # what a piano model does anyway: one stream, the motif's instrument
+        rows = [Controls(instruments=word).resolve(None, CODEC.config.step_ms)]
+        assert Grammar(CODEC, [np.array([CODEC.note_on_offset + 60])], [1000], controls=rows).inst is None
     assert Controls(instruments=" cello ,Violin, DRUMS").instruments == "40,42,drums"
     assert (
         Controls(instruments="ANY").instruments == "any" and Controls(instruments="motif").is_empty is False

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from musicrel.evaluation.metrics import polyphony
-from musicrel.generation.controls import Controls, chord_tone_share, in_range_share, in_scale_share
+from musicrel.generation.controls import Controls, parse_chord, scale_pitch_classes
 from musicrel.generation.keys import PITCH_NAMES, find_key, key_label
 
 DENSITY_TOLERANCE = 0.2
@@ -183,3 +183,35 @@ def format_checks(checks: list[Check]) -> str:
     lines = [" | ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
+
+
+# The figures that show a control held (notes are the continuation's, from time 0)
+
+
+def in_scale_share(notes, key: tuple[int, str]) -> float:
+    """Share of notes whose pitch class is in `key`'s scale (NaN without notes)."""
+    if not notes:
+        return math.nan
+    scale = scale_pitch_classes(key)
+    return float(np.mean([n.pitch % 12 in scale for n in notes]))
+
+
+def chord_at(chords: list[dict], t: float) -> int:
+    """Index of the chord sounding at `t` seconds into the continuation (the progression repeats); `chords` as
+    `RowControls.applied["chords"]`."""
+    ends = np.cumsum([c["seconds"] for c in chords])
+    return int(np.searchsorted(ends, math.fmod(t, ends[-1]) + 1e-9, side="right") % len(chords))
+
+
+def chord_tone_share(notes, chords: list[dict]) -> float:
+    """Share of note onsets whose pitch class belongs to the chord sounding at the onset."""
+    if not notes:
+        return math.nan
+    tones = [parse_chord(c["chord"]) for c in chords]
+    return float(np.mean([n.pitch % 12 in tones[chord_at(chords, n.start)] for n in notes]))
+
+
+def in_range_share(notes, low: int, high: int) -> float:
+    if not notes:
+        return math.nan
+    return float(np.mean([low <= n.pitch <= high for n in notes]))

@@ -1,7 +1,7 @@
 """Steering a continuation without retraining: `Controls` (instrument, the instruments of a model that has
 them, key, chord progression, density, pitch range, polyphony), what each becomes for one row (`RowControls`,
-numpy arrays the grammar turns into the rules it applies with its own), and the figures that show a control
-held (`in_scale_share`, ...).
+numpy arrays the grammar turns into the rules it applies with its own); the figures that show a control held
+are the evaluation's (`musicrel.evaluation.control_evidence`).
 
 A control is a rule of the same kind as the grammar's: a bias or a mask on the logits of one row, applied by
 `generation.grammar.Grammar.constrain` (still the one place where logits change). Pitch controls (key, chords,
@@ -574,36 +574,3 @@ class DensityLoop:
 
         for name in self.ROWS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The figures that show a control held (notes are the continuation's, from time 0)
-
-
-def in_scale_share(notes, key: tuple[int, str]) -> float:
-    """Share of notes whose pitch class is in `key`'s scale (NaN without notes)."""
-    if not notes:
-        return math.nan
-    scale = scale_pitch_classes(key)
-    return float(np.mean([n.pitch % 12 in scale for n in notes]))
-
-
-def chord_at(chords: list[dict], t: float) -> int:
-    """Index of the chord sounding at `t` seconds into the continuation (the progression repeats); `chords` as
-    `RowControls.applied["chords"]`."""
-    ends = np.cumsum([c["seconds"] for c in chords])
-    return int(np.searchsorted(ends, math.fmod(t, ends[-1]) + 1e-9, side="right") % len(chords))
-
-
-def chord_tone_share(notes, chords: list[dict]) -> float:
-    """Share of note onsets whose pitch class belongs to the chord sounding at the onset."""
-    if not notes:
-        return math.nan
-    tones = [parse_chord(c["chord"]) for c in chords]
-    return float(np.mean([n.pitch % 12 in tones[chord_at(chords, n.start)] for n in notes]))
-
-
-def in_range_share(notes, low: int, high: int) -> float:
-    if not notes:
-        return math.nan
-    return float(np.mean([low <= n.pitch <= high for n in notes]))

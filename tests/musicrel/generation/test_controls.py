@@ -12,7 +12,13 @@ import pretty_midi
 import pytest
 import torch
 
-from musicrel.evaluation.control_evidence import evaluate_controls, progression
+from musicrel.evaluation.control_evidence import (
+    chord_at,
+    chord_tone_share,
+    evaluate_controls,
+    in_scale_share,
+    progression,
+)
 from musicrel.evaluation.metrics import polyphony
 from musicrel.generation.controls import (
     DENSITY_CHORD,
@@ -20,11 +26,8 @@ from musicrel.generation.controls import (
     PREFER_BIAS,
     ControlError,
     Controls,
-    chord_at,
-    chord_tone_share,
     chords_outside_key,
     gm_program_names,
-    in_scale_share,
     parse_chord,
     parse_chords,
     parse_key,

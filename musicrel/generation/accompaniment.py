@@ -214,11 +214,11 @@ def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams
 
 
 def accompaniment_job(model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0):
-    """The decode job (`decode_batch.DecodeJob`) that accompanies a melody (notes, file time): num_samples
+    """The decode job (`decode_job.DecodeJob`) that accompanies a melody (notes, file time): num_samples
     rows that start from bos under a `MelodyGrammar` placing the melody, until the melody is placed and its
     last note has ended TAIL_SECONDS ago. The controls are resolved against the melody (GenerationError, a
     ControlError, when they cannot apply)."""
-    from musicrel.generation.decode_batch import DecodeJob
+    from musicrel.generation.decode_job import DecodeJob
     from musicrel.generation.primer import Primer
 
     seed = params.seed if params.seed is not None else draw_seed()
@@ -279,7 +279,7 @@ def instruments_job(
     writes the other instruments around them, until the melody is placed and its last note ended
     TAIL_SECONDS ago. The instruments control says which it may bring in (every one by default: the prompt
     has no motif to keep to)."""
-    from musicrel.generation.decode_batch import DecodeJob
+    from musicrel.generation.decode_job import DecodeJob
     from musicrel.generation.placed import PlacedGrammar
     from musicrel.generation.primer import Primer
 

@@ -1,15 +1,16 @@
 """Continuous batching, the one decode loop: `DecodeBatch` decodes the rows of many jobs together, one token
-each per step, while jobs join and leave between steps. A job (`DecodeJob`) is a prompt, a grammar with one
-row per sample, its sampling settings and seed: a continuation (`continuation_job`, what `admit` makes of a
-primer and `SamplingParams`; `generate_batch` runs a list of them to completion), an accompaniment
+each per step, while jobs join and leave between steps. A job (`decode_job.DecodeJob`) is a prompt, a grammar
+with one row per sample, its sampling settings and seed: a continuation (`continuation_job`, what `admit`
+makes of a primer and `SamplingParams`; `generate_batch` runs a list of them to completion), an accompaniment
 (`generation.accompaniment`: the melody's grammar) or an infill (`generation.infill.infill_job`: the
 fill-in-the-middle prompt, the gap's grammar); the server's engine steps the last two beside its continuation
 batch. `continue_midi`, the one-call library entry, is `generation.continuation`'s. A finished job's result
 holds tokens: the caller renders them (`primer.render_result`), so no row waits while another job's MIDI is
 written, and the engine process ships tokens, not MIDI objects.
 
-Over 450 lines on purpose: admit, step, the window slide and swap-remove all edit one cache layout (live rows
-first, one shared length, per-row left padding), and they are read together or not at all.
+The rows' per-row state is `decode_rows.LiveRows`, the fixed-shape step `decode_graph.StaticStep`. Over 450
+lines on purpose: admit, step, the window slide and swap-remove all edit one cache layout (live rows first,
+one shared length, per-row left padding), and they are read together or not at all.
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from musicrel.errors import GenerationError, is_int
-from musicrel.generation.controls import RowControls
 from musicrel.generation.decode import decode_one_token, eval_mode, prefill, sample
 from musicrel.generation.decode_graph import (
     MAX_STATIC_STEPS,
+    Ended,
     StaticStep,
     bucket,
     buckets,
@@ -37,185 +38,15 @@ from musicrel.generation.decode_graph import (
     supported,
 )
 from musicrel.generation.decode_graph import signature as decode_graph_signature
-from musicrel.generation.grammar import Grammar, max_hold_seconds
+from musicrel.generation.decode_job import DecodeJob, check_params, check_tokens, continuation_job
+from musicrel.generation.decode_rows import LiveJob, LiveRow, LiveRows
+from musicrel.generation.grammar import Grammar
 from musicrel.generation.lru import LRU
-from musicrel.generation.primer import Primer, default_max_primer_tokens
-from musicrel.generation.row_random import RowRandom
-from musicrel.generation.sampling import ContinuationResult, SamplingParams, draw_seed, row_seed
+from musicrel.generation.primer import Primer
+from musicrel.generation.sampling import ContinuationResult, SamplingParams, row_seed
 from musicrel.midi.codec import shift_steps
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class DecodeJob:
-    """A job as the decode loop sees it: `num_samples` rows that read `tokens` (the prompt; the model's window
-    is cropped to by the caller) and then sample under `grammar`, each with its own generator seeded by
-    row_seed(seed, sample), until the grammar says the row is finished (`Grammar.finished`) or it has drawn
-    max_new_tokens. The batch takes the grammar over (it records every row's tokens); a batch holds one
-    grammar class at a time (rows of `Grammar` and of a subclass never share one)."""
-
-    tokens: np.ndarray  # (P,) the prompt, P >= 1, ids in the model's vocabulary
-    grammar: Grammar  # one row per sample, in its state after `tokens`
-    seed: int
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_k: int | None = None  # None: every token
-    top_p: float = 1.0
-    shift_temperature: float = 1.0
-    tail_steps: int = 0  # the result's `seconds` count from the cut, this many steps after the prompt's end
-    controls: RowControls | None = None  # reported in the result (the grammar applies them)
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.grammar.elapsed)
-
-
-def continuation_job(model, codec, primer: Primer, params: SamplingParams, *, index: int = 0) -> DecodeJob:
-    """The job that continues `primer` as `params` ask: the primer cropped to leave room in the window (bos
-    when it is empty), the continuation grammar (the join at the cut, the notes' hold from the motif, the
-    controls resolved against the primer), a drawn seed when params has none. `index` names the job in
-    errors (GenerationError: params that are not SamplingParams, a primer token outside the vocabulary)."""
-    _check_params(index, params)
-    step_ms = codec.config.step_ms
-    controls = None if params.controls is None else params.controls.resolve(primer, step_ms)
-    tokens = np.asarray(primer.tokens, dtype=np.int64).reshape(-1)[-default_max_primer_tokens(model) :]
-    if not len(tokens):
-        tokens = np.array([codec.bos_id])
-    _check_tokens(index, tokens, model.cfg.vocab_size)
-    B = params.num_samples
-    grammar = Grammar(
-        codec,
-        [tokens] * B,
-        [params.limit_steps(step_ms)] * B,
-        [round(max_hold_seconds(primer) * 1000.0 / step_ms)] * B,
-        device=next(model.parameters()).device,
-        controls=[controls] * B,
-        tails=[primer.tail_steps] * B,
-    )
-    return DecodeJob(
-        tokens=tokens,
-        grammar=grammar,
-        seed=draw_seed() if params.seed is None else params.seed,
-        max_new_tokens=params.token_budget(),
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        shift_temperature=params.shift_temperature,
-        tail_steps=primer.tail_steps,
-        controls=controls,
-    )
-
-
-def _check_params(j: int, params) -> None:
-    if not isinstance(params, SamplingParams):
-        raise GenerationError(
-            f"job {j}: params must be SamplingParams, got {type(params).__name__}", code="invalid_params"
-        )
-
-
-def _check_tokens(j: int, tokens: np.ndarray, vocab_size: int) -> None:
-    if not len(tokens) or tokens.min() < 0 or tokens.max() >= vocab_size:
-        raise GenerationError(f"job {j}: primer tokens must be in 0..{vocab_size - 1}", code="invalid_primer")
-
-
-@dataclass(eq=False)
-class _Job:
-    id: int
-    spec: DecodeJob
-    samples: list  # generated tokens per sample, filled in as its row leaves the batch
-    rows_left: int
-    admitted: float  # time.perf_counter() when its prefill was done
-    prefill_s: float
-    stopped: bool = False
-
-    @property
-    def tokens(self) -> np.ndarray:
-        return self.spec.tokens
-
-
-@dataclass(eq=False)
-class _Row:
-    job: _Job
-    sample: int
-    # primer, then generated tokens (preallocated); the last one is the pending token. Written in blocks of
-    # steps (`DecodeBatch._flush`), not per step: read them through the batch.
-    history: np.ndarray
-    filled: int  # tokens in history
-
-
-@dataclass(eq=False)
-class _Rows:
-    """Everything a live row carries, one entry per row in batch order: rows leave (`select`) and join
-    (`extend`) together, so no field can fall out of step with the others."""
-
-    rows: list[_Row]
-    pending: Tensor  # (n,) long: the next token to feed
-    temperature: Tensor  # (n,)
-    top_k: Tensor  # (n,) long
-    top_p: Tensor  # (n,)
-    shift_temperature: Tensor  # (n,)
-    drawn: Tensor  # (n,) long: tokens drawn so far
-    max_new: Tensor  # (n,) long: the most a row draws
-    random: RowRandom
-    grammar: Grammar
-    # The sampler's work that some row needs (top-k/top-p; a shift temperature): Python flags, refreshed
-    # only as rows join and leave, so a step asks the device nothing.
-    truncate: bool = field(init=False, default=False)
-    reshape: bool = field(init=False, default=False)
-
-    def __post_init__(self) -> None:
-        self._flags()
-
-    def _flags(self) -> None:
-        specs = [row.job.spec for row in self.rows]
-        self.truncate = any(spec.top_k is not None or spec.top_p < 1 for spec in specs)
-        self.reshape = any(spec.shift_temperature != 1 for spec in specs)
-
-    def select(self, order: list[int]) -> None:
-        """Keep the rows at `order`, in that order."""
-        index = torch.as_tensor(order, dtype=torch.long, device=self.pending.device)
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, (Grammar, RowRandom)):
-                value.select(index)
-            elif isinstance(value, Tensor):
-                setattr(self, f.name, value[index])
-            elif isinstance(value, list):
-                setattr(self, f.name, [value[r] for r in order])
-        self._flags()
-
-    def extend(self, other: _Rows) -> None:
-        """Append the rows of `other` (jobs joining)."""
-        for f in fields(self):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if isinstance(mine, Tensor):
-                setattr(self, f.name, torch.cat([mine, theirs]))
-            elif not isinstance(mine, bool):
-                mine.extend(theirs)  # a list, the RowRandom or the Grammar
-        self._flags()
-
-
-class _Ended:
-    """A static step's (n,) flags of the rows that ended, on their way to the host: copied without waiting
-    (pinned memory on a GPU) and read at the next step, after that step is queued behind it."""
-
-    def __init__(self, done: Tensor):
-        if done.is_cuda:
-            self.flags = torch.empty(done.shape, dtype=done.dtype, pin_memory=True)
-            self.flags.copy_(done, non_blocking=True)
-            self.event: torch.cuda.Event | None = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.flags, self.event = done.clone(), None
-
-    def read(self, rows: int) -> np.ndarray:
-        """(rows,) bool: the flags, False for the rows admitted since."""
-        if self.event is not None:
-            self.event.synchronize()  # that step only: the one queued since runs on
-        late = np.zeros(rows, dtype=bool)
-        late[: len(self.flags)] = self.flags.numpy()
-        return late
 
 
 class DecodeBatch:
@@ -248,7 +79,7 @@ class DecodeBatch:
     the same step at fixed shapes (rows padded to a bucket, the cache preallocated at the whole window for
     max_rows rows, the position on the device: `decode_graph.StaticStep`); "graph" (a GPU's "auto") that
     step captured in a CUDA graph per bucket and replayed. Both ask the device nothing while no row ends:
-    which rows ended is read a step late (`_Ended`), a row that ended drawing one token past its end, which
+    which rows ended is read a step late (`Ended`), a row that ended drawing one token past its end, which
     is dropped as it leaves (the same tokens). On a GPU max_rows is cut to the rows whose cache fits the
     memory free at the start (`decode_graph.rows_that_fit`).
     """
@@ -283,40 +114,23 @@ class DecodeBatch:
         )
         self._static: dict[tuple, StaticStep] = {}  # by bucket and signature
         self._static_now: StaticStep | None = None  # the last step's
-        self._ended: _Ended | None = None  # the last static step's ended rows, not read yet
+        self._ended: Ended | None = None  # the last static step's ended rows, not read yet
         self.left_pad = torch.zeros(max_rows, dtype=torch.long, device=self.device)  # (max_rows,)
         self.length = 0  # positions the live rows share
         # per live row, in batch order; the grammar's class is the first job's once one is admitted
-        self.live = self._new_rows([], [], Grammar(codec, [], [], device=self.device))
+        self.live = LiveRows.start(
+            [], [], Grammar(codec, [], [], device=self.device), model.cfg.vocab_size, self.device
+        )
         self._ids = itertools.count()
         self._shift_steps = shift_steps(codec)
         self._steps: list[Tensor] = []  # tokens drawn since the last _flush, (n,) each, rows in batch order
         self._view: tuple | None = None  # (cache buffers, rows, the view of them the model decodes with)
         self._live_jobs: list[int] = []
-        self._by_job: dict[int, list[_Row]] | None = None  # `generated`'s index, None when rows changed
+        self._by_job: dict[int, list[LiveRow]] | None = None  # `generated`'s index, None when rows changed
 
     @property
-    def rows(self) -> list[_Row]:
+    def rows(self) -> list[LiveRow]:
         return self.live.rows
-
-    def _new_rows(self, rows: list[_Row], seeds: list[int], grammar: Grammar) -> _Rows:
-        specs = [row.job.spec for row in rows]
-
-        def tensor(values: list, dtype=torch.float32) -> Tensor:
-            return torch.as_tensor(values, dtype=dtype, device=self.device)
-
-        return _Rows(
-            rows=rows,
-            pending=tensor([int(row.job.tokens[-1]) for row in rows], torch.long),
-            temperature=tensor([j.temperature for j in specs]),
-            top_k=tensor([j.top_k or self.model.cfg.vocab_size for j in specs], torch.long),
-            top_p=tensor([j.top_p for j in specs]),
-            shift_temperature=tensor([j.shift_temperature for j in specs]),
-            drawn=tensor([0] * len(rows), torch.long),
-            max_new=tensor([j.max_new_tokens for j in specs], torch.long),
-            random=RowRandom(seeds, self.device),
-            grammar=grammar,
-        )
 
     @property
     def free_rows(self) -> int:
@@ -374,7 +188,7 @@ class DecodeBatch:
         kind = type(self.live.grammar) if self.rows else type(specs[0].grammar) if specs else None
         for j, spec in enumerate(specs):
             spec.tokens = np.asarray(spec.tokens, dtype=np.int64).reshape(-1)
-            _check_tokens(j, spec.tokens, self.model.cfg.vocab_size)
+            check_tokens(j, spec.tokens, self.model.cfg.vocab_size)
             if spec.num_samples < 1:
                 raise GenerationError(f"job {j}: a job needs at least one row", code="invalid_params")
             if type(spec.grammar) is not kind:
@@ -410,7 +224,7 @@ class DecodeBatch:
         self.left_pad[n : n + n_new] = torch.as_tensor([L - len(c) for c in contexts], device=self.device)
         ids, rows, seeds = [], [], []
         for spec in specs:
-            job = _Job(
+            job = LiveJob(
                 id=next(self._ids),
                 spec=spec,
                 samples=[np.zeros(0, dtype=np.int64)] * spec.num_samples,
@@ -423,12 +237,12 @@ class DecodeBatch:
                 # one token of room past the most it draws: a static step's row draws one past its end
                 history = np.empty(len(job.tokens) + spec.max_new_tokens + 1, dtype=np.int64)
                 history[: len(job.tokens)] = job.tokens
-                rows.append(_Row(job, i, history, len(job.tokens)))
+                rows.append(LiveRow(job, i, history, len(job.tokens)))
                 seeds.append(row_seed(spec.seed, i))
         grammar = specs[0].grammar
         for spec in specs[1:]:
             grammar.extend(spec.grammar)
-        new = self._new_rows(rows, seeds, grammar)
+        new = LiveRows.start(rows, seeds, grammar, self.model.cfg.vocab_size, self.device)
         if n == 0:
             self.live = new  # the batch's grammar is its first job's (its class: the batch's kind)
         else:
@@ -509,13 +323,13 @@ class DecodeBatch:
         token, done = static.run(self, capture=self.step_mode == "graph", bound=bound)
         self.length += 1
         self._steps.append(token.clone())  # the buffer is the next step's input
-        # Which rows ended is read one step late, while this step runs (`_Ended`): the step asks the device
+        # Which rows ended is read one step late, while this step runs (`Ended`): the step asks the device
         # nothing while no row ends. A row that ended on the last step drew one token past its end on this
         # one: it leaves now, that token dropped (rows never read one another: nothing else changed).
         ended, self._ended = self._ended, None
         late = ended.read(len(self.rows)) if ended is not None else None
         if late is None or not late.any():
-            self._ended = _Ended(done)
+            self._ended = Ended(done)
             return []
         now = done.cpu().numpy()  # rows leave this step: its own ends are read now too
         return self._drop((~(late | now)).tolist(), late=late.tolist())
@@ -670,7 +484,7 @@ class DecodeBatch:
         self.live.select(order)
         return finished
 
-    def _result(self, job: _Job) -> ContinuationResult:
+    def _result(self, job: LiveJob) -> ContinuationResult:
         step_s = self.codec.config.step_ms / 1000.0
         spec = job.spec
         return ContinuationResult(
@@ -703,7 +517,7 @@ def generate_batch(
     if not jobs:
         return []
     for j, (_, params) in enumerate(jobs):
-        _check_params(j, params)
+        check_params(j, params)
     batch = DecodeBatch(model, codec, max_rows=sum(params.num_samples for _, params in jobs))
     ids = batch.admit(jobs)
     index = {job_id: j for j, job_id in enumerate(ids)}

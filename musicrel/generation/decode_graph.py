@@ -14,7 +14,7 @@ fixed shapes and addresses; so here:
   replay moves them on by one step;
 - the model's forward is `MusicTransformer.decode_static`: the rows' shared length is a tensor on the device
   (`pos`), attention runs over the whole preallocated cache, masked;
-- which rows ended goes to the host without a wait and is read at the next step (`decode_batch._Ended`);
+- which rows ended goes to the host without a wait and is read at the next step (`Ended`);
 - between steps the live objects hold views of the buffers' first n rows, so everything else (admit, rows
   leaving, streaming) works on them as before; a change of the rows (`select`, `extend`) makes new tensors,
   and the next step copies them back into the buffers (`bind`).
@@ -34,6 +34,7 @@ import logging
 import os
 from dataclasses import replace
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -47,7 +48,7 @@ STEP_MODES = ("auto", "eager", "static", "graph")
 # What "auto" means in this process when set (a device check's rerun with the eager step on a GPU, say):
 # one of STEP_MODES; DecodeBatch's own argument, when not "auto", wins.
 STEP_MODE_ENV = "MUSICREL_DECODE_STEP"
-# what a row carries in `_Rows` (decode_batch), per row
+# what a row carries in `decode_rows.LiveRows`, per row
 ROW_FIELDS = ("pending", "temperature", "top_k", "top_p", "shift_temperature", "drawn", "max_new")
 RANDOM_FIELDS = ("state", "step")
 KV_MEMORY_SHARE = 0.5  # of the GPU's free memory at a batch's start, for its preallocated KV cache
@@ -272,3 +273,25 @@ class StaticStep:
         if stream is None:
             stream = batch._capture_stream = torch.cuda.Stream(device=batch.device)
         return stream
+
+
+class Ended:
+    """A static step's (n,) flags of the rows that ended, on their way to the host: copied without waiting
+    (pinned memory on a GPU) and read at the next step, after that step is queued behind it."""
+
+    def __init__(self, done: Tensor):
+        if done.is_cuda:
+            self.flags = torch.empty(done.shape, dtype=done.dtype, pin_memory=True)
+            self.flags.copy_(done, non_blocking=True)
+            self.event: torch.cuda.Event | None = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.flags, self.event = done.clone(), None
+
+    def read(self, rows: int) -> np.ndarray:
+        """(rows,) bool: the flags, False for the rows admitted since."""
+        if self.event is not None:
+            self.event.synchronize()  # that step only: the one queued since runs on
+        late = np.zeros(rows, dtype=bool)
+        late[: len(self.flags)] = self.flags.numpy()
+        return late

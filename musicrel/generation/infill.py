@@ -30,7 +30,8 @@ import numpy as np
 
 from musicrel.errors import InfillError
 from musicrel.generation.controls import MAX_DENSITY, Controls
-from musicrel.generation.decode_batch import DecodeBatch, DecodeJob
+from musicrel.generation.decode_batch import DecodeBatch
+from musicrel.generation.decode_job import DecodeJob
 from musicrel.generation.fim import FUTURE_SHARE, FimSequence, fim_sequence
 from musicrel.generation.grammar import HOLD_FACTOR, MAX_HOLD_SECONDS, MIN_HOLD_SECONDS, Grammar
 from musicrel.generation.placed import Heard, PlacedGrammar
@@ -127,7 +128,7 @@ def _with_chosen_density(codec, seg: InfillSegments, controls: Controls | None) 
 
 
 def infill_job(model, codec, seg: InfillSegments, params: InfillParams) -> DecodeJob:
-    """The decode job (`decode_batch.DecodeJob`) that writes the gap of `seg`: num_samples rows that read the
+    """The decode job (`decode_job.DecodeJob`) that writes the gap of `seg`: num_samples rows that read the
     infill prompt (`infill_prompt`: future, past, [FILL]) for the model's window and sample under the
     continuation grammar, its state (sounding notes, recent pitches) the past's and its time limit the gap's
     length, so each row leaves the batch once its gap reaches `end`. Notes are closed for their length after

@@ -318,7 +318,7 @@ def test_the_batch_decoder_draws_the_gap_the_fixed_batch_decoder_drew(window, at
 def test_infill_job_is_a_decode_job_of_the_prompt_under_the_pasts_grammar(model):
     """The job: the infill prompt, a row per sample whose grammar starts from the past (its sounding notes)
     with the gap's length as its time limit; the same seed as asked, or a drawn one."""
-    from musicrel.generation.decode_batch import DecodeJob
+    from musicrel.generation.decode_job import DecodeJob
     from musicrel.generation.infill import infill_job
     from musicrel.midi.codec import open_pitches
 

@@ -28,40 +28,38 @@ spreads them), each POSTing a real motif to
 
 The client's event loop lag (a ticker's worst delay) is printed with each row: a loaded client would make
 streams look late that were not.
+
+Here: the criterion, the row and its table, the bench's options and its loop over N; the clients are
+`listener_clients`, the service and its memory `listener_service`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import math
 import os
-import resource
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from musicrel.bench.generate import EVENTS_PER_SECOND_OF_MUSIC
+from musicrel.bench.listener_clients import Stream, run_phase
+from musicrel.bench.listener_service import (
+    MIB,
+    REPO,
+    MemorySampler,
+    gpu_name,
+    raise_open_files,
+    service,
+    service_env,
+)
 from musicrel.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "server" / "static" / "examples"
-STREAM_PATH = "/v1/continuations/stream"
 LEAD_S = 0.06  # server/static/js/modes/live.js LIVE_LEAD_S: the page plays the first note this late
 SLIP_MARGIN_S = 0.005  # synth.js liveOn: a note starting sooner than this from now slips
 DEFAULT_LISTENERS = {"cuda": (1, 64, 256, 1024), "cpu": (1, 4, 8)}
-MAX_BATCH_ROWS = 1024  # server/settings.py's bound on MUSICREL_MAX_BATCH_ROWS
-MEMORY_PERIOD_S = 0.25
-MIB = 1024 * 1024
 
 
 def register(bench_sub) -> None:
@@ -126,177 +124,6 @@ def on_time(arrivals: list[float], times: list[float], lead_s: float = LEAD_S) -
     """A player that starts the first note `lead_s` after it arrives plays every note_on in its place (none
     slips: see the module docstring). False with no note at all."""
     return bool(arrivals) and lateness(arrivals, times) <= lead_s - SLIP_MARGIN_S
-
-
-# ---------------------------------------------------------------- one stream
-
-
-@dataclass
-class Stream:
-    """What one client saw. Times are seconds on this process's monotonic clock."""
-
-    sent: float = 0.0
-    status: int = 0  # HTTP status; 0: no answer (transport error, or given up)
-    error: str = ""  # a refusal's or an error event's code, or the transport error's name
-    arrivals: list[float] = field(default_factory=list)  # of each note_on line
-    times: list[float] = field(default_factory=list)  # each note_on's music time
-    done: float | None = None  # the result line's arrival
-    new_tokens: int = 0
-    decode_ms: float | None = None
-
-    @property
-    def first_note_s(self) -> float | None:
-        return self.arrivals[0] - self.sent if self.arrivals else None
-
-    @property
-    def finished(self) -> bool:
-        return self.done is not None and not self.error
-
-    def take(self, line: bytes, at: float) -> None:
-        """One NDJSON line, arrived at `at`."""
-        if line.startswith(b'{"type":"note_on"'):
-            # its last field is the time (server/tasks/stream.py `note_line`): no JSON parse per note, the
-            # client's main work at a thousand streams
-            self.arrivals.append(at)
-            self.times.append(float(line[line.rindex(b'"time":') + 7 : line.rindex(b"}")]))
-        elif line.startswith(b'{"type":"result"'):
-            event = json.loads(line)
-            self.done = at
-            self.new_tokens = int(event["new_tokens"])
-            self.decode_ms = (event.get("timings") or {}).get("decode_ms")
-        elif line.startswith(b'{"type":"error"'):
-            event = json.loads(line)
-            self.error = (event.get("error") or {}).get("code") or f"error {event.get('status')}"
-
-
-async def _listen(http, stream: Stream, motif: bytes, seconds: float, seed: int) -> None:
-    import httpx
-
-    stream.sent = time.monotonic()
-    files = {"file": ("motif.mid", motif, "audio/midi")}
-    data = {"seconds": str(seconds), "seed": str(seed)}
-    try:
-        async with http.stream("POST", STREAM_PATH, files=files, data=data) as r:
-            stream.status = r.status_code
-            if r.status_code != 200:
-                body = await r.aread()
-                try:
-                    stream.error = json.loads(body)["error"]["code"]
-                except (ValueError, KeyError, TypeError):
-                    stream.error = f"HTTP {r.status_code}"
-                return
-            rest = b""
-            async for chunk in r.aiter_raw():
-                at = time.monotonic()
-                *lines, rest = (rest + chunk).split(b"\n")
-                for line in lines:
-                    stream.take(line, at)
-    except httpx.HTTPError as exc:
-        stream.error = type(exc).__name__
-
-
-async def _ticker(lags: list[float], stop: asyncio.Event, period: float = 0.01) -> None:
-    """The event loop's lag: how late each `period` sleep wakes."""
-    while not stop.is_set():
-        start = time.monotonic()
-        await asyncio.sleep(period)
-        lags.append(time.monotonic() - start - period)
-
-
-async def _phase(
-    url: str,
-    motifs: list[bytes],
-    n: int,
-    seconds: float,
-    ramp_s: float,
-    timeout_s: float,
-    first: int = 0,
-    total: int | None = None,
-    go_at: float | None = None,
-) -> tuple[list[Stream], float, list[float]]:
-    """Streams first .. first + n - 1 of `total` (default n), sent at once at `go_at` (time.monotonic(); now
-    when None) or spread over ramp_s; (streams, wall seconds from go to the last answer, loop lags)."""
-    import httpx
-
-    total = total or n
-    if go_at is not None:
-        await asyncio.sleep(max(0.0, go_at - time.monotonic()))
-
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-    timeout = httpx.Timeout(timeout_s, connect=60.0)
-    streams = [Stream() for _ in range(n)]
-    lags: list[float] = []
-    stop = asyncio.Event()
-    ticker = asyncio.create_task(_ticker(lags, stop))
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
-
-        async def one(i: int) -> None:
-            k = first + i  # the stream's number among all: its motif, seed and place in the ramp
-            if ramp_s > 0:
-                await asyncio.sleep(ramp_s * k / total)
-            await _listen(http, streams[i], motifs[k % len(motifs)], seconds, seed=k)
-
-        start = time.monotonic()
-        tasks = [asyncio.create_task(one(i)) for i in range(n)]
-        _, pending = await asyncio.wait(tasks, timeout=timeout_s + ramp_s)
-        for task in pending:  # given up: counted as not finished
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for s, task in zip(streams, tasks, strict=True):
-            if s.done is None and not s.error:  # cut off by the phase's limit, or ended without a result
-                s.error = "gave_up" if task in pending else "no_result"
-        wall = max([s.done for s in streams if s.done is not None] or [time.monotonic()]) - start
-    stop.set()
-    await ticker
-    return streams, wall, lags
-
-
-def run_phase(
-    url: str, motifs: list[bytes], n: int, seconds: float, ramp_s: float, timeout_s: float, processes: int = 1
-) -> tuple[list[Stream], float, list[float]]:
-    """N streams from this process, or from `processes` processes (spawned, each a share of the streams on
-    its own event loop, all sent at the same moment: arrival times on the one monotonic clock)."""
-    processes = max(1, min(processes, n))
-    if processes == 1:
-        return _run_share(url, motifs, n, seconds, ramp_s, timeout_s)
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    shares = [n // processes + (i < n % processes) for i in range(processes)]
-    firsts = [sum(shares[:i]) for i in range(processes)]
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(processes, mp_context=context) as pool:
-        list(pool.map(_ready, range(processes)))  # started and imported before the clock starts
-        go_at = time.monotonic() + 1.0
-        futures = [
-            pool.submit(_run_share, url, motifs, k, seconds, ramp_s, timeout_s, f, n, go_at)
-            for k, f in zip(shares, firsts, strict=True)
-        ]
-        parts = [future.result() for future in futures]
-    streams = [stream for part, _, _ in parts for stream in part]
-    ends = [s.done for s in streams if s.done is not None]
-    wall = (max(ends) - go_at) if ends else max(w for _, w, _ in parts)
-    return streams, wall, [lag for _, _, lags in parts for lag in lags]
-
-
-def _ready(_: int) -> bool:
-    import httpx  # noqa: F401  (the import a client process pays before its first request)
-
-    return True
-
-
-def _run_share(url: str, motifs: list[bytes], n: int, seconds: float, ramp_s: float, timeout_s: float,
-               first: int = 0, total: int | None = None, go_at: float | None = None):  # fmt: skip
-    """`_phase` on an event loop of its own (uvloop's where installed: the GPU image has it)."""
-    coro = _phase(url, motifs, n, seconds, ramp_s, timeout_s, first, total, go_at)
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    if sys.version_info >= (3, 11):
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(coro)
-    return asyncio.run(coro)
 
 
 # ---------------------------------------------------------------- summary
@@ -374,148 +201,7 @@ def table(rows: list[dict]) -> list[str]:
     ]
 
 
-# ---------------------------------------------------------------- memory, from outside the service
-
-
-def _family(pid: int) -> list[int]:
-    """`pid` and its descendants (the uvicorn process and its engine)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        with contextlib.suppress(OSError):
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-    return out
-
-
-def _rss_bytes(pids: list[int]) -> int:
-    total = 0
-    for p in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-    return total
-
-
-def _smi(query: str) -> list[list[str]]:
-    out = subprocess.run(
-        ["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
-    ).stdout
-    return [[x.strip() for x in row.split(",")] for row in out.splitlines()]
-
-
-def _gpu_bytes(pids: list[int]) -> int:
-    """GPU memory nvidia-smi gives these processes; where it names none of them (a sandbox whose process ids
-    it does not see), the memory used on GPU 0, nothing else running there."""
-    wanted, total, seen = set(pids), 0, False
-    for row in _smi("--query-compute-apps=pid,used_memory"):
-        if len(row) == 2 and row[0].isdigit() and int(row[0]) in wanted and row[1].isdigit():
-            total, seen = total + int(row[1]) * MIB, True
-    if seen:
-        return total
-    rows = _smi("--query-gpu=memory.used")
-    return int(rows[0][0]) * MIB if rows and rows[0] and rows[0][0].isdigit() else 0
-
-
-class MemorySampler:
-    """Samples the service's memory (GPU on cuda, RSS on cpu) every MEMORY_PERIOD_S on a thread."""
-
-    def __init__(self, pid: int, device: str) -> None:
-        self.pid, self.kind = pid, "gpu" if device == "cuda" else "rss"
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def read(self) -> int:
-        """Bytes now; 0 when they cannot be read (no nvidia-smi: the row says n/a)."""
-        pids = _family(self.pid)
-        try:
-            return _gpu_bytes(pids) if self.kind == "gpu" else _rss_bytes(pids)
-        except (OSError, subprocess.SubprocessError):
-            return 0
-
-    def _loop(self) -> None:
-        while not self._stop.wait(MEMORY_PERIOD_S):
-            self.peak = max(self.peak, self.read())
-
-    def __enter__(self) -> MemorySampler:
-        self.peak = self.read()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.peak = max(self.peak, self.read())
-
-
-# ---------------------------------------------------------------- the service
-
-
-def service_env(checkpoint: Path, device: str, n: int, seconds: float, timeout_s: float, none: Path) -> dict:
-    """The started service's environment: its batch N rows wide, every admission bound above N, only the
-    continuation model loaded (`none`: a folder with no checkpoint)."""
-    return {
-        **os.environ,
-        "MUSICREL_CHECKPOINT": str(checkpoint),
-        "MUSICREL_DEVICE": device,
-        "MUSICREL_MAX_BATCH_ROWS": str(min(MAX_BATCH_ROWS, max(1, n))),
-        "MUSICREL_MAX_QUEUE": str(n + 16),
-        "MUSICREL_MAX_UPLOADS": str(n + 16),
-        "MUSICREL_MAX_SECONDS": str(max(60.0, seconds)),
-        "MUSICREL_REQUEST_TIMEOUT_S": str(max(120.0, timeout_s)),
-        "MUSICREL_ACCOMPANY_CHECKPOINT": str(none),
-        "MUSICREL_INFILL_CHECKPOINT": str(none),
-    }
-
-
-@contextlib.contextmanager
-def service(env: dict, backlog: int, ready_timeout_s: float = 300.0):
-    """A uvicorn process of server.app:app on a free port; yields (url, pid) once /readyz answers 200."""
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "uvicorn", "server.app:app", "--port", str(port)]
-    command += ["--backlog", str(backlog), "--log-level", "warning"]
-    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    server = subprocess.Popen(command, env={**env, "PYTHONPATH": path}, cwd=REPO)
-    try:
-        started = time.monotonic()
-        deadline = started + ready_timeout_s
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            if server.poll() is not None:
-                raise RuntimeError(f"the service exited with code {server.returncode} before it was ready")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the service was not ready within {ready_timeout_s:g} s")
-            time.sleep(0.2)
-        # what the device check's listener steps budget for a start (gpucheck.LISTENER_START_S)
-        print(f"  service ready in {time.monotonic() - started:.1f} s", flush=True)
-        yield url, server.pid
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
-
-
-def _raise_open_files(n: int) -> None:
-    """Every stream holds a socket here and one in the service: lift the soft limit of open files (the
-    service inherits it) to the hard one, which 1,024 streams pass on many systems' default of 1,024."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else max(soft, 4 * n + 1024)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+# ---------------------------------------------------------------- the bench: a service and a phase per N
 
 
 def phase_timeout_s(seconds: float) -> float:
@@ -575,7 +261,7 @@ def measure(args: argparse.Namespace) -> dict:
         raise ConfigError(f"{args.checkpoint} holds no checkpoint (config.json)", code="no_checkpoint")
     uploads = load_motifs(args.motif)
     timeout_s = args.phase_timeout_s or phase_timeout_s(args.seconds)
-    _raise_open_files(max(counts))
+    raise_open_files(max(counts))
     rows: list[dict] = []
     report = {
         "checkpoint": str(args.checkpoint),
@@ -589,7 +275,7 @@ def measure(args: argparse.Namespace) -> dict:
         "phase_timeout_s": timeout_s,
         "rows": rows,
         "holds": None,
-        "gpu": _gpu_name() if args.device == "cuda" else None,
+        "gpu": gpu_name() if args.device == "cuda" else None,
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
@@ -613,18 +299,6 @@ def measure(args: argparse.Namespace) -> dict:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(_plain(report), indent=1, allow_nan=False) + "\n")
     return report
-
-
-def _gpu_name() -> str | None:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return out.stdout.strip() or None
-    return None
 
 
 def run(args: argparse.Namespace) -> int:

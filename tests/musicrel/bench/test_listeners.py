@@ -11,7 +11,9 @@ import os
 import pytest
 
 from musicrel.bench import listeners
-from musicrel.bench.listeners import COLUMNS, LEAD_S, SLIP_MARGIN_S, Stream, holds, lateness, on_time
+from musicrel.bench.listener_clients import Stream
+from musicrel.bench.listener_service import _gpu_bytes
+from musicrel.bench.listeners import COLUMNS, LEAD_S, SLIP_MARGIN_S, holds, lateness, on_time
 from musicrel.errors import ConfigError
 
 MUSIC = [0.0, 0.0, 0.25, 0.5, 0.5, 0.75, 1.5, 2.0]  # note_on times: chords (two notes at once) included
@@ -122,5 +124,5 @@ def test_gpu_memory_of_the_service_processes_from_nvidia_smi(tmp_path, monkeypat
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     mib = 1024 * 1024
-    assert listeners._gpu_bytes([101, 102]) == 2000 * mib  # the service's two processes, not pid 999
-    assert listeners._gpu_bytes([5]) == 9000 * mib  # none of them named: the GPU's used memory
+    assert _gpu_bytes([101, 102]) == 2000 * mib  # the service's two processes, not pid 999
+    assert _gpu_bytes([5]) == 9000 * mib  # none of them named: the GPU's used memory

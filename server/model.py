@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS
+from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
 if TYPE_CHECKING:
     from musicrel.midi.codec import EventCodec

@@ -16,7 +16,7 @@ from musicrel.generation.sampling import MAX_SEED, Sampling, SamplingParams
 from musicrel.generation.span import MAX_SPAN_SECONDS
 from musicrel.generation.span import InfillParams as LibraryInfillParams
 from musicrel.midi.codec import CodecConfig
-from musicrel.model.checkpoint import DECODE_WEIGHTS, GPU_WEIGHTS
+from musicrel.model.weights import DECODE_WEIGHTS, GPU_WEIGHTS
 
 # The defaults are the library's (Sampling, SamplingParams, PRIMER_SECONDS, Controls); the bounds are the
 # server's own.

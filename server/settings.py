@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from musicrel.model.checkpoint import DECODE_WEIGHTS, DEFAULT_DECODE_WEIGHTS
+from musicrel.model.weights import DECODE_WEIGHTS, DEFAULT_DECODE_WEIGHTS
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 

@@ -10,7 +10,7 @@ import argparse
 import shlex
 import sys
 
-from musicrel.model.checkpoint import DECODE_WEIGHTS
+from musicrel.model.weights import DECODE_WEIGHTS
 
 
 def register(subparsers) -> None:

@@ -147,10 +147,11 @@ def _load(checkpoint: Path | None, device) -> tuple[Any, Any, str]:
     import torch
 
     from musicrel.midi.codec import EventCodec
-    from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, load_codec, load_model
+    from musicrel.model.checkpoint import load_codec, load_model
     from musicrel.model.config import ModelConfig
     from musicrel.model.quantize import hold_weights
     from musicrel.model.transformer import MusicTransformer
+    from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
     checkpoint = checkpoint or (
         DEFAULT_CHECKPOINT if (DEFAULT_CHECKPOINT / "config.json").is_file() else None
@@ -170,10 +171,10 @@ def _long_window(bench: _Bench, rng) -> tuple[Any, Any]:
     with a 1024 window (random weights)."""
     import torch
 
-    from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS
     from musicrel.model.config import ModelConfig
     from musicrel.model.quantize import hold_weights
     from musicrel.model.transformer import MusicTransformer
+    from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
     cfg = bench.model.cfg
     if cfg.max_seq_len >= 1024:

@@ -385,8 +385,9 @@ def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) ->
     from musicrel.generation.decode_batch import DecodeBatch
     from musicrel.generation.primer import default_max_primer_tokens
     from musicrel.generation.sampling import SamplingParams
-    from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, load_codec, load_model
+    from musicrel.model.checkpoint import load_codec, load_model
     from musicrel.model.quantize import held_weights
+    from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
     cuda = device == "cuda"
     result: dict = {"checkpoint": str(checkpoint), "device": device, "tokens_per_row": tokens}

@@ -138,7 +138,8 @@ def _in_process(
     from musicrel.generation.decode_batch import DecodeBatch
     from musicrel.generation.primer import default_max_primer_tokens, prepare_primer
     from musicrel.generation.sampling import SamplingParams
-    from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, load_codec, load_model
+    from musicrel.model.checkpoint import load_codec, load_model
+    from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
     model, codec = load_model(checkpoint, weights=DEFAULT_DECODE_WEIGHTS), load_codec(checkpoint)  # as served
     primer = prepare_primer(codec, motif, max_tokens=default_max_primer_tokens(model))

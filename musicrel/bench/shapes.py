@@ -36,7 +36,8 @@ from musicrel.bench.generate import EVENTS_PER_SECOND_OF_MUSIC, every_control, s
 from musicrel.bench.rss import fresh_process_env, reset_peak, status_kb
 from musicrel.bench.timing import medians, side_by_side
 from musicrel.errors import ConfigError
-from musicrel.model.checkpoint import HELD_WEIGHTS, check_decode_weights
+from musicrel.model.checkpoint import check_decode_weights
+from musicrel.model.weights import HELD_WEIGHTS
 
 SHAPES = ("default", "2m", "8m", "20m")  # configs/gpu-<shape>.yaml, each layered over configs/gpu.yaml
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"

@@ -124,7 +124,7 @@ def add_held_out_arguments(p, out: str) -> None:
 
 def add_weights_argument(p) -> None:
     """--weights: how the model holds its weights while it decodes (musicrel.model.quantize)."""
-    from musicrel.model.checkpoint import DECODE_WEIGHTS, DEFAULT_DECODE_WEIGHTS
+    from musicrel.model.weights import DECODE_WEIGHTS, DEFAULT_DECODE_WEIGHTS
 
     p.add_argument(
         "--weights",

@@ -41,7 +41,7 @@ from musicrel.evaluation.metrics import (
     polyphony,
 )
 from musicrel.generation.controls import MAX_CHORDS, ControlError, Controls, parse_chord
-from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS
+from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
 ONSET_SLACK = 0.05  # seconds: a note struck this soon after a beat sounds "at" it
 SYSTEMS = ("model", "chords", "real", "rule", "continuation")

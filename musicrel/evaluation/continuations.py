@@ -63,7 +63,8 @@ from musicrel.evaluation.twosample import two_sample
 from musicrel.generation.keys import key_label
 from musicrel.generation.sampling import SamplingParams, derived_seed
 from musicrel.midi.codec import open_pitches
-from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, check_decode_weights, load_codec, load_model
+from musicrel.model.checkpoint import check_decode_weights, load_codec, load_model
+from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
 EXAMPLES = 4  # pieces drawn as piano rolls
 # the figures that compare a continuation's pitched notes with the truth's (metrics.compare, not describe)

@@ -15,7 +15,8 @@ from musicrel.evaluation.pieces import EvaluationError, read_notes, window
 from musicrel.generation.infill import MAX_SPAN_SECONDS, InfillParams
 from musicrel.generation.keys import find_key
 from musicrel.generation.sampling import SamplingParams, derived_seed
-from musicrel.model.checkpoint import DEFAULT_DECODE_WEIGHTS, check_decode_weights
+from musicrel.model.checkpoint import check_decode_weights
+from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
 AFTER_SECONDS = 4.0  # the music after the gap that the end's join features read
 AFTER_MIN_SECONDS = 1.0  # a gap ends at least this long before the piece's last onset

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from musicrel.model.checkpoint import GPU_WEIGHTS
+from musicrel.model.weights import GPU_WEIGHTS
 
 INT8_MAX = 127
 # aten._weight_int8pack_mm reads its rows in blocks: on this machine a row of 8 gave wrong sums and rows of

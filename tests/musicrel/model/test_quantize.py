@@ -11,13 +11,7 @@ from musicrel.errors import CheckpointError, ConfigError
 from musicrel.generation.decode import decode_one_token, prefill
 from musicrel.midi.codec import EventCodec
 from musicrel.model import quantize
-from musicrel.model.checkpoint import (
-    DECODE_WEIGHTS,
-    DEFAULT_DECODE_WEIGHTS,
-    HELD_WEIGHTS,
-    load_model,
-    save_model,
-)
+from musicrel.model.checkpoint import load_model, save_model
 from musicrel.model.quantize import (
     DEQUANTIZE_ROWS,
     PROBE_ROUNDS,
@@ -28,6 +22,7 @@ from musicrel.model.quantize import (
     is_quantized,
     quantize_int8,
 )
+from musicrel.model.weights import DECODE_WEIGHTS, DEFAULT_DECODE_WEIGHTS, HELD_WEIGHTS
 from tests.musicrel.model.conftest import make, tokens
 
 # The kernel's shapes (KERNEL_IN_MULTIPLE): d_model and d_ff multiples of 64
@@ -194,8 +189,9 @@ def test_on_a_gpu_int8_and_auto_hold_bfloat16_and_reports_say_so():
     """The GPU's rule (the int8 kernel is CPU-only): what each choice holds there, and what a model held in
     bfloat16 reports, checked on the CPU (the same `.to(dtype)` the GPU path makes)."""
     from musicrel.model.config import ModelConfig
-    from musicrel.model.quantize import GPU_WEIGHTS, gpu_dtype
+    from musicrel.model.quantize import gpu_dtype
     from musicrel.model.transformer import MusicTransformer
+    from musicrel.model.weights import GPU_WEIGHTS
 
     assert [gpu_dtype(w) for w in DECODE_WEIGHTS] == [torch.bfloat16, torch.bfloat16, torch.float32]
     model = MusicTransformer(ModelConfig(vocab_size=64, n_layers=1, max_seq_len=32, **SHAPE)).eval()

@@ -182,7 +182,9 @@ def _primer(codec, notes, cut: float, motif_seconds: float, model):
     primer = primer_at_cut(
         codec, [n for n, _ in every], cut, motif_seconds, max_tokens=window, instruments=[i for _, i in every]
     )
-    order = sorted(set(primer.motif_instruments))
+    # the piece's every instrument is a track, as an upload read with motif_end has them: one silent in the
+    # motif (a Lied's voice after the piano's introduction) may come in
+    order = sorted(set(notes) | set(primer.motif_instruments))
     tracks = Tracks([new_track(i) for i in order])
     return replace(primer, tracks=tracks, motif_tracks=[order.index(i) for i in primer.motif_instruments])
 

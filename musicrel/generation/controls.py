@@ -215,9 +215,11 @@ DRUM_WORDS = ("drums", "drum", "percussion")  # how a list of instruments names 
 
 
 def parse_instruments(value) -> str:
-    """The instruments control, canonical: "motif" (the instruments the motif plays: the default), "any" (the
-    model may bring in others) or a comma list of instruments, each a General MIDI program (0..127 or its
-    name) or "drums", as "40,42,drums" (sorted, each once)."""
+    """The instruments control, canonical: "motif" (the default: the instruments of the upload's tracks read,
+    whether or not they play in the primer's window, so a Lied's voice may come in after the piano's
+    introduction; without tracks, those the primer plays), "any" (the model may bring in others) or a comma
+    list of instruments, each a General MIDI program (0..127 or its name) or "drums": "40,42,drums" (sorted,
+    each once)."""
     from musicrel.midi.instruments import DRUMS
 
     if not isinstance(value, str) or not value.strip():

@@ -61,6 +61,7 @@ def continuation_job(model, codec, primer: Primer, params: SamplingParams, *, in
         device=next(model.parameters()).device,
         controls=[controls] * B,
         tails=[primer.tail_steps] * B,
+        instruments=None if primer.tracks is None else [primer.tracks.instruments()] * B,
     )
     return DecodeJob(
         tokens=tokens,

@@ -96,6 +96,7 @@ class Grammar:
         device=None,
         controls: Sequence[RowControls | None] | None = None,
         tails: Sequence[int] | None = None,
+        instruments: Sequence[np.ndarray | None] | None = None,
     ):
         self.codec = codec
         self.on0 = int(codec.note_on_offset)
@@ -118,10 +119,15 @@ class Grammar:
                 "instruments: this model writes one piano stream; the control needs a model with instruments",
                 code="no_instruments",
             )
+        # who may play: the instruments control's choice, else the row's default (`instruments`: the upload's
+        # tracks, a continuation's), else the instruments its prompt plays
+        defaults = list(instruments) if instruments is not None else [None] * B
+        chosen = [
+            d if c is None or c.instruments is None else c.instruments
+            for c, d in zip(controls, defaults, strict=True)
+        ]
         self.inst = (
-            _Instruments(codec, prompts, device, [None if c is None else c.instruments for c in controls])
-            if codec.instrument_offset is not None
-            else None
+            _Instruments(codec, prompts, device, chosen) if codec.instrument_offset is not None else None
         )
         if self.inst is not None:
             self.allowed[self.inst.first : self.inst.first + self.inst.count] = True

@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pretty_midi
 
-from musicrel.midi.instruments import DRUMS, instrument_name, instrument_of
+from musicrel.midi.instruments import DRUMS, NUM_INSTRUMENTS, instrument_name, instrument_of
 
 _EPS = 1e-6  # seconds: times on the codec's 10 ms grid, read on two paths, compare within this
 
@@ -83,6 +84,13 @@ class Tracks:
 
     def __len__(self) -> int:
         return len(self.tracks)
+
+    def instruments(self) -> np.ndarray:
+        """(NUM_INSTRUMENTS,) bool: the instruments of these tracks, the ones a continuation plays by default
+        (the `instruments` control's "motif": a Lied's voice comes in after a piano introduction)."""
+        plays = np.zeros(NUM_INSTRUMENTS, dtype=bool)
+        plays[[t.instrument for t in self.tracks]] = True
+        return plays
 
     def describe(self) -> list[dict]:
         return [t.describe(i) for i, t in enumerate(self.tracks)]

@@ -239,3 +239,34 @@ def test_a_continuation_keeps_to_the_motifs_instruments():
             assert played <= expected
             heard |= played
     assert 40 in heard  # the model would play: the rule, not silence, keeps the others out
+
+
+def test_the_uploads_tracks_may_all_play_even_those_silent_in_the_motif():
+    """A Lied's voice enters after the piano's introduction: the default ("motif") is the upload's tracks."""
+    from musicrel.generation.decode_job import continuation_job
+    from musicrel.midi.tracks import Tracks, new_track
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=BAND.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128)
+    model = MusicTransformer(cfg).eval()
+    with torch.no_grad():  # a model keen on the cello
+        model.head.weight[BAND.instrument_offset :] += 0.5 * model.head.weight[ON + 60]
+        model.head.weight[CELLO] += 2.0 * model.head.weight[ON + 60]
+    prompt = np.array(
+        [VIOLIN, VEL + 20, ON + 60, SHIFT + 19, KIT, ON + 36, SHIFT + 19, OFF + 36, VIOLIN, OFF + 60]
+    )
+    tracks = Tracks([new_track(40), new_track(DRUMS), new_track(42)])  # the cello: silent so far
+    primer = Primer(
+        tokens=prompt, start_time=0.0, end_time=0.4, tempo=120.0, program=0, notes=[], tracks=tracks
+    )
+    job = continuation_job(model, BAND, primer, SamplingParams(seconds=4.0, seed=2))
+    assert job.grammar.inst.permitted[0].nonzero().flatten().tolist() == [40, 42, DRUMS]
+    heard, switched = set(), False
+    (res,) = generate_batch(model, BAND, [(primer, SamplingParams(seconds=4.0, seed=2, num_samples=4))])
+    for tokens in res.tokens:
+        switched |= CELLO in np.asarray(tokens).tolist()
+        notes = BAND.decode_instrument_notes(np.concatenate([primer.tokens, tokens]))
+        played = {i for i, n in zip(notes.instruments, notes.notes, strict=True) if n.start >= 0.39}
+        assert played <= {40, 42, DRUMS}
+        heard |= played
+    assert switched  # the cello comes in (without the tracks it could not: the test above)

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from musicrel.errors import GenerationError, is_int
-from musicrel.generation.decode import decode_one_token, eval_mode, prefill, sample
+from musicrel.generation.decode import decode_one_token, eval_mode, prefill
 from musicrel.generation.decode_graph import (
     MAX_STATIC_STEPS,
     Ended,
@@ -274,17 +274,7 @@ class DecodeBatch:
             logits = decode_one_token(self.model, self.live.pending, self._cache_view())
         self.length += 1
         live, grammar = self.live, self.live.grammar
-        token = sample(
-            grammar.constrain(logits),
-            live.temperature,
-            live.top_k,
-            live.top_p,
-            live.random,
-            live.shift_temperature,
-            self.shifts,
-            truncate=live.truncate,
-            reshape=live.reshape,
-        )
+        token = live.draw(logits, self.shifts)
         live.pending = token = grammar.advance(token)
         self._steps.append(token)
         live.drawn += 1

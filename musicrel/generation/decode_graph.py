@@ -39,7 +39,6 @@ import torch
 from torch import Tensor
 
 from musicrel.generation.controls import DensityLoop
-from musicrel.generation.decode import sample
 from musicrel.generation.grammar import _GRAMMAR_ROWS, Grammar
 
 log = logging.getLogger(__name__)
@@ -180,17 +179,7 @@ class StaticStep:
         for (obj, name), buf in zip(pairs, self.buffers, strict=True):
             setattr(obj, name, buf)
         logits = batch.model.decode_static(live.pending, self.cache, self.pos)
-        token = sample(
-            grammar.constrain(logits),
-            live.temperature,
-            live.top_k,
-            live.top_p,
-            live.random,
-            live.shift_temperature,
-            batch.shifts,
-            truncate=live.truncate,
-            reshape=live.reshape,
-        )
+        token = live.draw(logits, batch.shifts)
         # a padding row must never index past the vocabulary (on a GPU that is a device-side assert)
         live.pending = grammar.advance(token.clamp_(max=self.vocab - 1))
         live.drawn += 1

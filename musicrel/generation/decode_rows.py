@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from musicrel.generation.decode import sample
 from musicrel.generation.decode_job import DecodeJob
 from musicrel.generation.grammar import Grammar
 from musicrel.generation.row_random import RowRandom
@@ -97,6 +98,21 @@ class LiveRows:
         specs = [row.job.spec for row in self.rows]
         self.truncate = any(spec.top_k is not None or spec.top_p < 1 for spec in specs)
         self.reshape = any(spec.shift_temperature != 1 for spec in specs)
+
+    def draw(self, logits: Tensor, shifts: slice) -> Tensor:
+        """Each row's next token (B,), drawn under its grammar with its own settings and random stream (the
+        eager and the static step alike)."""
+        return sample(
+            self.grammar.constrain(logits),
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.random,
+            self.shift_temperature,
+            shifts,
+            truncate=self.truncate,
+            reshape=self.reshape,
+        )
 
     def select(self, order: list[int]) -> None:
         """Keep the rows at `order`, in that order."""

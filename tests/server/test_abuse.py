@@ -402,7 +402,7 @@ def test_the_service_calibrates_its_parse_speed_and_prices_the_uploads_it_admitt
 
     monkeypatch.setattr(continuations, "prepare_primer", held)
     big = MOTIF + b"\0" * 1_500_000
-    with serve(tiny_checkpoint, max_queue=2, retry_after_s=99) as (client, service):
+    with serve(tiny_checkpoint, max_queue=2, retry_after_s=99, fresh_calibration=True) as (client, service):
         admission = service.admission
         real = max(real_midi_files, key=lambda p: p.stat().st_size).read_bytes()
         start = time.perf_counter()

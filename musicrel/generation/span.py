@@ -20,7 +20,7 @@ from musicrel.generation.sampling import Sampling
 from musicrel.midi.codec import shift_steps
 from musicrel.midi.files import copy_midi
 from musicrel.midi.notes import collect, raw_instruments
-from musicrel.midi.tracks import read_tracks
+from musicrel.midi.tracks import Placer, read_tracks
 
 MAX_SPAN_SECONDS = 30.0
 # A track's voice (`route`, several chosen tracks): the median pitch of its notes this far around the gap.
@@ -81,7 +81,7 @@ class InfillSegments:
     """A file cut for infilling: its event stream split at the gap's steps, and what rendering needs."""
 
     pm: pretty_midi.PrettyMIDI
-    notes: list  # the codec's notes (drums dropped, tracks merged), file time
+    notes: list  # the codec's notes (tracks merged; drums dropped without instruments), file time
     past: np.ndarray
     gap: np.ndarray  # the true gap's tokens (evaluation scores them; infilling replaces them)
     future: np.ndarray
@@ -174,7 +174,12 @@ def infill_segments(codec, midi, start: float, end: float, tracks=None) -> Infil
     start, end = check_span(start, end)
     pm = codec.read(midi)
     chosen = chosen_tracks(codec, pm, tracks)
-    notes = codec.to_notes(pm)  # InvalidMidiError no_notes when nothing is left
+    instruments = None
+    if codec.instrument_offset is None:
+        notes = codec.to_notes(pm)  # InvalidMidiError no_notes when nothing is left
+    else:  # the prompt names each note's instrument, as training's streams do
+        read = codec.instrument_notes(pm)
+        notes, instruments = read.notes, read.instruments
     first, last = min(n.start for n in notes), max(n.end for n in notes)
     if end <= first or start >= last:
         raise InfillError(
@@ -192,7 +197,7 @@ def infill_segments(codec, midi, start: float, end: float, tracks=None) -> Infil
     s_step, e_step = (int(math.floor(t / step + 0.5)) for t in (start, end))
     if e_step <= s_step:
         raise InfillError(f"the span is shorter than one time step ({step:g} s)", code="invalid_span")
-    past, gap, future = split_at(codec, codec.encode_notes(notes), [s_step, e_step])
+    past, gap, future = split_at(codec, codec.encode_notes(notes, instruments), [s_step, e_step])
     kept = [t for t in _read_instruments(codec, pm) if t not in chosen]
     schedule = kept_schedule(codec, pm, kept, s_step, e_step)
     return InfillSegments(pm, notes, past, gap, future, s_step, e_step, chosen, schedule)
@@ -334,15 +339,21 @@ def route(pm, tracks: list[int], start: float, end: float, notes: list, instrume
             return [tracks[0]] * len(notes)
         heard = voices(pm, tracks, start, end) or {tracks[0]: 60.0}
         return [_nearest(heard, n.pitch) for n in notes]
-    tracks = sorted(tracks)  # read_tracks lists them in order
-    chosen, _ = read_tracks(pm, tracks, [], [], start)
-    playing = {t.instrument for t in chosen.tracks}
-    placer = chosen.placer()
+    placer = gap_placer(pm, tracks, start)
     out: list[int | None] = [None] * len(notes)
     for k in sorted(range(len(notes)), key=lambda k: notes[k].start):  # a placer reads notes in time order
-        if instruments[k] in playing:
-            out[k] = tracks[placer.place(instruments[k], notes[k].pitch, notes[k].start)]
+        out[k] = placer.place(instruments[k], notes[k].pitch, notes[k].start)
     return out
+
+
+def gap_placer(pm, tracks: list[int], start: float, offset: float = 0.0) -> Placer:
+    """Where a gap's new notes go, for a codec with instruments: the answer's (`route`) and the stream's
+    (`streaming.NoteStream`), so that each streamed note is a note of the file, on its track. Every track of
+    `pm` (a placed note's index is its index in the file), each from its latest onset before `start`; only
+    the chosen `tracks` take notes, and a note of an instrument none of them plays is placed nowhere (None).
+    `offset`: added to the times it is given (the stream's count from `start`)."""
+    every, _ = read_tracks(pm, "merge", [], [], start)
+    return every.placer(offset, only=set(tracks))
 
 
 def merge(

@@ -17,7 +17,9 @@ same tokens (pedal changes aside: those are in the file only):
 
 With a codec that has instruments the notes are keyed by (instrument, pitch), as the decoder keys them, and
 each `on` says its instrument and, given a `Placer` (`musicrel.midi.tracks`), its track: placed in the
-order the onsets come, which is the order `render` places them in, since it reads the same events.
+order the onsets come, which is the order `render` places them in, since it reads the same events. A note
+the placer puts on no track (an infill's note of an instrument no chosen track plays, `span.gap_placer`) is
+not the answer's and is never reported.
 
 Why onsets and not whole notes: tokens come in time order, so onsets arrive in the order they are to be
 played, a few tokens after generation reaches them. A whole note is known only at its note-off, and a long
@@ -85,13 +87,7 @@ class NoteStream:
         if note_id is None:
             return
         instrument = voice // 128 if self._inst_lo >= 0 else None
-        track = None
-        if self.placer is not None:
-            track = self._tracks.get(note_id)
-            if track is None:  # the note's onset: placed now, in the order onsets come
-                track = self._tracks[note_id] = self.placer.place(
-                    voice // 128, voice % 128, self._seconds(step)
-                )
+        track = self._tracks.get(note_id)
         event = NoteEvent(kind, note_id, voice % 128, self._seconds(step), velocity, instrument, track)
         self._events.append(event)
 
@@ -141,10 +137,16 @@ class NoteStream:
         self._open[voice] = (self.t, self.velocity, self._strike(voice, self.velocity))
 
     def _strike(self, voice: int, velocity: int) -> int | None:
-        """A new note's id (None in the primer or before the cut: `render` drops it), its onset reported."""
+        """A new note's id (None in the primer or before the cut: `render` drops it; or where the placer puts
+        it on no track: the infill's answer leaves it out), its onset reported."""
         if not self._live or self.t < self.t0:
             return None
         note_id = self._ids
+        if self.placer is not None:  # placed at its onset, in the order onsets come
+            track = self.placer.place(voice // 128, voice % 128, self._seconds(self.t))
+            if track is None:
+                return None
+            self._tracks[note_id] = track
         self._ids += 1
         self._emit("on", note_id, voice, self.t, velocity)
         return note_id

@@ -22,7 +22,7 @@ index here."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,10 +109,11 @@ class Tracks:
             for k, inst in enumerate(pm.instruments)
         ]
 
-    def placer(self, offset: float = 0.0) -> Placer:
+    def placer(self, offset: float = 0.0, only: Collection[int] | None = None) -> Placer:
         """A fresh placement of one sample's notes (`offset`: added to the times `place` is given, to read
-        them in the upload's clock)."""
-        return Placer(self, offset)
+        them in the upload's clock). `only`: the tracks a note may go to (an infill's chosen tracks); a note
+        of an instrument none of them plays is then not placed (None) and no track is added."""
+        return Placer(self, offset, only)
 
     def write(
         self,
@@ -139,19 +140,24 @@ class Tracks:
 class Placer:
     """One sample's notes placed on tracks, in time order (`place`); new instruments get new tracks."""
 
-    def __init__(self, tracks: Tracks, offset: float = 0.0) -> None:
+    def __init__(self, tracks: Tracks, offset: float = 0.0, only: Collection[int] | None = None) -> None:
         self.tracks = list(tracks.tracks)
         self.offset = offset
         self._last: list[Onset | None] = list(tracks.last_onsets)  # latest onset of each track
         self._before: list[Onset | None] = [None] * len(self.tracks)  # the one before it, once struck here
         self._of: dict[int, list[int]] = {}
         for i, t in enumerate(self.tracks):
-            self._of.setdefault(t.instrument, []).append(i)
+            if only is None or i in only:
+                self._of.setdefault(t.instrument, []).append(i)
+        self._adds = only is None  # an infill's placer adds no track: its file keeps the upload's
 
-    def place(self, instrument: int, pitch: int, time: float) -> int:
-        """The track of a note struck at `time` (plus the offset); times never go back."""
+    def place(self, instrument: int, pitch: int, time: float) -> int | None:
+        """The track of a note struck at `time` (plus the offset); times never go back. None: a note no
+        track may take (a placer with `only`), which the answer leaves out."""
         time = time + self.offset
         candidates = self._of.get(int(instrument))
+        if candidates is None and not self._adds:
+            return None
         if candidates is None:
             self.tracks.append(new_track(int(instrument)))
             self._last.append(None)

@@ -22,6 +22,7 @@ from musicrel.generation.span import (
     bar_span,
     check_bars,
     check_span,
+    gap_placer,
     infill_segments,
     past_velocity,
     sounding_into,
@@ -179,8 +180,19 @@ class InfillTask(Task):
         codec, segments, form = self.codec(service), request.found, request.form
         velocity = past_velocity(codec, segments.past)
         sounding = sounding_into(codec, segments.pm, form.start)
-        streams = [NoteStream(codec, velocity) for _ in range(form.num_samples)]
+        streams = [
+            NoteStream(codec, velocity, placer=self._placer(codec, segments, form.start))
+            for _ in range(form.num_samples)
+        ]
         return NoteSource(streams, form.start, functools.partial(struck_under, sounding))
+
+    @staticmethod
+    def _placer(codec, segments: InfillSegments, start: float):
+        """A model with instruments: each note's track as the answer places it (`gap_placer`), so a note of
+        an instrument no chosen track plays, which the file leaves out, is never streamed."""
+        if codec.instrument_offset is None:
+            return None
+        return gap_placer(segments.pm, segments.tracks, start, offset=start)
 
     def start_fields(self, request: Parsed) -> dict[str, Any]:
         return {"start": request.form.start, "end": request.form.end}

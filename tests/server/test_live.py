@@ -134,7 +134,9 @@ def test_sigterm_under_load_drains_and_loses_no_accepted_request(
     }
     with start_server(tiny_checkpoint, tmp_path, cli=True, **env) as server:
         answers: list = [None] * (n + 1)
-        long_tune = melody(n=300, step=0.4)  # 120 s of melody: seconds of decoding on the tiny model
+        # 40 s of melody: queued behind the batch window with the continuations, then a second or more of
+        # decoding on the tiny model after them (120 s took 4-9 s more for the same checks)
+        long_tune = melody(n=100, step=0.4)
 
         def continuation(i: int) -> None:
             answers[i] = httpx.post(

@@ -175,6 +175,12 @@ def start_server(
         server.terminate()
 
 
+# The live server's upload bounds, low enough for test_live's trickling sockets to meet them in a second; an
+# upload on the loopback (a browser's, a client's) is received in milliseconds, so no other test meets them.
+LIVE_UPLOAD_GRACE_S = 1
+LIVE_MAX_UPLOADS = 3
+
+
 @pytest.fixture(scope="session")
 def live_process(
     tiny_checkpoint, tiny_accompany_checkpoint, tiny_infill_checkpoint, tmp_path_factory
@@ -183,11 +189,13 @@ def live_process(
     Accompany mode, `tiny_infill_checkpoint` for its Fill mode), one a session: a start costs seconds of CPU.
     A test must not stop it."""
     folder = tmp_path_factory.mktemp("live_server")
-    models = {
+    env = {
         "MUSICREL_ACCOMPANY_CHECKPOINT": str(tiny_accompany_checkpoint),
         "MUSICREL_INFILL_CHECKPOINT": str(tiny_infill_checkpoint),
+        "MUSICREL_UPLOAD_GRACE_S": str(LIVE_UPLOAD_GRACE_S),
+        "MUSICREL_MAX_UPLOADS": str(LIVE_MAX_UPLOADS),
     }
-    with start_server(tiny_checkpoint, folder, **models) as server:
+    with start_server(tiny_checkpoint, folder, **env) as server:
         yield server
 
 

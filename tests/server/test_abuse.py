@@ -1,18 +1,15 @@
 """Issue 15's holes, each pinned: slow and concurrent uploads (408, 429 before any read), the queue refusing
 before the upload is read with a Retry-After from its measured drain, the schema's file bounds, and messages
-that name what is wrong. In-process (the ASGI app driven directly, so a body can trickle or stall) and against
-a real uvicorn over raw sockets."""
+that name what is wrong. In-process (the ASGI app driven directly, so a body can trickle or stall); against a
+real uvicorn over raw sockets in test_live.py."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import socket
 import threading
 import time
 
 import anyio
-import httpx
 import pytest
 
 from musicrel.errors import InvalidMidiError
@@ -29,7 +26,6 @@ from tests.server.conftest import (
     metric,
     post,
     serve,
-    start_server,
     wait_for,
 )
 
@@ -148,66 +144,6 @@ def uploads_middleware(client):
     while not isinstance(app, UploadLimitMiddleware):
         app = app.app
     return app
-
-
-def test_a_trickling_socket_gets_408_from_real_uvicorn_and_the_connection_is_closed(
-    tiny_checkpoint, tmp_path
-):
-    env = {"MUSICREL_UPLOAD_GRACE_S": "1", "MUSICREL_MAX_UPLOADS": "3"}
-    with start_server(tiny_checkpoint, tmp_path, **env) as server:
-        port = int(server.url.rsplit(":", 1)[1])
-        head = (
-            "POST /v1/continuations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-            f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n\r\n"
-        ).encode()
-
-        body = multipart(**FAST)
-
-        def chunk(i: int) -> bytes:  # the i-th byte of a real upload as an HTTP chunk of its own
-            return b"1\r\n" + body[i : i + 1] + b"\r\n"
-
-        def open_trickler() -> socket.socket:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-            sock.sendall(head + chunk(0))
-            return sock
-
-        tricklers = [open_trickler() for _ in range(3)]
-        time.sleep(0.3)  # let the server take all three in
-        extra = open_trickler()
-        start = time.monotonic()
-        assert extra.recv(4096).startswith(b"HTTP/1.1 429"), "a fourth upload must be refused at once"
-        assert time.monotonic() - start < 1.0
-
-        start = time.monotonic()
-        first = tricklers[0]
-        answer = b""
-        sent = 1
-        while b"\r\n\r\n" not in answer:
-            try:
-                first.sendall(chunk(sent))  # one byte every 0.2 s: far below 1 KB/s
-            except OSError:
-                break
-            sent += 1
-            first.settimeout(0.2)
-            with contextlib.suppress(TimeoutError):
-                answer += first.recv(4096)
-            assert time.monotonic() - start < 5, "the trickle was never cut off"
-        assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
-        assert time.monotonic() - start < 2.5  # the grace period (1 s) and a little
-        first.settimeout(2)
-        try:  # the server hangs up rather than read the rest of the trickle
-            while first.recv(4096):
-                pass
-        except ConnectionResetError:
-            pass  # closed with our unread bytes in its buffer: closed all the same
-        for sock in [*tricklers, extra]:
-            sock.close()
-        assert (
-            httpx.post(
-                f"{server.url}/v1/continuations", files={"file": ("m.mid", MOTIF)}, data=FAST, timeout=30
-            ).status_code
-            == 200
-        )
 
 
 # ---- hole 2: a full queue refuses before the upload is read, with a measured Retry-After -----------------

@@ -1,10 +1,13 @@
-"""A real uvicorn process on a loopback port: a shared MIDI file end to end, and SIGTERM in mid-request."""
+"""A real uvicorn process on a loopback port: a shared MIDI file end to end, SIGTERM in mid-request, and slow
+uploads over raw sockets."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -13,7 +16,8 @@ import httpx
 import pretty_midi
 import pytest
 
-from tests.server.conftest import MOTIF, start_server
+from tests.server.conftest import FAST, LIVE_MAX_UPLOADS, LIVE_UPLOAD_GRACE_S, MOTIF, start_server
+from tests.server.test_abuse import BOUNDARY, multipart
 
 
 def test_live_continuation_of_a_shared_file(live_server, real_midi_files):
@@ -179,3 +183,64 @@ def test_sigterm_under_load_drains_and_loses_no_accepted_request(
         assert len(pretty_midi.PrettyMIDI(io.BytesIO(answers[n].content)).instruments) == 2
         assert server.proc.wait(60) == 0, server.log()[-3000:]
         assert "draining" in server.log()
+
+
+def test_a_trickling_socket_gets_408_from_real_uvicorn_and_the_connection_is_closed(live_process):
+    """Issue 15's slow uploads (test_abuse.py) against real uvicorn over raw sockets: with every upload place
+    taken by a trickle one more is refused 429 at once, and a trickle is cut off 408 past the grace period and
+    its connection closed. On the shared live server (its bounds: LIVE_UPLOAD_GRACE_S, LIVE_MAX_UPLOADS);
+    a server of its own cost 6-16 s to start."""
+    server = live_process
+    port = int(server.url.rsplit(":", 1)[1])
+    head = (
+        "POST /v1/continuations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n\r\n"
+    ).encode()
+
+    body = multipart(**FAST)
+
+    def chunk(i: int) -> bytes:  # the i-th byte of a real upload as an HTTP chunk of its own
+        return b"1\r\n" + body[i : i + 1] + b"\r\n"
+
+    def open_trickler() -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(head + chunk(0))
+        return sock
+
+    tricklers = [open_trickler() for _ in range(LIVE_MAX_UPLOADS)]
+    time.sleep(0.3)  # let the server take them all in
+    extra = open_trickler()
+    start = time.monotonic()
+    assert extra.recv(4096).startswith(b"HTTP/1.1 429"), "a fourth upload must be refused at once"
+    assert time.monotonic() - start < 1.0
+
+    start = time.monotonic()
+    first = tricklers[0]
+    answer = b""
+    sent = 1
+    while b"\r\n\r\n" not in answer:
+        try:
+            first.sendall(chunk(sent))  # one byte every 0.2 s: far below 1 KB/s
+        except OSError:
+            break
+        sent += 1
+        first.settimeout(0.2)
+        with contextlib.suppress(TimeoutError):
+            answer += first.recv(4096)
+        assert time.monotonic() - start < 5, "the trickle was never cut off"
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+    assert time.monotonic() - start < LIVE_UPLOAD_GRACE_S + 1.5  # the grace period and a little
+    first.settimeout(2)
+    try:  # the server hangs up rather than read the rest of the trickle
+        while first.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass  # closed with our unread bytes in its buffer: closed all the same
+    for sock in [*tricklers, extra]:
+        sock.close()
+    assert (
+        httpx.post(
+            f"{server.url}/v1/continuations", files={"file": ("m.mid", MOTIF)}, data=FAST, timeout=30
+        ).status_code
+        == 200
+    )

@@ -15,6 +15,21 @@ from musicrel.model.transformer import MusicTransformer
 CODEC = EventCodec()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_blas_thread():
+    """The classifier's logistic regressions and forests on a few dozen rows, with OpenBLAS's default of a
+    thread per core: on a busy machine (make test's two workers on two cores) each small solve waits on a
+    spinning second thread, 5x the CPU time of one thread. The torch threads are set in tests/conftest.py."""
+    try:
+        import sklearn.linear_model  # noqa: F401  (loads scipy's OpenBLAS: only loaded libraries are limited)
+        from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
+    except ImportError:  # no scikit-learn: the tests that need it say so themselves
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 def N(pitch, start, end, velocity=80):
     return pretty_midi.Note(velocity, pitch, start, end)
 

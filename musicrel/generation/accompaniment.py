@@ -361,7 +361,7 @@ def accompany_instruments_steps(
         placer = melody.placer()
         by_track: dict[int, list] = {}
         for note, instrument in sorted(zip(written.notes, written.instruments, strict=True), key=_onset):
-            index = placer.place(instrument, note.pitch, note.start)
+            index = placer.place(instrument, note.pitch)
             if index:  # 0 is the melody's track: its instrument's notes are not the model's to write
                 by_track.setdefault(index, []).append(note)
         out = copy_midi(pm, instruments=[track])

@@ -16,8 +16,8 @@ The edge rules (what comes back unchanged, docs/INFILL.md):
 - a note that starts at or after `end`, and every note of a track not chosen, is kept. Drum notes (for a model
   without instruments), control changes, tempo and every other event are kept.
 - new notes start in [start, end) and end by `end`, each on a chosen track (`span.route`: the one chosen
-  track; else by instrument for a model with instruments, by nearest voice for one without); a note of an
-  instrument no chosen track plays is dropped.
+  track; else by nearest voice for a model without instruments, by instrument then nearest voice for one
+  with them: `midi.tracks`' one rule); a note of an instrument no chosen track plays is dropped.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from musicrel.generation.primer import Primer
 from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed
 from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-exported)
     MAX_SPAN_SECONDS,
-    VOICE_WINDOW_SECONDS,
     InfillParams,
     InfillResult,
     InfillSegments,

@@ -351,7 +351,7 @@ def _render_tracks(
     step = codec.config.step_ms / 1000.0
     length = max(int(shift_steps(codec)[new_tokens].sum()) - primer.tail_steps, 0) * step
     offset = primer.end_time if include_primer else 0.0
-    placer = primer.tracks.placer(offset=primer.end_time)
+    placer = primer.tracks.placer()
     notes = NoteStream(codec, primer.tokens, primer.tail_steps, placer=placer)
     # The stream's own events, so that the file holds exactly the notes (and tracks) a stream reported.
     struck: dict[int, list] = {}  # note id -> [start, end, pitch, velocity, track]

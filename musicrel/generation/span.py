@@ -20,11 +20,9 @@ from musicrel.generation.sampling import Sampling
 from musicrel.midi.codec import shift_steps
 from musicrel.midi.files import copy_midi
 from musicrel.midi.notes import collect, raw_instruments
-from musicrel.midi.tracks import Placer, read_tracks
+from musicrel.midi.tracks import Placer, nearest, read_tracks, voices
 
 MAX_SPAN_SECONDS = 30.0
-# A track's voice (`route`, several chosen tracks): the median pitch of its notes this far around the gap.
-VOICE_WINDOW_SECONDS = 10.0
 
 
 @dataclass(kw_only=True)
@@ -305,55 +303,30 @@ def struck_under(sounding: dict, pitch: int, time: float) -> bool:
     return any(s <= time < e for s, e in sounding.get(pitch, ()))
 
 
-def voices(pm, tracks: list[int], start: float, end: float) -> dict[int, float]:
-    """Each track's voice: the median pitch of its notes that start within VOICE_WINDOW_SECONDS of the gap
-    (those in the gap too: they are the part being rewritten), of all its notes when none do; a track
-    without notes has none."""
-    out = {}
-    for t in tracks:
-        notes = pm.instruments[t].notes
-        near = [
-            n.pitch for n in notes if start - VOICE_WINDOW_SECONDS <= n.start < end + VOICE_WINDOW_SECONDS
-        ]
-        pitches = near or [n.pitch for n in notes]
-        if pitches:
-            out[t] = float(np.median(pitches))
-    return out
-
-
-def _nearest(heard: dict[int, float], pitch: int) -> int:
-    """The track whose voice is nearest `pitch` (the lower index on a tie)."""
-    return min(heard, key=lambda t: (abs(pitch - heard[t]), t))
-
-
 def route(pm, tracks: list[int], start: float, end: float, notes: list, instruments: list | None) -> list:
     """The track (instrument index of `pm`) each new note goes to, None for a note that is dropped; the rule
-    of docs/INFILL.md. A model without instruments: with one chosen track, onto it; with several, the track
-    of the nearest voice (`voices`: the median pitch around the gap). A model with instruments: through
-    `midi.tracks` (the rule every route of such a model shares): the chosen track of the note's instrument
-    (its General MIDI program, or drums), the nearest voice among several of one instrument (`Placer`: the
-    latest onset before the note); a note of an instrument no chosen track plays is dropped (the kept tracks
-    stay exact)."""
+    of docs/INFILL.md, nearest voice as `midi.tracks` has it for every route (`voices`, `nearest`: the median
+    pitch of each chosen track around the gap). A model without instruments: with one chosen track, onto
+    it; with several, the nearest voice among them. A model with instruments (`gap_placer`): the chosen track
+    of the note's instrument (its General MIDI program, or drums), the nearest voice among several of one
+    instrument; a note of an instrument no chosen track plays is dropped (the kept tracks stay exact)."""
     if instruments is None:
         if len(tracks) == 1:
             return [tracks[0]] * len(notes)
-        heard = voices(pm, tracks, start, end) or {tracks[0]: 60.0}
-        return [_nearest(heard, n.pitch) for n in notes]
-    placer = gap_placer(pm, tracks, start)
-    out: list[int | None] = [None] * len(notes)
-    for k in sorted(range(len(notes)), key=lambda k: notes[k].start):  # a placer reads notes in time order
-        out[k] = placer.place(instruments[k], notes[k].pitch, notes[k].start)
-    return out
+        heard = voices(pm, tracks, start, end)
+        return [nearest(heard, sorted(tracks), n.pitch) for n in notes]
+    placer = gap_placer(pm, tracks, start, end)
+    return [placer.place(i, n.pitch) for n, i in zip(notes, instruments, strict=True)]
 
 
-def gap_placer(pm, tracks: list[int], start: float, offset: float = 0.0) -> Placer:
+def gap_placer(pm, tracks: list[int], start: float, end: float) -> Placer:
     """Where a gap's new notes go, for a codec with instruments: the answer's (`route`) and the stream's
     (`streaming.NoteStream`), so that each streamed note is a note of the file, on its track. Every track of
-    `pm` (a placed note's index is its index in the file), each from its latest onset before `start`; only
-    the chosen `tracks` take notes, and a note of an instrument none of them plays is placed nowhere (None).
-    `offset`: added to the times it is given (the stream's count from `start`)."""
-    every, _ = read_tracks(pm, "merge", [], [], start)
-    return every.placer(offset, only=set(tracks))
+    `pm` (a placed note's index is its index in the file), each with its voice around the gap [start, end);
+    only the chosen `tracks` take notes, and a note of an instrument none of them plays is placed nowhere
+    (None)."""
+    every, _ = read_tracks(pm, "merge", [], [], start, end)
+    return every.placer(only=set(tracks))
 
 
 def merge(

@@ -143,7 +143,7 @@ class NoteStream:
             return None
         note_id = self._ids
         if self.placer is not None:  # placed at its onset, in the order onsets come
-            track = self.placer.place(voice // 128, voice % 128, self._seconds(self.t))
+            track = self.placer.place(voice // 128, voice % 128)
             if track is None:
                 return None
             self._tracks[note_id] = track

@@ -220,7 +220,7 @@ class ContinuationTask(Task):
         primer, n = request.found, request.form.num_samples
         return NoteSource([
             NoteStream(service.codec, primer.tokens, primer.tail_steps,
-                       placer=None if primer.tracks is None else primer.tracks.placer(primer.end_time))
+                       placer=None if primer.tracks is None else primer.tracks.placer())
             for _ in range(n)
         ])  # fmt: skip
 

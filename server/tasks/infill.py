@@ -181,18 +181,18 @@ class InfillTask(Task):
         velocity = past_velocity(codec, segments.past)
         sounding = sounding_into(codec, segments.pm, form.start)
         streams = [
-            NoteStream(codec, velocity, placer=self._placer(codec, segments, form.start))
+            NoteStream(codec, velocity, placer=self._placer(codec, segments, form))
             for _ in range(form.num_samples)
         ]
         return NoteSource(streams, form.start, functools.partial(struck_under, sounding))
 
     @staticmethod
-    def _placer(codec, segments: InfillSegments, start: float):
+    def _placer(codec, segments: InfillSegments, form: Any):
         """A model with instruments: each note's track as the answer places it (`gap_placer`), so a note of
         an instrument no chosen track plays, which the file leaves out, is never streamed."""
         if codec.instrument_offset is None:
             return None
-        return gap_placer(segments.pm, segments.tracks, start, offset=start)
+        return gap_placer(segments.pm, segments.tracks, form.start, form.end)
 
     def start_fields(self, request: Parsed) -> dict[str, Any]:
         return {"start": request.form.start, "end": request.form.end}

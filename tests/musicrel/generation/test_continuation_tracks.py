@@ -175,7 +175,7 @@ def test_quartet_new_notes_go_to_their_tracks_by_nearest_voice():
     assert layout(pm) == [("Violin I", 40, False), ("Violin II", 40, False), ("Viola", 41, False),
                           ("Violoncello", 42, False)]  # fmt: skip
     pitches = [[n.pitch for n in i.notes] for i in pm.instruments]
-    assert pitches == [[77], [66], [], [45]]  # Violin I ended on 76, Violin II on 64
+    assert pitches == [[77], [66], [], [45]]  # voices: Violin I 76.5, Violin II 66 (their median pitches)
     assert pm.instruments[0].notes[0].start == pytest.approx(0.0, abs=1e-6)
 
 
@@ -214,7 +214,7 @@ def test_the_stream_reports_each_notes_track_as_the_file_has_it():
             events.append(("shift", int(rng.integers(1, 30))))
     new = tokens(*events)
     pm = render(CODEC, primer, new)
-    stream = NoteStream(CODEC, primer.tokens, primer.tail_steps, placer=primer.tracks.placer(primer.end_time))
+    stream = NoteStream(CODEC, primer.tokens, primer.tail_steps, placer=primer.tracks.placer())
     notes: dict[int, list] = {}
     for e in stream.feed(new[:37]) + stream.feed(new[37:]) + stream.close():
         if e.kind == "on":

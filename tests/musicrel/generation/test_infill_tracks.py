@@ -11,8 +11,9 @@ import torch
 
 from musicrel.errors import InfillError, MusicrelError
 from musicrel.generation.infill import InfillParams, gap_notes, infill, infill_segments
-from musicrel.generation.span import route, sounding_into, struck_under, voices
+from musicrel.generation.span import route, sounding_into, struck_under
 from musicrel.midi.codec import CodecConfig, EventCodec
+from musicrel.midi.tracks import voices
 from musicrel.model.config import ModelConfig
 from musicrel.model.transformer import MusicTransformer
 
@@ -125,6 +126,11 @@ def test_route_by_voice_and_by_instrument():
     assert route(pm, [0, 1, 2], START, END, notes, [40, 40, 42, 73]) == [0, 1, 2, None]
     assert route(pm, [1, 2], START, END, notes, [40, 40, 42, 42]) == [1, 1, 2, 2]
     assert route(pm, [2], START, END, notes, [40, 40, 42, 73]) == [None, None, 2, None]
+    # one rule (midi.tracks): a piano model's notes go to the violin a model's violin notes go to
+    violins = [pretty_midi.Note(80, p, 9.0, 9.5) for p in range(40, 100, 3)]
+    by_voice = route(pm, [0, 1], START, END, violins, None)
+    assert by_voice == route(pm, [0, 1], START, END, violins, [40] * len(violins))
+    assert set(by_voice) == {0, 1}
 
 
 def test_a_model_with_instruments_writes_only_the_chosen_tracks_instruments():

@@ -1,6 +1,6 @@
 """musicrel.midi.tracks: the upload's tracks (names, programs, drums), each note's track by instrument and by
-nearest voice where one instrument has several tracks, new tracks for new instruments, the file written
-back with its tracks."""
+nearest voice (each track's median pitch near the music written) where one instrument has several tracks,
+new tracks for new instruments, the file written back with its tracks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pretty_midi
 
 from musicrel.midi.codec import CodecConfig, EventCodec
 from musicrel.midi.instruments import DRUMS
-from musicrel.midi.tracks import Track, Tracks, read_tracks
+from musicrel.midi.tracks import Track, Tracks, nearest, read_tracks, voices
 
 N = pretty_midi.Note
 CODEC = EventCodec(CodecConfig(instruments=True))
@@ -68,41 +68,56 @@ def test_selection_keeps_upload_indices_as_sources():
     assert sorted(n.pitch for n, p in zip(notes, places, strict=True) if p == 0) == [64, 65, 67]
 
 
-def test_nearest_voice_from_the_latest_onset_before_the_note():
-    (tracks, _), _ = read(quartet(), cut=2.0)  # last onsets: Violin I 74, Violin II 65 (at 1.0 s)
+def test_nearest_voice_is_each_tracks_median_pitch_before_the_cut():
+    (tracks, _), _ = read(quartet(), cut=2.0)  # medians: Violin I 76 (74 76 79), Violin II 65 (64 65 67)
+    assert tracks.voices == {0: 76.0, 1: 65.0, 2: 43.0}
     placer = tracks.placer()
-    assert placer.place(40, 72, 2.0) == 0
-    assert placer.place(40, 66, 2.0) == 1
-    # struck at the same time: the notes above do not count yet, each is read against 74 and 65
-    assert placer.place(40, 70, 2.0) == 0  # |70 - 74| = 4 < |70 - 65| = 5
-    # later: Violin I's latest onset is {72, 70} (mean 71), Violin II's {66}
-    assert placer.place(40, 69, 2.5) == 0
-    assert placer.place(40, 60, 3.0) == 1  # Violin I's latest is 69, Violin II's 66
-    assert placer.place(42, 40, 3.0) == 2  # one cello track: always it
+    notes = [(40, 72), (40, 66), (40, 70), (40, 71), (42, 40)]
+    places = [placer.place(i, p) for i, p in notes]
+    assert places == [0, 1, 1, 0, 2]  # |70 - 76| = 6 > |70 - 65| = 5, but |71 - 76| = 5 < |71 - 65| = 6
+    # the voices do not move with the notes placed: any order gives the same places
+    again = tracks.placer()
+    assert [again.place(i, p) for i, p in reversed(notes)] == places[::-1]
+
+
+def test_a_voice_reads_the_notes_near_the_music_written():
+    """A continuation reads the VOICE_WINDOW_SECONDS before the cut (all its notes before the cut when none
+    are that near); an infill the window either side of the gap and the gap's own notes."""
+    pm = pretty_midi.PrettyMIDI()
+    pm.instruments = [
+        track("A", 0, [(0.0, 1.0, 90), (15.0, 16.0, 50), (22.0, 23.0, 52), (40.0, 41.0, 100)]),
+        track("B", 0, [(0.0, 1.0, 70), (30.0, 31.0, 60)]),
+    ]
+    assert voices(pm, [0, 1], 20.0) == {0: 50.0, 1: 70.0}  # A: only 15 s is within 10 s; B: none, so all
+    assert voices(pm, [0, 1], 20.0, 25.0) == {0: 51.0, 1: 60.0}  # the gap's 52 and B's 30 s note count
+    assert voices(pm, [0, 1], 0.0) == {}  # nothing before the cut: no voice
+    (tracks, _), _ = read(pm, cut=20.0)
+    assert tracks.placer().place(0, 62) == 1  # |62 - 70| < |62 - 50|
 
 
 def test_nearest_voice_ties_go_to_the_earlier_track():
     pm = pretty_midi.PrettyMIDI()
     pm.instruments = [track("A", 0, [(0.0, 1.0, 70)]), track("B", 0, [(0.0, 1.0, 60)])]
     (tracks, _), _ = read(pm)
-    assert tracks.placer().place(0, 65, 1.0) == 0
+    assert tracks.placer().place(0, 65) == 0
+    assert nearest({0: 70.0, 1: 60.0}, [1, 0], 65) == 1  # the earlier of the candidates as given
 
 
 def test_a_track_silent_so_far_is_chosen_only_when_all_are():
     pm = pretty_midi.PrettyMIDI()
     pm.instruments = [track("A", 0, [(5.0, 6.0, 40)]), track("B", 0, [(0.0, 1.0, 90)])]
     (tracks, _), _ = read(pm, cut=2.0)
-    assert tracks.placer().place(0, 30, 2.0) == 1  # A struck nothing before the cut
+    assert tracks.placer().place(0, 30) == 1  # A struck nothing before the cut
     empty = Tracks([Track("A", 0, False, 0, 0), Track("B", 0, False, 0, 1)])
-    assert empty.placer().place(0, 30, 0.0) == 0
+    assert empty.placer().place(0, 30) == 0
 
 
 def test_new_instruments_get_new_tracks_in_the_order_they_sound():
     (tracks, _), _ = read(quartet())
     placer = tracks.placer()
-    assert placer.place(DRUMS, 36, 2.0) == 3
-    assert placer.place(33, 40, 2.0) == 4
-    assert placer.place(DRUMS, 38, 2.5) == 3
+    assert placer.place(DRUMS, 36) == 3
+    assert placer.place(33, 40) == 4
+    assert placer.place(DRUMS, 38) == 3
     assert [(t.name, t.program, t.is_drum, t.source) for t in placer.tracks[3:]] == [
         ("Drums", 0, True, None),
         ("Electric Bass (finger)", 33, False, None),
@@ -110,10 +125,14 @@ def test_new_instruments_get_new_tracks_in_the_order_they_sound():
     assert len(tracks) == 3  # the upload's Tracks are not changed by a placement
 
 
-def test_offset_reads_times_in_the_uploads_clock():
-    (tracks, _), _ = read(quartet(), cut=1.0)  # latest onsets at 0.5 s: Violin I 79, Violin II 64
-    placer = tracks.placer(offset=1.0)
-    assert placer.place(40, 70, 0.0) == 1  # |70-64| < |70-79|
+def test_only_the_tracks_given_take_notes_and_none_is_added():
+    """An infill's placer: the chosen tracks only; an instrument none of them plays is placed nowhere."""
+    (tracks, _), _ = read(quartet())
+    placer = tracks.placer(only={1, 2})
+    assert placer.place(40, 90) == 1  # Violin I's voice is nearer, but it is not chosen
+    assert placer.place(42, 40) == 2
+    assert placer.place(41, 55) is None and placer.place(DRUMS, 36) is None
+    assert len(placer.tracks) == 3
 
 
 def test_write_keeps_every_track_and_drums_on_channel_10():
@@ -121,7 +140,7 @@ def test_write_keeps_every_track_and_drums_on_channel_10():
     pm.instruments.append(track("Kit", 25, [(0.0, 0.1, 36)], is_drum=True))
     (tracks, _), _ = read(pm)
     placer = tracks.placer()
-    placer.place(33, 40, 0.0)
+    placer.place(33, 40)
     notes = [[N(80, 60, 0.0, 1.0)], [], [N(80, 40, 0.0, 1.0)], [N(90, 36, 0.5, 0.6)], [N(70, 40, 0.0, 0.5)]]
     out = tracks.write(placer.tracks, notes, tempo=100.0)
     buffer = io.BytesIO()

@@ -98,6 +98,20 @@ async def stalled():
     await anyio.sleep_forever()
 
 
+def stalled_until(release: threading.Event):
+    """A receive that sends nothing until `release` is set, then the whole upload at once."""
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        while sent or not release.is_set():
+            await anyio.sleep(0.01)
+        sent = True
+        return {"type": "http.request", "body": multipart(**FAST), "more_body": False}
+
+    return receive
+
+
 # ---- hole 1: slow uploads are cut off, and only so many at once ------------------------------------------
 
 
@@ -238,13 +252,16 @@ def test_uploads_refused_in_a_burst_do_not_shorten_retry_after(tiny_checkpoint, 
     carries the estimate, not a drain of milliseconds."""
     with serve(tiny_checkpoint, max_queue=2, max_uploads=1, upload_timeout_s=3, upload_min_bytes_per_s=0,
                retry_after_s=99) as (client, service):  # fmt: skip
-        held = threading.Thread(target=call, args=(client, stalled))
+        release = threading.Event()
+        held = threading.Thread(target=call, args=(client, stalled_until(release)))
         held.start()
         wait_for(lambda: uploads_middleware(client).uploading == 1)
         status, _, _ = call(client, stalled)
         assert status == 429  # too_many_uploads, after admission
         assert service.admission.drain.seconds_per_job is None
+        release.set()  # the stalled body arrives (it waited out its 3 s deadline before, for no check)
         held.join(10)
+        assert not held.is_alive()
 
 
 def test_retry_after_is_the_measured_drain_time_clamped():

@@ -157,21 +157,26 @@ def start_server(
             stderr=subprocess.STDOUT,
         )
     server = ServerProcess(proc, url, log_path)
+    # One client for the polls: each httpx.get builds an SSL context (60 ms of CPU), and ten polls a second
+    # took half a core from the server starting beside them.
+    poller = httpx.Client(timeout=2.0)
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"uvicorn exited with {proc.returncode} before ready:\n{server.log()[-4000:]}")
             try:
-                if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                if poller.get(f"{url}/readyz").status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
                 pytest.fail(f"uvicorn not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{server.log()[-4000:]}")
             time.sleep(0.1)
+        poller.close()
         yield server
     finally:
+        poller.close()
         server.terminate()
 
 
@@ -296,6 +301,23 @@ def serve(
         if wait_ready:
             assert service.worker.ready.wait(60), service.worker.failed
         yield client, service
+
+
+@pytest.fixture(scope="session")
+def engine_app(tiny_checkpoint, tiny_accompany_checkpoint, tiny_infill_checkpoint):
+    """`serve`'s (client, service) with the engine in a process of its own, holding the three tiny models, one
+    a session: an engine start costs seconds of CPU. No batch window, the client checked every 20 ms, 600 s
+    of melody accompanied. A test must not stop or kill its engine, and reads its metrics as differences."""
+    with serve(
+        tiny_checkpoint,
+        engine="process",
+        accompany_checkpoint=tiny_accompany_checkpoint,
+        infill_checkpoint=tiny_infill_checkpoint,
+        batch_window_ms=0,
+        disconnect_poll_s=0.02,
+        max_melody_seconds=600,
+    ) as pair:
+        yield pair
 
 
 def post(client: TestClient, data: bytes = MOTIF, json: bool = False, **fields) -> httpx.Response:

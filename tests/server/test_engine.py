@@ -27,6 +27,19 @@ def started(service) -> bool:
     return any(job.started_at for job in list(service.worker._jobs.values()))
 
 
+@pytest.fixture(scope="module")
+def one_row(tiny_checkpoint):
+    """One engine process for the tests of a request that leaves or an engine that dies: one row in the batch
+    (a second request waits for the first's), 600 s of music allowed (a generation no deadline stops), and
+    the client checked every 20 ms. An engine start costs seconds of CPU; a killed one is replaced by the
+    service, as the tests that kill it check, so the next test finds it ready again."""
+    with serve(
+        tiny_checkpoint, engine="process", batch_window_ms=0, disconnect_poll_s=0.02, max_seconds=600,
+        max_batch_rows=1, request_timeout_s=60,
+    ) as pair:  # fmt: skip
+        yield pair
+
+
 def test_errors_cross_the_pipe_with_their_code():
     for error in (
         GenerationError("too long", code="primer_too_long"),
@@ -64,8 +77,9 @@ def test_engine_process_answers_like_the_thread_engine(tiny_checkpoint):
 
 def test_engine_queue_bound_is_kept_by_the_server(tiny_checkpoint):
     # Idle, the engine waits up to the batch window for a second request to fill its 2 rows: the first one
-    # stays queued meanwhile, so the queue (1) is full and the next request is refused at once.
-    with serve(tiny_checkpoint, engine="process", max_queue=1, max_batch_rows=2, batch_window_ms=4000) as (
+    # stays queued meanwhile, so the queue (1) is full and the next request is refused at once (in
+    # milliseconds; the first then waits out the rest of the window).
+    with serve(tiny_checkpoint, engine="process", max_queue=1, max_batch_rows=2, batch_window_ms=2000) as (
         client,
         service,
     ):
@@ -82,7 +96,8 @@ def test_engine_queue_bound_is_kept_by_the_server(tiny_checkpoint):
 
 
 def test_concurrent_requests_share_the_engine_batch(tiny_checkpoint):
-    with serve(tiny_checkpoint, engine="process", batch_window_ms=1500, max_batch_rows=16) as (
+    # The window ends once the waiting requests fill the rows: four rows start as soon as all four are in.
+    with serve(tiny_checkpoint, engine="process", batch_window_ms=5000, max_batch_rows=4) as (
         client,
         service,
     ):
@@ -93,35 +108,31 @@ def test_concurrent_requests_share_the_engine_batch(tiny_checkpoint):
         assert metric(service, "musicrel_batches_total") < 4
 
 
-def test_a_client_that_leaves_stops_its_generation_in_the_engine(tiny_checkpoint):
-    with serve(
-        tiny_checkpoint, engine="process", batch_window_ms=0, disconnect_poll_s=0.02, max_seconds=600
-    ) as (
-        client,
-        service,
-    ):
-        # The client leaves once its generation has begun.
-        messages = post_then_leave(client, {"seconds": "600"}, lambda: started(service))
-        assert messages[0]["status"] == 499
-        # Only the cancel message can stop it: 600 s of music is thousands of steps, and no deadline is near.
-        wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1, 30)
-        assert post(client, **FAST).status_code == 200
+def test_a_client_that_leaves_stops_its_generation_in_the_engine(one_row):
+    client, service = one_row
+    before = metric(service, "musicrel_stopped_jobs_total", reason="disconnected")
+    # The client leaves once its generation has begun.
+    messages = post_then_leave(client, {"seconds": "600"}, lambda: started(service))
+    assert messages[0]["status"] == 499
+    # Only the cancel message can stop it: 600 s of music is thousands of steps, and no deadline is near.
+    wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == before + 1, 30)
+    assert post(client, **FAST).status_code == 200
 
 
-def test_a_dead_engine_fails_its_requests_and_is_replaced(tiny_checkpoint):
-    with serve(tiny_checkpoint, engine="process", max_seconds=600) as (client, service):
-        result: dict = {}
-        running = threading.Thread(target=lambda: result.update(r=post(client, seconds="600")))
-        running.start()
-        wait_for(lambda: started(service), 30)
-        first = service.worker._process
-        first.kill()  # as the OOM killer would
-        running.join(30)
-        assert result["r"].status_code == 503 and "engine" in error_of(result["r"])["message"]
-        assert client.get("/healthz").status_code == 200  # alive: a new engine is starting
-        wait_for(lambda: client.get("/readyz").status_code == 200, 60)
-        assert service.worker._process is not first and first.returncode == -9
-        assert post(client, **FAST).status_code == 200
+def test_a_dead_engine_fails_its_requests_and_is_replaced(one_row):
+    client, service = one_row
+    result: dict = {}
+    running = threading.Thread(target=lambda: result.update(r=post(client, seconds="600")))
+    running.start()
+    wait_for(lambda: started(service), 30)
+    first = service.worker._process
+    first.kill()  # as the OOM killer would
+    running.join(30)
+    assert result["r"].status_code == 503 and "engine" in error_of(result["r"])["message"]
+    assert client.get("/healthz").status_code == 200  # alive: a new engine is starting
+    wait_for(lambda: client.get("/readyz").status_code == 200, 60)
+    assert service.worker._process is not first and first.returncode == -9
+    assert post(client, **FAST).status_code == 200
 
 
 def test_an_engine_that_keeps_dying_fails_liveness(tiny_checkpoint):
@@ -155,42 +166,38 @@ def test_an_engine_that_cannot_load_says_why(tiny_checkpoint):
         assert not service.worker.ready.is_set()
 
 
-def test_a_client_that_leaves_frees_its_row_for_the_next_request(tiny_checkpoint):
+def test_a_client_that_leaves_frees_its_row_for_the_next_request(one_row):
     """One row in the batch: the request that leaves holds it with 600 s of music to go; the next request can
     only run once the cancel has freed that row."""
-    with serve(
-        tiny_checkpoint, engine="process", batch_window_ms=0, disconnect_poll_s=0.02, max_seconds=600,
-        max_batch_rows=1, request_timeout_s=60,
-    ) as (client, service):  # fmt: skip
-        messages = post_then_leave(client, {"seconds": "600"}, lambda: started(service))
-        assert messages[0]["status"] == 499
-        response = post(client, json=True, **FAST)
-        assert response.status_code == 200, response.text
-        assert response.json()["batch"] == {"requests": 1, "rows": 1}  # decoded alone: the row was free
-        assert metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1
+    client, service = one_row
+    before = metric(service, "musicrel_stopped_jobs_total", reason="disconnected")
+    messages = post_then_leave(client, {"seconds": "600"}, lambda: started(service))
+    assert messages[0]["status"] == 499
+    response = post(client, json=True, **FAST)
+    assert response.status_code == 200, response.text
+    assert response.json()["batch"] == {"requests": 1, "rows": 1}  # decoded alone: the row was free
+    assert metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == before + 1
 
 
-def test_a_dead_engine_fails_only_the_requests_it_was_decoding(tiny_checkpoint):
+def test_a_dead_engine_fails_only_the_requests_it_was_decoding(one_row):
     """One row: the first request decodes, the second waits in the engine's queue. The engine is killed:
     the first is 503, the second never started and is served by the replacement."""
-    with serve(tiny_checkpoint, engine="process", max_seconds=600, max_batch_rows=1, batch_window_ms=0) as (
-        client,
-        service,
-    ):
-        answers: dict = {}
-        running = threading.Thread(target=lambda: answers.update(a=post(client, seconds="600")))
-        running.start()
-        wait_for(lambda: started(service), 30)
-        queued = threading.Thread(target=lambda: answers.update(b=post(client, json=True, **FAST)))
-        queued.start()
-        wait_for(lambda: service.worker.queue_depth == 1, 30)
-        first = service.worker._process
-        first.kill()
-        running.join(30)
-        queued.join(90)
-        assert answers["a"].status_code == 503 and "engine" in error_of(answers["a"])["message"]
-        assert answers["b"].status_code == 200, answers["b"].text
-        assert service.worker._process is not first and service.worker.queue_depth == 0
+    client, service = one_row
+    wait_for(lambda: client.get("/readyz").status_code == 200, 60)  # an engine killed before is replaced
+    answers: dict = {}
+    running = threading.Thread(target=lambda: answers.update(a=post(client, seconds="600")))
+    running.start()
+    wait_for(lambda: started(service), 30)
+    queued = threading.Thread(target=lambda: answers.update(b=post(client, json=True, **FAST)))
+    queued.start()
+    wait_for(lambda: service.worker.queue_depth == 1, 30)
+    first = service.worker._process
+    first.kill()
+    running.join(30)
+    queued.join(90)
+    assert answers["a"].status_code == 503 and "engine" in error_of(answers["a"])["message"]
+    assert answers["b"].status_code == 200, answers["b"].text
+    assert service.worker._process is not first and service.worker.queue_depth == 0
 
 
 def test_the_pipe_carries_typed_messages_and_tokens_not_midi():

@@ -270,21 +270,15 @@ def test_openapi_documents_the_form(client):
 
 
 # ---------------------------------------------------------------- through the engine
-def test_the_engine_process_accompanies_and_the_server_process_holds_no_weights(
-    client, tiny_checkpoint, tiny_accompany_checkpoint
-):
+def test_the_engine_process_accompanies_and_the_server_process_holds_no_weights(client, engine_app):
     thread_client, _ = client
     expected = post(thread_client, json=True, num_samples="2", seed="5").json()
-    with serve(
-        tiny_checkpoint, accompany_checkpoint=tiny_accompany_checkpoint, engine="process", batch_window_ms=0
-    ) as (c, service):
-        r = post(c, json=True, num_samples="2", seed="5")
-        assert r.status_code == 200, r.text
-        assert service.loaded is None and service.accompanist is None  # cards and codecs only
-        assert c.get("/v1/model").json()["accompaniment"]["parameters"] > 0
-        assert [s["midi_base64"] for s in r.json()["samples"]] == [
-            s["midi_base64"] for s in expected["samples"]
-        ]
+    c, service = engine_app
+    r = post(c, json=True, num_samples="2", seed="5")
+    assert r.status_code == 200, r.text
+    assert service.loaded is None and service.accompanist is None  # cards and codecs only
+    assert c.get("/v1/model").json()["accompaniment"]["parameters"] > 0
+    assert [s["midi_base64"] for s in r.json()["samples"]] == [s["midi_base64"] for s in expected["samples"]]
 
 
 def test_a_full_queue_refuses_an_accompaniment_with_429(tiny_checkpoint, tiny_accompany_checkpoint):
@@ -329,7 +323,8 @@ def test_a_continuation_does_not_wait_for_long_accompaniments(tiny_checkpoint, t
         batch_window_ms=0,
         max_melody_seconds=600,
     ) as (c, service):
-        long_tune = melody(n=300, step=0.4)  # 120 s of melody
+        # 40 s of melody: hundreds of steps each, where the continuation takes tens
+        long_tune = melody(n=100, step=0.4)
         answers: list = []
         threads = [threading.Thread(target=lambda: answers.append(post(c, long_tune))) for _ in range(2)]
         for t in threads:
@@ -360,27 +355,20 @@ def test_an_accompaniment_past_its_deadline_is_stopped_in_the_engine(
         assert post(c).status_code == 200  # the engine carries on
 
 
-def test_a_client_that_leaves_stops_its_accompaniment_in_the_engine(
-    tiny_checkpoint, tiny_accompany_checkpoint
-):
+def test_a_client_that_leaves_stops_its_accompaniment_in_the_engine(engine_app):
     from tests.server.conftest import post_then_leave
 
-    with serve(
-        tiny_checkpoint,
-        accompany_checkpoint=tiny_accompany_checkpoint,
-        engine="process",
-        disconnect_poll_s=0.02,
-        max_melody_seconds=600,
-    ) as (c, service):
+    c, service = engine_app  # the client checked every 20 ms, 600 s of melody allowed
 
-        def started() -> bool:
-            return any(job.started_at for job in list(service.worker._jobs.values()))
+    def started() -> bool:
+        return any(job.started_at for job in list(service.worker._jobs.values()))
 
-        long_tune = melody(n=600, step=0.4)  # 240 s of melody: no deadline is near when the client leaves
-        messages = post_then_leave(c, {}, started, path="/v1/accompaniments", data=long_tune)
-        assert messages[0]["status"] == 499
-        wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1, 30)
-        assert post(c).status_code == 200  # the engine carries on
+    before = metric(service, "musicrel_stopped_jobs_total", reason="disconnected")
+    long_tune = melody(n=600, step=0.4)  # 240 s of melody: no deadline is near when the client leaves
+    messages = post_then_leave(c, {}, started, path="/v1/accompaniments", data=long_tune)
+    assert messages[0]["status"] == 499
+    wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == before + 1, 30)
+    assert post(c).status_code == 200  # the engine carries on
 
 
 def test_a_model_with_instruments_accompanies_on_a_track_per_instrument(tiny_checkpoint, tmp_path):

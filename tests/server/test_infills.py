@@ -489,40 +489,32 @@ def test_a_full_queue_refuses_an_infill_with_429(tiny_checkpoint, tiny_infill_ch
 
 
 # ---------------------------------------------------------------- through the engine process
-def test_the_engine_process_fills_the_same_music_and_the_server_holds_no_weights(
-    client, tiny_checkpoint, tiny_infill_checkpoint
-):
+def test_the_engine_process_fills_the_same_music_and_the_server_holds_no_weights(client, engine_app):
     thread_client, _ = client
     expected = post(thread_client, json_=True, num_samples="2", seed="5").json()
-    with serve(
-        tiny_checkpoint, infill_checkpoint=tiny_infill_checkpoint, engine="process", batch_window_ms=0
-    ) as (c, service):
-        r = post(c, json_=True, num_samples="2", seed="5")
-        assert r.status_code == 200, r.text
-        assert service.loaded is None and service.infiller is None  # cards and codecs only
-        assert c.get("/v1/model").json()["infill"]["parameters"] > 0
-        got = [s["midi_base64"] for s in r.json()["samples"]]
-        assert got == [s["midi_base64"] for s in expected["samples"]]
-        events = stream_events(post(c, path="/v1/infills/stream", num_samples="2", seed="5"))
-        assert [s["midi_base64"] for s in events[-1]["samples"]] == got
-        assert any(e["type"] == "note_on" for e in events)
+    c, service = engine_app
+    r = post(c, json_=True, num_samples="2", seed="5")
+    assert r.status_code == 200, r.text
+    assert service.loaded is None and service.infiller is None  # cards and codecs only
+    assert c.get("/v1/model").json()["infill"]["parameters"] > 0
+    got = [s["midi_base64"] for s in r.json()["samples"]]
+    assert got == [s["midi_base64"] for s in expected["samples"]]
+    events = stream_events(post(c, path="/v1/infills/stream", num_samples="2", seed="5"))
+    assert [s["midi_base64"] for s in events[-1]["samples"]] == got
+    assert any(e["type"] == "note_on" for e in events)
 
 
-def test_a_client_that_leaves_stops_its_infill_in_the_engine(tiny_checkpoint, tiny_infill_checkpoint):
+def test_a_client_that_leaves_stops_its_infill_in_the_engine(engine_app):
     from tests.server.conftest import post_then_leave
 
-    with serve(
-        tiny_checkpoint,
-        infill_checkpoint=tiny_infill_checkpoint,
-        engine="process",
-        disconnect_poll_s=0.02,
-    ) as (c, service):
+    c, service = engine_app  # the client checked every 20 ms
 
-        def started() -> bool:
-            return any(job.started_at for job in list(service.worker._jobs.values()))
+    def started() -> bool:
+        return any(job.started_at for job in list(service.worker._jobs.values()))
 
-        fields = {"start": "10", "end": "40", "num_samples": "4"}  # seconds of decoding on the tiny model
-        messages = post_then_leave(c, fields, started, path="/v1/infills", data=tune(60.0))
-        assert messages[0]["status"] == 499
-        wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == 1, 30)
-        assert post(c).status_code == 200  # the engine carries on
+    before = metric(service, "musicrel_stopped_jobs_total", reason="disconnected")
+    fields = {"start": "10", "end": "40", "num_samples": "4"}  # seconds of decoding on the tiny model
+    messages = post_then_leave(c, fields, started, path="/v1/infills", data=tune(60.0))
+    assert messages[0]["status"] == 499
+    wait_for(lambda: metric(service, "musicrel_stopped_jobs_total", reason="disconnected") == before + 1, 30)
+    assert post(c).status_code == 200  # the engine carries on

@@ -242,15 +242,15 @@ def test_the_plain_endpoints_limits_apply(tiny_checkpoint):
         assert metric(service, "musicrel_http_requests_total", **label) == 2
 
 
-def test_streams_from_the_engine_process(tiny_checkpoint):
-    with serve(tiny_checkpoint, engine="process", batch_window_ms=0) as (client, _):
-        events = events_of(stream(client, **FIELDS))
-        assert events[0]["type"] == "start" and events[-1]["type"] == "result"
-        notes = [e for e in events if e["type"] == "note_on"]
-        assert {e["sample"] for e in notes} == {0, 1}
-        for sample in events[-1]["samples"]:
-            assert len(apply(events, sample["index"])) == len(midi_notes(sample)) == sample["notes"]
-        assert midis(plain_json(client)) == midis(events[-1])
+def test_streams_from_the_engine_process(engine_app):
+    client, _ = engine_app
+    events = events_of(stream(client, **FIELDS))
+    assert events[0]["type"] == "start" and events[-1]["type"] == "result"
+    notes = [e for e in events if e["type"] == "note_on"]
+    assert {e["sample"] for e in notes} == {0, 1}
+    for sample in events[-1]["samples"]:
+        assert len(apply(events, sample["index"])) == len(midi_notes(sample)) == sample["notes"]
+    assert midis(plain_json(client)) == midis(events[-1])
 
 
 def test_a_reroll_of_the_same_motif_is_not_parsed_again(app_client, monkeypatch):

@@ -52,6 +52,7 @@ from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-e
     past_velocity,
     route,
 )
+from musicrel.midi.tracks import read_tracks
 
 # The controls read the music this far either side of the gap: the key `auto` finds, the rate the density
 # loop starts from (as a continuation's read its motif).
@@ -95,10 +96,27 @@ def around_gap(codec, seg: InfillSegments) -> Primer:
     file's first tempo (chords in beats)."""
     step_s, reach = codec.config.step_ms / 1000.0, CONTROL_CONTEXT_SECONDS
     start, end = seg.start_step * step_s, seg.end_step * step_s
-    around = [n for n in seg.notes if start - reach <= n.start < start or end <= n.start < end + reach]
+    near = [
+        k for k, n in enumerate(seg.notes) if start - reach <= n.start < start or end <= n.start < end + reach
+    ]
+    around = [seg.notes[k] for k in near]
+    # with instruments, which of them are drum hits (`key=auto` reads pitches, not drum sounds)
+    instruments = None if seg.instruments is None else [seg.instruments[k] for k in near]
     _, tempi = seg.pm.get_tempo_changes()
     tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
-    return Primer(np.array([codec.bos_id]), start, start, tempo, 0, around, motif_notes=around)
+    bos = np.array([codec.bos_id])
+    return Primer(bos, start, start, tempo, 0, around, motif_notes=around, motif_instruments=instruments)
+
+
+def chosen_instruments(seg: InfillSegments) -> np.ndarray | None:
+    """A codec with instruments: (NUM_INSTRUMENTS,) bool, the instruments of the chosen tracks, the ones the
+    gap is written with unless the `instruments` control says otherwise. A note of another instrument would
+    be dropped (no chosen track takes it) yet counted by the density loop, whose target is the chosen
+    tracks' own rate (`chosen_density`): limited to these, what the loop counts is what the file gets."""
+    if seg.instruments is None:
+        return None
+    every, _ = read_tracks(seg.pm, seg.tracks, [], [], 0.0)
+    return every.instruments()
 
 
 def chosen_density(codec, seg: InfillSegments) -> float:
@@ -146,10 +164,12 @@ def infill_job(model, codec, seg: InfillSegments, params: InfillParams) -> Decod
         [_hold_steps(codec, seg.notes)] * B,
     )
     device, controls = next(model.parameters()).device, None if resolved is None else [resolved] * B
+    plays = chosen_instruments(seg)
+    instruments = None if plays is None else [plays] * B
     if len(seg.kept[0]):  # tracks kept: the model hears their notes in the gap
-        grammar = PlacedGrammar(*rows, device, controls, seg.kept)
+        grammar = PlacedGrammar(*rows, device, controls, seg.kept, instruments)
     else:
-        grammar = Grammar(*rows, device=device, controls=controls)
+        grammar = Grammar(*rows, device=device, controls=controls, instruments=instruments)
     budget = int(seg.gap_steps * codec.config.step_ms / 1000.0 * TOKENS_PER_SECOND_CAP) + 64
     return DecodeJob(
         tokens=np.asarray(prompt.tokens, dtype=np.int64),

@@ -24,8 +24,16 @@ class PlacedGrammar(Grammar):
     token is the only one allowed), so the model writes hearing them. The density loop (a `density` control)
     counts the model's own notes only."""
 
-    def __init__(self, codec, prompts, limit_steps, max_hold_steps, device, controls, kept):
-        super().__init__(codec, prompts, limit_steps, max_hold_steps, device=device, controls=controls)
+    def __init__(self, codec, prompts, limit_steps, max_hold_steps, device, controls, kept, instruments=None):
+        super().__init__(
+            codec,
+            prompts,
+            limit_steps,
+            max_hold_steps,
+            device=device,
+            controls=controls,
+            instruments=instruments,
+        )
         steps, tokens = (np.asarray(x, dtype=np.int64) for x in kept)
         B, M = len(prompts), len(steps) + 1  # +1: a sentinel, never due, after every row's events
         at = np.full((B, M), _NEVER, dtype=np.int64)

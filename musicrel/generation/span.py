@@ -89,6 +89,7 @@ class InfillSegments:
     # the kept tracks' note events in the gap (`kept_schedule`), placed while the gap is written: (steps from
     # the gap's start, tokens); empty when every track read is regenerated
     kept: tuple = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    instruments: list | None = None  # a codec with instruments: the instrument of each of `notes`
 
     @property
     def gap_steps(self) -> int:
@@ -198,7 +199,7 @@ def infill_segments(codec, midi, start: float, end: float, tracks=None) -> Infil
     past, gap, future = split_at(codec, codec.encode_notes(notes, instruments), [s_step, e_step])
     kept = [t for t in _read_instruments(codec, pm) if t not in chosen]
     schedule = kept_schedule(codec, pm, kept, s_step, e_step)
-    return InfillSegments(pm, notes, past, gap, future, s_step, e_step, chosen, schedule)
+    return InfillSegments(pm, notes, past, gap, future, s_step, e_step, chosen, schedule, instruments)
 
 
 def kept_schedule(codec, pm, kept: list[int], s_step: int, e_step: int) -> tuple[np.ndarray, np.ndarray]:

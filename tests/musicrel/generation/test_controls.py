@@ -368,3 +368,26 @@ def test_key_auto_reads_the_motifs_pitched_notes_not_its_drums():
     )  # fmt: skip
     applied = Controls(key="auto").resolve(primer, 10).applied
     assert applied["key"] == key_label(find_key(pitched)) != key_label(find_key(pitched + drums))
+
+
+def test_density_counts_a_bands_drum_hits_in_its_target_and_in_what_it_measures():
+    """A band motif (drums, bass, guitar): the rate the loop starts from (the motif's notes a second) and
+    the rate it measures while the continuation is written count the same notes, drum hits among them
+    (docs/CONTROLS.md, density with drums)."""
+    from tests.musicrel.generation.test_continuation_tracks import CODEC as BAND
+    from tests.musicrel.generation.test_continuation_tracks import as_bytes, band, tokens
+
+    upload = band()
+    primer = prepare_primer(BAND, as_bytes(upload))
+    every = [n for inst in upload.instruments for n in inst.notes]
+    assert len(primer.motif_notes) == len(every) == 40  # 24 of them drum hits
+    seconds = max(n.end for n in every) - min(n.start for n in every)
+    resolved = Controls(density=5.0).resolve(primer, BAND.config.step_ms)
+    assert resolved.density_start == pytest.approx(math.log(5.0 / (40 / seconds)), abs=1e-6)
+    grammar = Grammar(BAND, [primer.tokens], [10_000], controls=[resolved])
+    counted = []
+    for token in tokens(("inst", 128), ("on", 36), ("inst", 33), ("on", 40), ("inst", 128), ("on", 42)):
+        before = float(grammar.density.recent[0])
+        grammar.advance(torch.tensor([int(token)]))
+        counted.append(float(grammar.density.recent[0]) - before)
+    assert counted == pytest.approx([0, 1, 0, 1, 0, 1])  # no time passes: each note-on adds one, a hit too

@@ -133,21 +133,22 @@ def test_route_by_voice_and_by_instrument():
     assert set(by_voice) == {0, 1}
 
 
-def test_a_model_with_instruments_writes_only_the_chosen_tracks_instruments():
+@pytest.mark.parametrize("who", [None, "any"])
+def test_a_model_with_instruments_writes_only_the_chosen_tracks_instruments(who):
     """A string trio (violin, viola, cello): tracks=1 keeps 0 and 2 exactly and puts on track 1 exactly the
-    notes the model wrote for its instrument (the viola), less those struck under a kept note of their pitch;
-    the notes it wrote for the others are dropped."""
+    notes the model wrote for its instrument (the viola), less those struck under a kept note of their pitch.
+    By default the model writes the viola only (`infill.chosen_instruments`: what the density loop counts is
+    what the file gets); with `instruments=any` it writes others too, and they are dropped."""
+    from musicrel.generation.controls import Controls
+
     model, source = tiny(BAND), three_tracks(programs=(40, 41, 42))
-    params = InfillParams(seed=6, num_samples=3, tracks=(1,))
+    controls = None if who is None else Controls(instruments=who)
+    params = InfillParams(seed=6, num_samples=3, tracks=(1,), controls=controls)
     result = infill(model, source, START, END, codec=BAND, params=params)
     seg = infill_segments(BAND, source, START, END, (1,))
     # the prompt names each note's instrument (read as piano, the model could write the trio's none)
-    assert set(BAND.decode_instrument_notes(np.concatenate([seg.past, seg.future])).instruments) == {
-        40,
-        41,
-        42,
-    }
-    assert any(result.notes)
+    heard = BAND.decode_instrument_notes(np.concatenate([seg.past, seg.future])).instruments
+    assert set(heard) == {40, 41, 42}
     sounding = sounding_into(BAND, source, START)
     wrote_others = 0
     for out, notes, where, tokens in zip(
@@ -163,7 +164,10 @@ def test_a_model_with_instruments_writes_only_the_chosen_tracks_instruments():
         ]
         assert sorted(_key(n) for n in notes) == sorted(viola)
         wrote_others += sum(i != 41 for i in instruments)
-    assert wrote_others > 0  # the random model wrote other instruments too, and they were dropped
+    if who is None:
+        assert any(result.notes) and wrote_others == 0
+    else:
+        assert wrote_others > 0  # the random model wrote other instruments too, and they were dropped
 
 
 def test_the_model_hears_the_kept_tracks_in_the_gap_and_only_its_own_notes_come_back():
@@ -230,3 +234,22 @@ def test_a_gap_written_beside_kept_tracks_holds_the_chosen_tracks_density_unless
     asked = InfillParams(seed=1, tracks=(1,), controls=Controls(density=3.0))
     assert infill(model, source, START, END, codec=PIANO, params=asked).controls == {"density": 3.0}
     assert infill(model, source, START, END, codec=PIANO, params=InfillParams(seed=1)).controls is None
+
+
+def test_the_music_around_a_gap_says_which_notes_are_drum_hits():
+    """`key=auto` reads pitches: around a band's gap, its drum hits are marked as such (as a continuation's
+    motif marks them); a piano model's reading has no instruments."""
+    from musicrel.generation.controls import _pitched
+    from musicrel.generation.infill import around_gap
+    from musicrel.midi.instruments import DRUMS
+
+    pm = three_tracks(programs=(40, 41, 42))
+    kit = pretty_midi.Instrument(program=0, is_drum=True, name="kit")
+    kit.notes = [pretty_midi.Note(100, 42, 0.5 * k, 0.5 * k + 0.1) for k in range(40)]
+    pm.instruments.append(kit)
+    around = around_gap(BAND, infill_segments(BAND, pm, START, END))
+    assert len(around.motif_instruments) == len(around.motif_notes)
+    hits = sum(i == DRUMS for i in around.motif_instruments)
+    assert hits == sum(START - 10 <= n.start < START or END <= n.start < END + 10 for n in kit.notes)
+    assert len(_pitched(around)) == len(around.motif_notes) - hits
+    assert around_gap(PIANO, infill_segments(PIANO, pm, START, END)).motif_instruments is None

@@ -65,7 +65,7 @@ def _sample(metrics_text: str, name: str) -> float:
     raise AssertionError(f"{name} missing from /metrics")
 
 
-@pytest.mark.long(25)
+@pytest.mark.long(15)
 def test_metrics_add_up_over_workers(tiny_checkpoint, tmp_path):
     """`musicrel serve --workers 2`: whichever worker answers a scrape reports every worker's numbers."""
     metrics_dir = tmp_path / "metrics"
@@ -129,7 +129,7 @@ def test_the_server_process_loads_neither_torch_nor_weights(live_process):
     assert any("libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in children)  # the engine's
 
 
-@pytest.mark.long(25)
+@pytest.mark.long(10)
 def test_sigterm_under_load_drains_and_loses_no_accepted_request(
     tiny_checkpoint, tiny_accompany_checkpoint, tmp_path
 ):

@@ -29,7 +29,8 @@ from tests.server.conftest import (
 
 def test_concurrent_requests_share_batches(tiny_checkpoint):
     n = 6
-    with serve(tiny_checkpoint, batch_window_ms=1500, max_batch_rows=16) as (client, service):
+    # The window ends once the waiting requests fill the rows: n rows start as soon as all n are in.
+    with serve(tiny_checkpoint, batch_window_ms=5000, max_batch_rows=n) as (client, service):
         batches_before = metric(service, "musicrel_batches_total")
         responses = concurrently(lambda i: post(client, json=True, seconds="0.3", seed=str(i)), n)
         assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
@@ -118,11 +119,11 @@ def test_unexpected_failure_is_json_500(tiny_checkpoint):
 
 def test_a_job_that_fails_admission_fails_alone(tiny_checkpoint):
     short = motif(n_notes=3)  # under 40 primer tokens
-    with serve(tiny_checkpoint, decoder=Broken, raise_errors=False, batch_window_ms=1500) as (
-        client,
-        service,
-    ):
-        data = [short, MOTIF, short]
+    data = [short, MOTIF, short]
+    # The three start together as soon as they fill the three rows (the window is an upper bound).
+    with serve(
+        tiny_checkpoint, decoder=Broken, raise_errors=False, batch_window_ms=5000, max_batch_rows=len(data)
+    ) as (client, service):
         responses = concurrently(lambda i: post(client, data[i], json=True, seconds="0.3", seed=str(i)), 3)
         assert [r.status_code for r in responses] == [200, 500, 200], [r.text for r in responses]
         assert metric(service, "musicrel_batched_jobs_total") == 2  # the good two (warm-up is not counted)
@@ -137,10 +138,10 @@ def test_a_request_joins_the_running_batch(tiny_checkpoint):
         gate.hold()
         first: dict = {}
         running = threading.Thread(
-            target=lambda: first.update(r=post(client, json=True, seconds="60", seed="1"))
+            target=lambda: first.update(r=post(client, json=True, seconds="10", seed="1"))
         )
         running.start()
-        assert gate.entered.wait(10)  # 60 s of music: many steps to go
+        assert gate.entered.wait(10)  # 10 s of music: hundreds of steps to go
         second: dict = {}
         joining = threading.Thread(target=lambda: second.update(r=post(client, json=True, **FAST)))
         joining.start()

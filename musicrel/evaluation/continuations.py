@@ -63,6 +63,7 @@ from musicrel.evaluation.twosample import two_sample
 from musicrel.generation.keys import key_label
 from musicrel.generation.sampling import SamplingParams, derived_seed
 from musicrel.midi.codec import open_pitches
+from musicrel.midi.instruments import DRUMS
 from musicrel.model.checkpoint import check_decode_weights, load_codec, load_model
 from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
@@ -183,6 +184,27 @@ def _run(codec, pieces: list[Piece], systems: Systems, options: EvaluationOption
             bar.update(len(chunk))
     bar.close()
     return runs, timings, example_system, examples, heard, parts
+
+
+def _example_drums(p: Piece, parts: dict, example: str, i: int) -> dict:
+    """A model with instruments: an example's drum hits (the rolls draw them on a lane of their own: the
+    pitched rows above leave them out), as the motif, the truth and each system's first continuation play
+    them; {} for a piano model's report, which stays as it was."""
+    if p.motif_parts is None:
+        return {}
+
+    def hits(ensemble: list) -> list:
+        return notes_json(ensemble[0].get(DRUMS, []) if ensemble else [])
+
+    continuations = {n: hits(runs[i]) for n, runs in parts.items()}
+    return {
+        "drums": {
+            "motif": notes_json(p.motif_parts.get(DRUMS, [])),
+            "truth": notes_json((p.reference_parts or {}).get(DRUMS, [])),
+            "continuation": continuations.get(example, []),
+            "continuations": continuations,
+        }
+    }
 
 
 def _played(name: str, p: Piece, seconds: float) -> tuple[list | None, dict | None]:
@@ -328,6 +350,7 @@ def _report(codec, pieces, skipped, systems: Systems, options: EvaluationOptions
                 "continuations": {
                     n: notes_json(heard[n][i][0] if heard[n][i] else []) for n in systems.names
                 },
+                **_example_drums(pieces[i], parts, example, i),
             }
             for i, notes in sorted(examples.items())
         ],

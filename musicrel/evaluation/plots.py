@@ -90,9 +90,20 @@ def _roll(ax, notes, color) -> None:
         ax.barh(pitch, [e - s for s, e in zip(start, end, strict=True)], left=start, height=0.8, color=shades)
 
 
+def _drum_lane(ax, hits, color, lane: float) -> None:
+    """Drum hits ([pitch, start, end, velocity] rows) as diamonds on one lane at y = `lane`, louder more
+    opaque: a drum's note number names a sound, not a pitch, so on the pitch axis its hits would read as
+    stray low notes (the web page draws them so too)."""
+    if hits:
+        starts = [h[1] for h in hits]
+        shades = [to_rgba(color, 0.35 + 0.65 * h[3] / 127) for h in hits]
+        ax.scatter(starts, [lane] * len(hits), marker="D", s=14, c=shades, linewidths=0)
+
+
 def plot_pianorolls(report: dict, path) -> Path:
     """A row per example piece: motif + truth on the left, motif + the system's first continuation on the
-    right, the cut at time 0."""
+    right, the cut at time 0. A report of a model with instruments (examples with `drums`) draws the drum
+    hits as diamonds on a lane below the lowest note."""
     examples = report["examples"]
     fig = Figure(figsize=(14, 2.6 * max(1, len(examples)) + 0.6), layout="constrained")
     if not examples:
@@ -103,12 +114,21 @@ def plot_pianorolls(report: dict, path) -> Path:
     for row, ex in zip(axes, examples, strict=True):
         pitches = [n[0] for part in ("motif", "truth", "continuation") for n in ex[part]] or [60]
         name = Path(ex["file"]).name
+        drums = ex.get("drums")
+        low = min(pitches) - (6 if drums is not None else 2)  # room for the drums' lane
         for ax, part, title in ((row[0], "truth", "truth"), (row[1], "continuation", ex["system"])):
+            color = TRUTH_COLOR if part == "truth" else "C0"
             _roll(ax, ex["motif"], MOTIF_COLOR)
-            _roll(ax, ex[part], TRUTH_COLOR if part == "truth" else "C0")
+            _roll(ax, ex[part], color)
+            if drums is not None:
+                ax.axhline(low + 2.5, color="0.85", linewidth=0.8)
+                _drum_lane(ax, drums["motif"], MOTIF_COLOR, low + 1)
+                _drum_lane(ax, drums[part], color, low + 1)
+                lane = ax.get_yaxis_transform()  # x in axes units: the name at the right end, off the hits
+                ax.text(1.0, low + 1, "drums ", transform=lane, fontsize=7, ha="right", va="bottom", c="0.4")
             ax.axvline(0.0, color="C3", linewidth=1)
             ax.set_xlim(-report["motif_seconds"], report["seconds"])
-            ax.set_ylim(min(pitches) - 2, max(pitches) + 2)
+            ax.set_ylim(low, max(pitches) + 2)
             ax.set_title(f"{name}: motif + {title}", fontsize=9)
             ax.set_ylabel("pitch", fontsize=8)
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))

@@ -31,6 +31,7 @@ SOUNDFONTS = (
 SAMPLE_RATE = 16000  # Hz: plenty for a piano sketch, and 20 s of mono 16-bit is 640 kB
 AUDIO_DIR = "audio"
 ROLL_WIDTH, ROLL_HEIGHT = 640, 130
+DRUM_LANE = 16  # px at the foot of a roll for the drum hits (a report of a model with instruments)
 MOTIF_COLOR, TRUTH_COLOR, CUT_COLOR = "#999", "#111", "#d62728"
 SYSTEM_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 
@@ -76,12 +77,21 @@ def write_wav(samples: np.ndarray, path: Path) -> None:
 
 
 def piano_roll_svg(
-    motif: list[list], continuation: list[list], color: str, before: float, after: float
+    motif: list[list],
+    continuation: list[list],
+    color: str,
+    before: float,
+    after: float,
+    drums: tuple[list[list], list[list]] | None = None,
 ) -> str:
-    """Motif (grey, negative times) and continuation (colour, from the cut at 0) as an inline SVG."""
+    """Motif (grey, negative times) and continuation (colour, from the cut at 0) as an inline SVG. `drums`:
+    the motif's and the continuation's drum hits (rows as the notes'), drawn as diamonds on a lane of their
+    own at the foot, as the web page draws them: a drum's note number names a sound, not a pitch, so on the
+    pitch axis its hits would read as stray low notes. None: no lane (a piano model's roll, as before)."""
     pitches = [n[0] for n in motif + continuation] or [60]
     low, high = min(pitches) - 1, max(pitches) + 1
-    row = ROLL_HEIGHT / (high - low + 1)
+    height = ROLL_HEIGHT if drums is None else ROLL_HEIGHT - DRUM_LANE
+    row = height / (high - low + 1)
 
     def x(t: float) -> float:
         return (t + before) / (before + after) * ROLL_WIDTH
@@ -94,6 +104,8 @@ def piano_roll_svg(
                 f'height="{max(row - 0.5, 1.0):.1f}" fill="{fill}" '
                 f'fill-opacity="{0.35 + 0.65 * v / 127:.2f}"/>'
             )
+    if drums is not None:
+        rects.append(_drum_lane(drums, color, x))
     return (
         f'<svg class="roll" width="{ROLL_WIDTH}" height="{ROLL_HEIGHT}" '
         f'viewBox="0 0 {ROLL_WIDTH} {ROLL_HEIGHT}" '
@@ -101,6 +113,27 @@ def piano_roll_svg(
         + "".join(rects)
         + f'<line x1="{x(0):.1f}" x2="{x(0):.1f}" y1="0" y2="{ROLL_HEIGHT}" stroke="{CUT_COLOR}"/></svg>'
     )
+
+
+def _drum_lane(drums: tuple[list[list], list[list]], color: str, x) -> str:
+    """The drums' lane of a roll: a rule, its name, and a diamond per hit (louder more opaque)."""
+    top, r = ROLL_HEIGHT - DRUM_LANE, DRUM_LANE / 2 - 2
+    mid = top + DRUM_LANE / 2
+    out = [
+        f'<line class="drum-lane" x1="0" x2="{ROLL_WIDTH}" y1="{top:.1f}" y2="{top:.1f}" stroke="#ddd"/>',
+        f'<text x="{ROLL_WIDTH - 2}" y="{top + 8:.1f}" font-size="8" fill="#777" '
+        'text-anchor="end">drums</text>',
+    ]
+    for hits, fill in zip(drums, (MOTIF_COLOR, color), strict=True):
+        for _, s, _, v in hits:
+            c = x(s)
+            corners = ((c, mid - r), (c + r, mid), (c, mid + r), (c - r, mid))
+            points = " ".join(f"{px:.1f},{py:.1f}" for px, py in corners)
+            out.append(
+                f'<polygon class="drum" points="{points}" fill="{fill}" '
+                f'fill-opacity="{0.35 + 0.65 * v / 127:.2f}"/>'
+            )
+    return "".join(out)
 
 
 def _pct(ci: dict) -> str:
@@ -207,7 +240,11 @@ def _continuation_line(report: dict):
     def line(ex, system, notes, color):
         label = "motif + " + system + (" (the 10 s after the truth)" if system == "real-music" else "")
         moved = [[p, s + before, e + before, v] for p, s, e, v in ex["motif"] + notes]
-        return label, piano_roll_svg(ex["motif"], notes, color, before, after), moved
+        drums = ex.get("drums")  # a model with instruments: the hits, drawn on their own lane
+        if drums is not None:
+            hits = drums["truth"] if system == "truth" else drums["continuations"].get(system, [])
+            drums = (drums["motif"], hits)
+        return label, piano_roll_svg(ex["motif"], notes, color, before, after, drums), moved
 
     return line
 

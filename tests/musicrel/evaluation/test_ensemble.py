@@ -254,3 +254,9 @@ def test_evaluate_continuations_per_instrument(band_world):
     assert {g["family"] for g in section["systems"]["model"]["give_away"]} >= {"instruments", "join"}
     table = format_report(report)
     assert "motif's instruments kept" in table and "repeat-motif 11/11 (100%)" in table
+    # the examples carry the drum hits (the pitched rows leave them out): the rolls draw them on a lane
+    for ex in report["examples"]:
+        drums = ex["drums"]
+        assert drums["motif"] and drums["truth"] and set(drums["continuations"]) == {"model", "repeat-motif"}
+        assert drums["continuations"]["repeat-motif"]
+        assert drums["continuation"] == drums["continuations"]["model"]

@@ -230,6 +230,7 @@ def classify(
     seed: int = 0,
     compositions: Sequence | None = None,
     names: Sequence[str] | None = None,
+    trees: int = TREES,
 ) -> dict:
     """The two-sample test of one system on one set of pieces.
 
@@ -238,7 +239,8 @@ def classify(
     compositions: per piece, the composition it is a version of (default: every piece its own); the folds
     and the bootstrap keep a composition's pieces together; names: the columns' "family: feature" names
     (default `feature_names()`; a caller with columns of its own, such as the infill's join at the gap's
-    end, names them here and their families are scored alone like FAMILIES).
+    end, names them here and their families are scored alone like FAMILIES); trees: the forest's size (a
+    test of the folds and the scores on a few dozen rows needs fewer than TREES).
     Returns {pieces, samples, folds, accuracy, auc (each {mean, low, high}), give_away, top_features}."""
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.linear_model import LogisticRegression
@@ -272,7 +274,7 @@ def classify(
     importances = np.zeros(X.shape[1])
     for k, (train, test) in enumerate(GroupKFold(n_splits=folds).split(X, y, groups)):
         forest = RandomForestClassifier(
-            n_estimators=TREES, min_samples_leaf=2, random_state=seed + k, n_jobs=1
+            n_estimators=trees, min_samples_leaf=2, random_state=seed + k, n_jobs=1
         ).fit(X[train], y[train], sample_weight=w[train])
         proba[test] = forest.predict_proba(X[test])[:, 1]
         importances += forest.feature_importances_ / folds

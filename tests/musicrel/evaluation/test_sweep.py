@@ -166,7 +166,7 @@ def test_the_classifier_ranks_the_settings_where_it_can_run(monkeypatch):
 
     import musicrel.evaluation.sweep as sweep_module
     from musicrel.evaluation.twosample import classify, features
-    from tests.musicrel.evaluation.test_twosample import SECONDS, drone, melody, world
+    from tests.musicrel.evaluation.test_twosample import FEW_TREES, SECONDS, drone, melody, world
 
     rng, contexts, truths = world(40)
     truth_x = np.stack([features(t, c, SECONDS) for t, c in zip(truths, contexts, strict=True)])
@@ -183,7 +183,10 @@ def test_the_classifier_ranks_the_settings_where_it_can_run(monkeypatch):
         metrics["density_ratio"] = {"mean": ratio, "low": ratio, "high": ratio, "n": 40}
         metrics["one_pitch"] = {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 40}
         per_piece = {m: [0.5] * 40 for m in sweep_module.SCORE_METRICS}
-        section = {"systems": {"model": classify(truth_x, runs, compositions=comps)}, "left_out": {}}
+        section = {
+            "systems": {"model": classify(truth_x, runs, compositions=comps, trees=FEW_TREES)},
+            "left_out": {},
+        }
         return {
             "pieces": 40,
             "systems": {"model": {"metrics": metrics, "per_piece": per_piece}},

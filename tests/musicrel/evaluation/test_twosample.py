@@ -29,6 +29,9 @@ from musicrel.evaluation.twosample import (
 )
 
 SECONDS = 4.0
+# The forest of the tests that call classify on a few dozen rows: their verdicts (chance, the drone, the
+# folds, the pairing) are those of the product's TREES, at a quarter of the fits.
+FEW_TREES = 25
 
 
 def N(pitch, start, end, velocity=80):
@@ -87,12 +90,12 @@ def test_a_system_drawn_like_the_truth_is_near_chance_and_a_drone_is_caught():
     rng, contexts, truths = world(40)
     truth_x = np.stack([features(t, c, SECONDS) for t, c in zip(truths, contexts, strict=True)])
     same = [np.stack([features(melody(rng), contexts[i], SECONDS) for _ in range(2)]) for i in range(40)]
-    r = classify(truth_x, same)
+    r = classify(truth_x, same, trees=FEW_TREES)
     assert r["pieces"] == 40 and r["samples"] == 80 and r["folds"] == 5
     assert r["accuracy"]["low"] <= 0.5 + 0.05 and r["accuracy"]["mean"] < 0.65
     assert r["accuracy"]["low"] <= r["accuracy"]["mean"] <= r["accuracy"]["high"]
     droned = [np.stack([features(drone(truths[i]), contexts[i], SECONDS)]) for i in range(40)]
-    r = classify(truth_x, droned)
+    r = classify(truth_x, droned, trees=FEW_TREES)
     assert r["accuracy"]["mean"] > 0.95 and r["auc"]["low"] > 0.9
     # the rhythm is the truth's own: pitch alone gives it away, rhythm alone tells nothing
     alone = {g["family"]: g["auc_alone"] for g in r["give_away"]}
@@ -109,7 +112,8 @@ def test_auc_gain_pairs_two_runs_by_composition():
     same = [np.stack([features(melody(rng), contexts[i], SECONDS) for _ in range(2)]) for i in range(40)]
     droned = [np.stack([features(drone(truths[i]), contexts[i], SECONDS)]) for i in range(40)]
     comps = [f"c{i // 2}" for i in range(40)]  # two pieces a composition
-    near, far = classify(truth_x, same, compositions=comps), classify(truth_x, droned, compositions=comps)
+    near = classify(truth_x, same, compositions=comps, trees=FEW_TREES)
+    far = classify(truth_x, droned, compositions=comps, trees=FEW_TREES)
     # the out-of-fold scores: a row per truth and per sample, named by composition
     oof = far["oof"]
     assert len(oof["p"]) == len(oof["y"]) == len(oof["w"]) == len(oof["composition"]) == 40 + 40
@@ -185,14 +189,15 @@ def test_a_piece_never_sits_on_both_sides_of_a_split(monkeypatch):
     rng, contexts, truths = world(10, seed=2)
     truth_x = np.stack([features(t, c, SECONDS) for t, c in zip(truths, contexts, strict=True)])
     samples = [np.stack([truth_x[i] + 0.0, truth_x[i] + 0.0, truth_x[i]]) for i in range(10)]
-    r = classify(truth_x, samples)
+    r = classify(truth_x, samples, trees=FEW_TREES)
     assert len(seen) == 5 and all(train.isdisjoint(test) for train, test in seen)
     assert set().union(*(test for _, test in seen)) == set(range(10))
     # identical rows on both sides: nothing to learn, whatever the weights
     assert r["auc"]["mean"] == pytest.approx(0.5, abs=0.1)
     # two performances of one composition (pieces 0 and 1) are one group: never on both sides either
     seen.clear()
-    r = classify(truth_x, samples, compositions=["bwv846", "bwv846", *(f"c{i}" for i in range(2, 10))])
+    comps = ["bwv846", "bwv846", *(f"c{i}" for i in range(2, 10))]
+    r = classify(truth_x, samples, compositions=comps, trees=FEW_TREES)
     assert r["compositions"] == 9 and r["pieces"] == 10
     assert (
         all(train.isdisjoint(test) for train, test in seen) and len(set().union(*(t for _, t in seen))) == 9
@@ -544,7 +549,8 @@ def test_fewer_compositions_fewer_folds_and_too_few_are_left_out():
     _, contexts, truths = world(8, seed=4)
     truth_x = np.stack([features(t, c, SECONDS) for t, c in zip(truths, contexts, strict=True)])
     samples = [truth_x[i : i + 1] + 0.0 for i in range(8)]
-    r = classify(truth_x, samples, compositions=[k // 2 for k in range(8)])  # 4 compositions of 2 files
+    # 4 compositions of 2 files
+    r = classify(truth_x, samples, compositions=[k // 2 for k in range(8)], trees=FEW_TREES)
     assert (r["pieces"], r["compositions"], r["folds"]) == (8, 4, 4)
     systems = {"drone": [[drone(t)] for t in truths]}
     section = two_sample(

@@ -2,7 +2,8 @@
 
 `tiny_checkpoint` and `live_server` are session-scoped (the page and deployment tests use them too);
 `start_server` is a context manager for tests that need their own process (e.g. to send it SIGTERM).
-The in-process helpers the API tests share (`serve`, `post`, `Gate`, `MOTIF`, ...) are here too.
+The in-process helpers the API tests share (`serve`, `post`, `Gate`, `MOTIF`, ...) are here too, and
+`engine_app`, one in-process app a session whose engine is a process of its own.
 """
 
 from __future__ import annotations

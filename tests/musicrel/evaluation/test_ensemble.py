@@ -218,7 +218,7 @@ def band_world(tmp_path_factory):
     return tmp
 
 
-@pytest.mark.long(60)
+@pytest.mark.long(8)
 def test_evaluate_continuations_per_instrument(band_world):
     from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
     from musicrel.evaluation.report import format_report

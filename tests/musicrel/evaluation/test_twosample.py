@@ -276,7 +276,7 @@ def report(two_sources):
         torch.set_num_threads(threads)
 
 
-@pytest.mark.long(20)  # with its module's evaluation
+@pytest.mark.long(15)  # with its module's evaluation
 def test_evaluate_continuations_reports_the_classifier_per_source(report):
     from musicrel.evaluation.report import format_report
 

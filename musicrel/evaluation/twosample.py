@@ -361,6 +361,7 @@ def two_sample(
     real_contexts: dict[str, Sequence[list]] | None = None,
     seed: int = 0,
     parts: dict | None = None,
+    trees: int = TREES,
 ) -> dict:
     """Every system's test, per source.
 
@@ -370,7 +371,8 @@ def two_sample(
     piece i is a version of (default: its own); real_contexts[name][i]: the context a system's continuation
     follows when it is not the motif (real music follows the truth); parts: with instruments, the same
     by instrument (`ensemble.Parts`: {"contexts", "truths", "systems", "real_contexts"}, shaped as the
-    arguments of those names; the notes above are then the pitched ones), read by the `instruments` family.
+    arguments of those names; the notes above are then the pitched ones), read by the `instruments` family;
+    trees: each forest's size (`classify`).
     Returns {"classifier", "features", "sections": {source: {"pieces", "systems", "left_out"}}}. Raises
     TwoSampleUnavailable without scikit-learn."""
     try:
@@ -418,10 +420,10 @@ def two_sample(
                     "too few to fold"
                 )
                 continue
-            section["systems"][name] = classify(truth_x[idx], samples, seed, comps, names)
+            section["systems"][name] = classify(truth_x[idx], samples, seed, comps, names, trees)
         sections[source] = section
     return {
-        "classifier": f"random forest ({TREES} trees), GroupKFold by composition ({FOLDS} folds at most)",
+        "classifier": f"random forest ({trees} trees), GroupKFold by composition ({FOLDS} folds at most)",
         "confidence": CONFIDENCE,
         "features": names,
         "sections": sections,

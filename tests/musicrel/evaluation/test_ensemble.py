@@ -140,6 +140,7 @@ def test_the_instruments_family_tells_a_continuation_that_drops_the_drums():
     family tells them apart, and names that family; without parts its columns are the piano's."""
     from musicrel.evaluation.twosample import feature_names as all_names
     from musicrel.evaluation.twosample import two_sample
+    from tests.musicrel.evaluation.test_twosample import FEW_TREES
 
     rng = np.random.default_rng(0)
     contexts, truths, systems = [], [], []
@@ -155,6 +156,7 @@ def test_the_instruments_family_tells_a_continuation_that_drops_the_drums():
         4.0,
         [None] * 12,
         parts={"contexts": contexts, "truths": truths, "systems": {"model": systems}},
+        trees=FEW_TREES,
     )
     assert result["features"] == all_names() + feature_names() == all_names(instruments=True)
     model = result["sections"]["all"]["systems"]["model"]

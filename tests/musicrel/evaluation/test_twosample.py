@@ -142,7 +142,7 @@ def test_sources_are_separate_sections_and_real_music_joins_the_truth():
         "sparse": [[melody(rng)] if i in (0, 9) else [] for i in range(16)],
     }
     real_ctx = {"real-music": [[N(n.pitch, n.start - SECONDS, n.end - SECONDS) for n in t] for t in truths]}
-    result = two_sample(contexts, truths, systems, SECONDS, sources, real_contexts=real_ctx)
+    result = two_sample(contexts, truths, systems, SECONDS, sources, real_contexts=real_ctx, trees=FEW_TREES)
     assert list(result["sections"]) == ["pop", "bach"]
     pop, bach = result["sections"]["pop"], result["sections"]["bach"]
     assert pop["pieces"] == bach["pieces"] == 8

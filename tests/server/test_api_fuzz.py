@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 import schemathesis
@@ -38,13 +39,47 @@ SHORT_LIMITS = {} if LONG_RUN else {"max_seconds": 20.0, "max_num_samples": 2}
 READ_TIMEOUT_S = 60
 
 
+@pytest.fixture(scope="module")
+def leaping_checkpoint(tmp_path_factory) -> Path:
+    """A tiny model whose every step draws from one fixed distribution: time shifts of 0.5-1 s first, then
+    notes, the rest far behind. Its first choice is a long shift whatever the temperatures (the shifts' lead
+    survives their own temperature at its maximum, 10), so the greedy cases hypothesis likes (temperature
+    1e-300, top_p 1e-250) end 20 s of music in about 40 steps; a random model's first choice can be a token
+    that moves no time, and such a case ran its 4,000 steps (13 s of CPU). Sampled cases still write notes."""
+    import torch
+
+    from musicrel.midi.codec import EventCodec
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+
+    torch.manual_seed(0)
+    codec = EventCodec()
+    config = ModelConfig(
+        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=256
+    )
+    model = MusicTransformer(config)
+    logits = torch.full((codec.vocab_size,), -5.0)
+    steps = codec.config.max_shift_steps
+    logits[codec.time_shift_offset + steps // 2 : codec.time_shift_offset + steps] = 8.0
+    for offset in (codec.note_on_offset, codec.note_off_offset):
+        logits[offset + 48 : offset + 85] = 6.0  # C3-C6
+    with torch.no_grad():  # the last hidden state is the constant e_0, so the logits are the head's column 0
+        model.ln_f.weight.zero_()
+        model.ln_f.bias.zero_()
+        model.ln_f.bias[0] = 1.0
+        model.head.weight[:, 0] = logits
+    folder = tmp_path_factory.mktemp("leaping_checkpoint")
+    save_model(model, folder, codec=codec)
+    return folder
+
+
 # One app for the file: schemathesis' ASGI transport keeps an app's lifespan running until the process exits.
 @pytest.fixture(scope="module")
-def schema(tiny_checkpoint, tiny_accompany_checkpoint, tiny_infill_checkpoint):
+def schema(leaping_checkpoint, tiny_accompany_checkpoint, tiny_infill_checkpoint):
     load_all_checks()
-    # The tiny model's 256-token context keeps even the longest continuation cheap.
     settings = Settings(
-        checkpoint=tiny_checkpoint,
+        checkpoint=leaping_checkpoint,
         accompany_checkpoint=tiny_accompany_checkpoint,
         infill_checkpoint=tiny_infill_checkpoint,
         engine="thread",

@@ -59,7 +59,7 @@ from musicrel.evaluation.scoring import (
     seed_mean,
     summaries,
 )
-from musicrel.evaluation.twosample import two_sample
+from musicrel.evaluation.twosample import TREES, two_sample
 from musicrel.generation.keys import key_label
 from musicrel.generation.sampling import SamplingParams, derived_seed
 from musicrel.midi.codec import open_pitches
@@ -81,7 +81,8 @@ class EvaluationOptions:
     sampling (None: SamplingParams' defaults). systems: names from SYSTEMS (None: all). ngram_data: the
     prepared folder whose train split the n-gram is fitted on (None: the input when it is one; else the
     n-gram is left out and the report says why). weights: how the model holds its weights while it decodes
-    (DECODE_WEIGHTS; the service's default).
+    (DECODE_WEIGHTS; the service's default). trees: the size of each of the classifier's forests (a test
+    on a few pieces fits fewer).
     """
 
     motif_seconds: float = 10.0
@@ -99,12 +100,13 @@ class EvaluationOptions:
     ngram_data: str | Path | None = None
     source: str | None = None
     weights: str = DEFAULT_DECODE_WEIGHTS
+    trees: int = TREES
 
     def __post_init__(self) -> None:
         check_decode_weights(self.weights)
         if not (self.motif_seconds > 0 and self.seconds > 0):
             raise EvaluationError("motif_seconds and seconds must be > 0", code="invalid_params")
-        for name in ("seeds", "batch_size"):
+        for name in ("seeds", "batch_size", "trees"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise EvaluationError(f"{name} must be an integer >= 1, got {value!r}", code="invalid_params")
@@ -317,6 +319,7 @@ def _report(codec, pieces, skipped, systems: Systems, options: EvaluationOptions
             # real music follows the truth, `seconds` after the motif: the truth is what it joins
             real_contexts={"real-music": [shift(p.reference, seconds) for p in pieces]},
             seed=options.seed,
+            trees=options.trees,
             parts=_classifier_parts(pieces, parts, seconds) if instruments else None,
         ),
         left_out,

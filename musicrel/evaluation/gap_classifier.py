@@ -66,7 +66,9 @@ def gap_features(notes, gap: Gap) -> np.ndarray:
     )
 
 
-def classifier(gaps: list[Gap], labels: list[str], comps: list[str], heard: dict, seed: int) -> dict:
+def classifier(
+    gaps: list[Gap], labels: list[str], comps: list[str], heard: dict, seed: int, trees: int = TREES
+) -> dict:
     """The real-vs-generated test of every system, per source: `twosample.classify` on a matrix built here
     (a row per gap and sample, twosample's features plus the END_JOIN family); the folds keep a composition's
     gaps together. Each section also has `gain`: per baseline, how much harder the infill is to tell from the
@@ -92,7 +94,7 @@ def classifier(gaps: list[Gap], labels: list[str], comps: list[str], heard: dict
                     f"{usable} compositions with gaps (< {TWO_SAMPLE_MIN}): too few to fold"
                 )
                 continue
-            section["systems"][name] = classify(truth_x[idx], samples, seed, cs, names)
+            section["systems"][name] = classify(truth_x[idx], samples, seed, cs, names, trees)
         systems = section["systems"]
         if "infill" in systems:
             section["gain"] = {
@@ -100,7 +102,7 @@ def classifier(gaps: list[Gap], labels: list[str], comps: list[str], heard: dict
             }
         sections[source] = section
     return {
-        "classifier": f"random forest ({TREES} trees), GroupKFold by composition ({FOLDS} folds at most)",
+        "classifier": f"random forest ({trees} trees), GroupKFold by composition ({FOLDS} folds at most)",
         "confidence": CONFIDENCE,
         "features": names,
         "rows": "gaps (several per piece), folded by composition",

@@ -12,6 +12,7 @@ import pretty_midi
 
 from musicrel.errors import is_int, is_number
 from musicrel.evaluation.pieces import EvaluationError, read_notes, window
+from musicrel.evaluation.twosample import TREES
 from musicrel.generation.infill import MAX_SPAN_SECONDS, InfillParams
 from musicrel.generation.keys import find_key
 from musicrel.generation.sampling import SamplingParams, derived_seed
@@ -68,7 +69,8 @@ class InfillEvaluationOptions:
     (one in each of `cuts` equal stretches of where a gap fits); seeds: samples per gap and system; seed: the
     base seed every gap's place and every sample derive theirs from; split/source: as evaluate-continuations
     reads a prepared folder; temperature/top_k/top_p: the model's sampling (None: SamplingParams'); weights:
-    how the model holds its weights while it decodes and reads the gaps' NLL (DECODE_WEIGHTS)."""
+    how the model holds its weights while it decodes and reads the gaps' NLL (DECODE_WEIGHTS); trees: the size
+    of each of the classifier's forests (a test on a few pieces fits fewer)."""
 
     gap_seconds: tuple | str = (4.0, 8.0)
     cuts: int = 3
@@ -81,11 +83,12 @@ class InfillEvaluationOptions:
     top_k: int | None = None
     top_p: float | None = None
     weights: str = DEFAULT_DECODE_WEIGHTS
+    trees: int = TREES
 
     def __post_init__(self) -> None:
         check_decode_weights(self.weights)
         object.__setattr__(self, "gap_seconds", parse_gap_seconds(self.gap_seconds))
-        for name in ("cuts", "seeds", "limit"):
+        for name in ("cuts", "seeds", "limit", "trees"):
             value = getattr(self, name)
             if name == "limit" and value is None:
                 continue

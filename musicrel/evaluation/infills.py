@@ -272,6 +272,7 @@ def _report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, 
             [compositions[g.piece] for g in gaps],
             heard,
             options.seed,
+            options.trees,
         ),
         left_out,
     )

@@ -270,6 +270,13 @@ def test_held_out_files_of_several_splits_and_one_source(tmp_path):
         held_out_files(tmp_path / "nowhere", source="pop")
 
 
+@pytest.mark.parametrize("name", ["seeds", "batch_size", "trees"])
+def test_counts_below_one_are_typed_errors(name):
+    with pytest.raises(EvaluationError, match=name) as err:
+        EvaluationOptions(**{name: 0})
+    assert err.value.code == "invalid_params"
+
+
 # ---------------------------------------------------------------------------------------------- end to end
 
 

@@ -21,9 +21,10 @@ from musicrel.midi.codec import EventCodec
 from musicrel.model.checkpoint import save_model
 from musicrel.model.config import ModelConfig
 from musicrel.model.transformer import MusicTransformer
+from tests.musicrel.evaluation.test_twosample import FEW_TREES
 from tests.musicrel.generation.test_infill import CODEC, infill_model
 
-OPTIONS = {"gap_seconds": "2,3", "cuts": 2, "seeds": 2, "seed": 0}
+OPTIONS = {"gap_seconds": "2,3", "cuts": 2, "seeds": 2, "seed": 0, "trees": FEW_TREES}
 
 
 def N(pitch, start, end, velocity=80):
@@ -197,6 +198,7 @@ def test_the_command_writes_report_json_and_html(world, tmp_path, capsys):
         ({"cuts": 0}, "invalid_params"),
         ({"seeds": True}, "invalid_params"),
         ({"limit": 0}, "invalid_params"),
+        ({"trees": 0}, "invalid_params"),
     ],
 )
 def test_bad_options_are_typed_errors(options, code):

@@ -268,13 +268,14 @@ class Gate:
 # 1-2.5 s a `serve` took on 2 cores); the apps of one test process share the first measurement per codec.
 # `fresh_calibration=True` measures again (the test of the calibration itself).
 _PARSE_SPEED: dict[str, float] = {}
+_CALIBRATE = Admission.calibrate  # the real one, whatever serve() is open (engine_app's lasts a session)
 
 
-def _calibrate_once(real: Callable, fresh: bool) -> Callable:
+def _calibrate_once(fresh: bool) -> Callable:
     def calibrate(admission: Admission, codec) -> None:
         key = repr(codec.config)
         if fresh or key not in _PARSE_SPEED:
-            real(admission, codec)
+            _CALIBRATE(admission, codec)
             _PARSE_SPEED[key] = admission.parse_s_per_byte
         admission.parse_s_per_byte = _PARSE_SPEED[key]
 
@@ -293,7 +294,7 @@ def serve(
 ):
     overrides.setdefault("engine", "thread")  # fast to start; the engine process has its own tests
     app = create_app(Settings(checkpoint=checkpoint, **overrides), decoder=decoder)
-    calibrate = _calibrate_once(Admission.calibrate, fresh_calibration)
+    calibrate = _calibrate_once(fresh_calibration)
     with (
         mock.patch.object(Admission, "calibrate", calibrate),
         TestClient(app, raise_server_exceptions=raise_errors) as client,

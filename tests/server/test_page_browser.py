@@ -279,9 +279,9 @@ FIRST_NOTE_GOAL_MS = 300.0
 FIRST_CONTINUE_BOUND_MS = 600.0
 # A first Continue and two re-rolls a file (the re-rolls' median is their mean); five cost the suite 40 s.
 LATENCY_RUNS = 3
-# Long enough that generating it takes several times the first note's latency: on this 2-core machine the
-# shipped model makes 1-2.5 s of music a second (20 s took 8-20 s, the first note 150-300 ms), so 6 s take
-# 2.4-6 s, 8x the first note or more; 20 s cost the suite 40 s more for the same check.
+# Long enough that generating it takes several times the first note's latency: on this 2-core machine 6 s
+# took 1.9-4.1 s to generate (load average 3-6), the first note heard at 180-330 ms; 20 s (8-20 s each)
+# cost the suite 40 s more for the same check.
 LATENCY_SECONDS = 6
 
 

@@ -220,12 +220,13 @@ def band_world(tmp_path_factory):
     return tmp
 
 
-@pytest.mark.long(8)
 def test_evaluate_continuations_per_instrument(band_world):
     from musicrel.evaluation.continuations import EvaluationOptions, evaluate_continuations
     from musicrel.evaluation.report import format_report
+    from tests.musicrel.evaluation.test_twosample import FEW_TREES
 
-    options = EvaluationOptions(motif_seconds=3.0, seconds=2.0, seeds=2, systems=["model", "repeat-motif"])
+    systems = ["model", "repeat-motif"]
+    options = EvaluationOptions(motif_seconds=3.0, seconds=2.0, seeds=2, systems=systems, trees=FEW_TREES)
     report = evaluate_continuations(band_world / "ckpt", band_world / "pieces", options)
     assert report["pieces"] == 5 and report["skipped"] == {}  # the drums-only piece is continued too
     rows = report["systems"]

@@ -130,7 +130,6 @@ def test_auc_gain_pairs_two_runs_by_composition():
     assert auc_gain(far["oof"], other)["n"] == 0  # nothing shared: no figure
 
 
-@pytest.mark.long(8)
 def test_sources_are_separate_sections_and_real_music_joins_the_truth():
     rng, contexts, truths = world(16, seed=1)
     sources = ["pop"] * 8 + ["bach"] * 8
@@ -269,14 +268,14 @@ def report(two_sources):
     try:
         options = EvaluationOptions(
             motif_seconds=3.0, seconds=2.0, seeds=2, split="train,val,test",
-            systems=["untrained", "repeat-motif", "real-music"],
+            systems=["untrained", "repeat-motif", "real-music"], trees=FEW_TREES,
         )  # fmt: skip
         return evaluate_continuations(two_sources / "ckpt", two_sources / "data", options)
     finally:
         torch.set_num_threads(threads)
 
 
-@pytest.mark.long(15)  # with its module's evaluation
+@pytest.mark.long(9)  # with its module's evaluation
 def test_evaluate_continuations_reports_the_classifier_per_source(report):
     from musicrel.evaluation.report import format_report
 
@@ -507,7 +506,7 @@ def test_versions_of_one_composition_never_fall_into_different_folds(versions_fo
 
     monkeypatch.setattr(model_selection.GroupKFold, "split", spy)
     options = EvaluationOptions(
-        motif_seconds=3.0, seconds=2.0, seeds=1, systems=["repeat-motif", "real-music"]
+        motif_seconds=3.0, seconds=2.0, seeds=1, systems=["repeat-motif", "real-music"], trees=FEW_TREES
     )
     report = evaluate_continuations(versions_folder / "ckpt", versions_folder / "midi", options)
     names = [os.path.basename(f) for f in report["files"]]

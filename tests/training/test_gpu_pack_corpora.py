@@ -1,11 +1,12 @@
-"""`musicrel pack-gpu` on the shared corpora: a quarter of every corpus of the shipped model's recipe,
-prepared and packed for real, and its size projected to the whole. A file of its own: its half minute goes to
-one xdist worker while the other runs tests/training/test_gpu_pack.py's tiny runs.
+"""`musicrel pack-gpu` on the shared corpora: an eighth of every corpus of the shipped model's recipe,
+prepared and packed for real, and its size projected to the whole. A file of its own: its quarter minute goes
+to one xdist worker while the other runs tests/training/test_gpu_pack.py's tiny runs.
 
-Preparing and packing the corpora at full size took 130 CPU-s, an eighth of the suite; the quarter takes 35.
-Its projection errs on the safe side (2026-11-27: 20.2 M training tokens and 15.3 MB of packed data projected,
-20.4 M and 14.7 MB at full size: a quarter's token streams compress a little worse); `musicrel pack-gpu`
-itself refuses, writing nothing, a pack over its limit."""
+Preparing and packing the corpora at full size took 130 CPU-s, an eighth of the suite; a quarter took 35,
+the eighth 16. Its projection errs on the safe side (2026-11-27: 22.0 M training tokens and 16.1 MB of packed
+data projected from the eighth, 20.2 M and 15.3 MB from a quarter, 20.4 M and 14.7 MB at full size: a
+sample's token streams compress a little worse); `musicrel pack-gpu` itself refuses, writing nothing, a pack
+over its limit."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import pytest
 
 from training.pack import PACK_LIMIT_BYTES, REPO, carried_bytes, pack_gpu
 
-SAMPLE = 4  # one file in SAMPLE of each corpus, every SAMPLE-th in path order
+SAMPLE = 8  # one file in SAMPLE of each corpus, every SAMPLE-th in path order
 
 
-def _quarter(corpus: Path, out: Path) -> Path:
+def _sample(corpus: Path, out: Path) -> Path:
     """`out` mirroring `corpus` with links to one MIDI file in SAMPLE (prepare reads through the links: the
     sources' globs still match)."""
     files = sorted(p for p in corpus.rglob("*") if p.suffix.lower() in (".mid", ".midi") and p.is_file())
@@ -29,9 +30,9 @@ def _quarter(corpus: Path, out: Path) -> Path:
     return out
 
 
-@pytest.mark.long(40)
+@pytest.mark.long(15)
 def test_the_shared_corpora_pack_under_the_limit(tmp_path):
-    """At the corpora's real size, projected from a quarter of each (every shared corpus, as the shipped
+    """At the corpora's real size, projected from an eighth of each (every shared corpus, as the shipped
     model's recipe prepares them): the data fits beside the checkout's files (the shipped checkpoints but the
     one a run starts from left out) with room for the wheels (1.6 MiB
     when last packed, pretty_midi's soundfont left out) and for music21's export, which this test does not run
@@ -44,7 +45,7 @@ def test_the_shared_corpora_pack_under_the_limit(tmp_path):
         pytest.skip(f"the shared corpora are not at {shared} (set MUSICREL_SHARED to the shared/ folder)")
     c = tmp_path / "corpora"
     for name in ("pop909", "asap", "piano-midi.de", "giantmidi-eval"):
-        _quarter(shared / name, c / name)
+        _sample(shared / name, c / name)
     sources = [
         f"pop909={c / 'pop909'}",
         f"scores={c}/asap/**/midi_score.mid",

@@ -378,19 +378,11 @@ def test_a_model_with_instruments_accompanies_on_a_track_per_instrument(tiny_che
     import io
 
     import pretty_midi
-    import torch
 
-    from musicrel.midi.codec import CodecConfig, EventCodec
     from musicrel.model.checkpoint import save_model
-    from musicrel.model.config import ModelConfig
-    from musicrel.model.transformer import MusicTransformer
+    from tests.musicrel.generation.test_continuation_tracks import CODEC, instruments_model
 
-    torch.manual_seed(0)
-    codec = EventCodec(CodecConfig(instruments=True))
-    cfg = ModelConfig(
-        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128
-    )
-    save_model(MusicTransformer(cfg), tmp_path / "band", codec=codec)
+    save_model(instruments_model(max_seq_len=128), tmp_path / "band", codec=CODEC)
     pm = pretty_midi.PrettyMIDI(initial_tempo=100)
     piano = pretty_midi.Instrument(program=0, name="Piano")
     piano.notes = [pretty_midi.Note(60, 48 + k % 5, 0.5 * k, 0.5 * k + 0.4) for k in range(8)]

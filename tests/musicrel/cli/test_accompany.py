@@ -9,22 +9,15 @@ import pretty_midi
 import torch
 
 from musicrel.cli import main
-from musicrel.midi.codec import CodecConfig, EventCodec
 from musicrel.model.checkpoint import save_model
-from musicrel.model.config import ModelConfig
-from musicrel.model.transformer import MusicTransformer
+from tests.musicrel.generation.test_continuation_tracks import CODEC, instruments_model
 
 
 def test_a_model_with_instruments_accompanies_on_tracks_of_their_own(tmp_path, capsys):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        codec = EventCodec(CodecConfig(instruments=True))
-        torch.manual_seed(0)
-        cfg = ModelConfig(
-            vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128
-        )
-        save_model(MusicTransformer(cfg), tmp_path / "ckpt", codec=codec)
+        save_model(instruments_model(max_seq_len=128), tmp_path / "ckpt", codec=CODEC)
         pm = pretty_midi.PrettyMIDI(initial_tempo=100)
         voice = pretty_midi.Instrument(program=68, name="Voice")
         voice.notes = [pretty_midi.Note(90, 67 + k % 5, 0.5 * k, 0.5 * k + 0.4) for k in range(8)]

@@ -190,9 +190,10 @@ def _cache_rows(bench: _Bench, model, stream, note: str) -> list[tuple]:
     """Decoding one token with the cache against recomputing the whole prefix, at prefixes 512 and 1024."""
     import torch
 
-    from musicrel.generation.decode import decode_one_token, prefill
+    from musicrel.generation.decode import prefill
 
     rows = []
+    decode = model.decoder()
     with torch.inference_mode():
         for prefix in (512, 1024):
             x = stream[:1, :prefix]
@@ -208,7 +209,7 @@ def _cache_rows(bench: _Bench, model, stream, note: str) -> list[tuple]:
                 bench.sync()
                 t0 = time.perf_counter()
                 for i in range(prefix - steps, prefix):
-                    decode_one_token(model, x[:, i], cache)
+                    decode(x[:, i], cache)
                 bench.sync()
                 return time.perf_counter() - t0
 

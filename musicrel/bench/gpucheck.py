@@ -354,7 +354,7 @@ def agreement(model, codec, primer, mode: str, other: str, steps: int = 96) -> f
 
 
 class _SyncTimedModel:
-    """`model` as the decode loop sees it, adding up the seconds of its one-token forward passes with the
+    """`model` as the decode loop sees it, adding up the seconds of its decoding steps (`decoder`) with the
     device synchronised before and after each (on a GPU a call returns before its kernels end)."""
 
     def __init__(self, model, sync):
@@ -363,15 +363,21 @@ class _SyncTimedModel:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def __call__(self, tokens, *args, **kwargs):
-        if tokens.size(1) != 1:
-            return self.model(tokens, *args, **kwargs)
-        self.sync()
-        start = time.perf_counter()
-        out = self.model(tokens, *args, **kwargs)
-        self.sync()
-        self.__dict__["seconds"] += time.perf_counter() - start
-        return out
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def decoder(self):
+        decode = self.model.decoder()
+
+        def timed(tokens, cache):
+            self.sync()
+            start = time.perf_counter()
+            out = decode(tokens, cache)
+            self.sync()
+            self.__dict__["seconds"] += time.perf_counter() - start
+            return out
+
+        return timed
 
 
 def batch1_step(checkpoint: Path, device: str, tokens: int, out: Path | None) -> dict:

@@ -203,9 +203,8 @@ def decode(model, codec, primer, tokens: int, rows: int) -> tuple[int, float]:
 
 
 class _TimedModel:
-    """`model` as the decode loop sees it, adding up the seconds its one-token forward passes take (a
-    prefill, of many tokens, is not a step's). On the CPU, where the bench runs, an operation is done when
-    it returns."""
+    """`model` as the decode loop sees it, adding up the seconds its decoding steps take (`decoder`; a
+    prefill is not a step's). On the CPU, where the bench runs, an operation is done when it returns."""
 
     def __init__(self, model):
         self.__dict__.update(model=model, seconds=0.0)
@@ -213,12 +212,19 @@ class _TimedModel:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def __call__(self, tokens, *args, **kwargs):
-        start = time.perf_counter()
-        out = self.model(tokens, *args, **kwargs)
-        if tokens.size(1) == 1:
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def decoder(self):
+        decode = self.model.decoder()
+
+        def timed(tokens, cache):
+            start = time.perf_counter()
+            out = decode(tokens, cache)
             self.__dict__["seconds"] += time.perf_counter() - start
-        return out
+            return out
+
+        return timed
 
 
 def step_split(model, codec, primer, tokens: int) -> tuple[float, float]:

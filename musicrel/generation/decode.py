@@ -1,6 +1,7 @@
-"""Decoding, the gpt-fast way: `prefill` runs the primer once into a preallocated KV cache, `decode_one_token`
-then costs O(L) per token, `sample` does all logits processing after the grammar (the model never samples),
-and `generate` is an iterator of tokens, so a caller can stream them or stop at any step.
+"""Decoding, the gpt-fast way: `prefill` runs the primer once into a preallocated KV cache, the model's
+decoding step (`MusicTransformer.decoder`) then costs O(L) per token, `sample` does all logits processing
+after the grammar (the model never samples), and `generate` is an iterator of tokens, so a caller can stream
+them or stop at any step.
 
 The decode loop is `generation.decode_batch.DecodeBatch`, built from these three functions: continuations
 (the library's `continue_midi`, the command, the service), accompaniments and infills run on it, rows
@@ -44,11 +45,6 @@ def prefill(model, tokens: Tensor, cache, left_pad: Tensor | None = None) -> Ten
     """Run the (left-padded) primer into an empty cache; logits of the last position (B, vocab)."""
     cache.reset(left_pad)
     return model(tokens, cache=cache)[:, -1]
-
-
-def decode_one_token(model, token: Tensor, cache) -> Tensor:
-    """token (B,) -> logits for the next position (B, vocab); the cache grows by one."""
-    return model(token[:, None], cache=cache)[:, -1]
 
 
 MIN_TEMPERATURE = 1e-6
@@ -190,6 +186,7 @@ def generate(
     start = 0  # first position of the window the model sees
     with eval_mode(model):
         cache = model.new_cache(B, cap, left_pad) if use_cache else None
+        decode = model.decoder()  # token (B,), cache -> logits of the next position (B, vocab)
         lp = left_pad
         logits = prefill(model, prompt, cache, lp) if use_cache else model(prompt, left_pad=lp)[:, -1]
         for i in range(max_new_tokens):
@@ -227,7 +224,7 @@ def generate(
             elif slid:
                 logits = prefill(model, seq[:, start:n], cache, lp)
             else:
-                logits = decode_one_token(model, token, cache)
+                logits = decode(token, cache)
 
 
 def collect_rows(gen: Generator[Tensor, Tensor | None, None], rows: int, going: Callable[[], Tensor]):

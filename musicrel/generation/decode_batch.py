@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from musicrel.errors import GenerationError, is_int
-from musicrel.generation.decode import decode_one_token, eval_mode, prefill
+from musicrel.generation.decode import eval_mode, prefill
 from musicrel.generation.decode_graph import (
     MAX_STATIC_STEPS,
     Ended,
@@ -92,6 +92,7 @@ class DecodeBatch:
                     f"{name} must be an integer >= {low}, got {value!r}", code="invalid_params"
                 )
         self.model, self.codec, self.max_rows, self.primer_cache = model, codec, max_rows, primer_cache
+        self._decode = model.decoder()  # the model's one-token step, made once: it holds the weights
         self.shifts = slice(codec.time_shift_offset, codec.velocity_offset)
         self._primers: LRU[tuple[Tensor, Tensor]] = LRU(primer_cache)  # K/V of recent primers
         self.window = model.cfg.max_seq_len
@@ -271,7 +272,7 @@ class DecodeBatch:
             self._reserve(self.length + 1)
             if self.step_mode != "eager" and supported(self.live):
                 return finished + self._static_step()
-            logits = decode_one_token(self.model, self.live.pending, self._cache_view())
+            logits = self._decode(self.live.pending, self._cache_view())
         self.length += 1
         live, grammar = self.live, self.live.grammar
         token = live.draw(logits, self.shifts)

@@ -25,6 +25,8 @@ unless asked, and a quantized model is never saved (a checkpoint folder stays wh
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +67,7 @@ class Int8Linear(nn.Module):
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The weight the int8 values and scales stand for, (out, in)."""
-        return self.weight.to(dtype) * self.scales.to(dtype)[:, None]
+        return dequantize(self.weight, self.scales, dtype)
 
     def dequantized(self, x: Tensor) -> Tensor:
         """x (N, in) -> (N, out) through the dequantized weights: the product the kernel stands for."""
@@ -84,16 +86,30 @@ class Int8Linear(nn.Module):
         return bool((got - want).abs().max() <= 0.02 * want.abs().max() + 1e-6)
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)  # (N, in)
-        if x.device.type == "cpu" and rows.size(0) < DEQUANTIZE_ROWS:
-            y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.weight, self.scales)
-        else:  # a prefill, or moved off the CPU after quantizing: the same product, dequantized
-            y = F.linear(rows, self.dequantized_weight(x.dtype))
-        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        y = int8_linear(x.reshape(-1, self.in_features), self.weight, self.scales, self.bias)  # (N, out)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def as_function(self) -> Callable[[Tensor], Tensor]:
+        """`forward` of (N, in) rows as a plain function of this layer's tensors (references: seen as they
+        are when called), for the decoding step, where a module call costs as much as a small kernel."""
+        return partial(int8_linear, weight=self.weight, scales=self.scales, bias=self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+
+
+def dequantize(weight: Tensor, scales: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """int8 (out, in) times a scale per output row -> the weight they stand for, (out, in) in `dtype`."""
+    return weight.to(dtype) * scales.to(dtype)[:, None]
+
+
+def int8_linear(x: Tensor, weight: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
+    """x (N, in) -> (N, out): x times int8 `weight` (out, in) and its `scales`, plus `bias` (Int8Linear)."""
+    if x.is_cpu and x.size(0) < DEQUANTIZE_ROWS:
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), weight, scales).to(x.dtype)
+    else:  # a prefill, or moved off the CPU after quantizing: the same product, dequantized
+        y = F.linear(x, dequantize(weight, scales, x.dtype))
+    return y if bias is None else y.add_(bias)  # y is this call's own tensor
 
 
 # The probe of weights="auto": this many decoding steps per round, over a context of this many positions (a
@@ -165,19 +181,15 @@ def _probe(model: nn.Module) -> float:
     PROBE_STEPS, after one untimed step)."""
     context = min(PROBE_CONTEXT, model.cfg.max_seq_len - 1)
     cache = model.new_cache(1, context + 1)
-    token = torch.zeros(1, 1, dtype=torch.long)
-    was_training = model.training
-    model.eval()
+    token = torch.zeros(1, dtype=torch.long)
+    decode = model.decoder()
     best = float("inf")
-    try:
-        for step in range(PROBE_STEPS + 1):
-            cache.length = context  # the same step every time: attention over `context` positions
-            start = time.perf_counter()
-            model(token, cache=cache)
-            if step:
-                best = min(best, time.perf_counter() - start)
-    finally:
-        model.train(was_training)
+    for step in range(PROBE_STEPS + 1):
+        cache.length = context  # the same step every time: attention over `context` positions
+        start = time.perf_counter()
+        decode(token, cache)
+        if step:
+            best = min(best, time.perf_counter() - start)
     return best
 
 

@@ -1,6 +1,7 @@
 """The Music Transformer (Huang et al. 2018): a decoder-only Transformer with relative self-attention.
 
-Read top to bottom: KVCache, CausalSelfAttention (the four position schemes), Block, MusicTransformer.
+Read top to bottom: KVCache, CausalSelfAttention (the four position schemes), Block, MusicTransformer, and
+DecodeStep (its one-token step as a plain function, what generation calls).
 Shapes: B batch, t queries in this call, T keys (everything the cache holds plus the t new positions),
 H heads, D head size, C = d_model, k the clipping distance.
 """
@@ -8,7 +9,9 @@ H heads, D head size, C = d_model, k the clipping distance.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +21,7 @@ from musicrel.model.attention import (
     causal_allowed,
     clipped_table,
     relative_distances,
+    relative_logits_one,
     sinusoidal_positions,
     skew,
     t5_buckets,
@@ -89,9 +93,7 @@ class CausalSelfAttention(nn.Module):
         cache: KVCache | None,
         layer: int,
         left_pad: Tensor | None,
-        hidden: Tensor | None = None,
     ) -> Tensor:
-        """`hidden` (B, 1, 1, T) bool, for a single query only: the keys it may not see (None: sees all)."""
         B, t, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q = q.view(B, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, t, D)
@@ -103,10 +105,7 @@ class CausalSelfAttention(nn.Module):
             cache.v[layer, :, :, t0 : t0 + t] = v
             k = cache.k[layer, :, :, : t0 + t]  # (B, H, T, D)
             v = cache.v[layer, :, :, : t0 + t]  # (B, H, T, D)
-        if t == 1 and self.cfg.attention == "skew" and not (self.training and self.dropout):
-            y = self._attend_one_skew(q, k, v, hidden)  # (B, H, 1, D)
-        else:
-            y = self.attend(q, k, v, left_pad)  # (B, H, t, D)
+        y = self.attend(q, k, v, left_pad)  # (B, H, t, D)
         y = y.transpose(1, 2).reshape(B, t, C)  # (B, t, C)
         return self.proj(y)
 
@@ -149,34 +148,12 @@ class CausalSelfAttention(nn.Module):
                 outs.append(self._shaw(qb, kb, vb, causal_allowed(c, e, left_pad, q.device), scale))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, t, D)
 
-    def _attend_one_skew(self, q: Tensor, k: Tensor, v: Tensor, hidden: Tensor | None) -> Tensor:
-        """One query after T - 1 cached keys: q (B, H, 1, D), k, v (B, H, T, D) -> (B, H, 1, D).
-
-        The general path's pad-and-skew is pointless for a single query: its relative logit for key j is
-        q · E_r[distance T - 1 - j], i.e. q against the table rows in order. So the relative term is one
-        (B, D) x (D, k + 1) matmul per head against E_r itself (never copied per row), and distances past k
-        share one column. A single last query sees every key: no causal mask, only padding (`hidden`)."""
-        B, H, _, D = q.shape
-        T, rows = k.size(2), self.E_r.size(1)
-        E_r = self.E_r[:, rows - T :] if rows >= T else self.E_r  # (H, min(T, k + 1), D)
-        # Both terms share the 1/sqrt(D) scale: scale q once and tell SDPA not to scale again. Every op
-        # counts here: a decode step is a few dozen small kernels, so their count sets its cost.
-        q = q * (1.0 / math.sqrt(D))  # (B, H, 1, D)
-        # Heads as the bmm batch and rows as its M: a broadcast q @ E_rᵀ would copy E_r once per row.
-        S_rel = torch.bmm(q.view(B, H, D).transpose(0, 1), E_r.transpose(1, 2))  # (H, B, <= T)
-        S_rel = S_rel.transpose(0, 1).unsqueeze(2)  # (B, H, 1, <= T)
-        if rows < T:  # every distance beyond k uses row k (the first column)
-            S_rel = torch.cat([S_rel[..., :1].expand(B, H, 1, T - rows), S_rel], dim=-1)  # (B, H, 1, T)
-        if hidden is not None:
-            S_rel = S_rel.masked_fill(hidden, float("-inf"))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=S_rel, scale=1.0)  # (B, H, 1, D)
-
     def forward_static(self, x: Tensor, cache: KVCache, layer: int, pos: Tensor, hidden: Tensor, rel: Tensor):
         """One query per row at position `pos` ((1,) long, on the device), attending over every one of the
         cache's max_len positions, those it may not see masked (`hidden` (B, 1, 1, M)): the shapes never
         change from step to step, so a CUDA graph can replay it (skew attention only, `supports_static`).
 
-        The same logits as `_attend_one_skew` over the first pos + 1 keys: key j's relative term is q against
+        The same logits as `DecodeStep` over the first pos + 1 keys: key j's relative term is q against
         E_r's row `rel`[j] (MusicTransformer.decode_static: rows - 1 - min(pos - j, rows - 1))."""
         B, _, C = x.shape
         H, D = self.n_heads, self.head_dim
@@ -244,9 +221,8 @@ class Block(nn.Module):
         cache: KVCache | None,
         layer: int,
         left_pad: Tensor | None,
-        hidden: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.drop(self.attn(self.ln_1(x), cache, layer, left_pad, hidden))
+        x = x + self.drop(self.attn(self.ln_1(x), cache, layer, left_pad))
         return x + self.mlp(self.ln_2(x))
 
     def forward_static(self, x: Tensor, cache: KVCache, layer: int, pos: Tensor, hidden: Tensor, rel: Tensor):
@@ -305,13 +281,21 @@ class MusicTransformer(nn.Module):
         j = torch.arange(M, device=tokens.device)  # (M,)
         rows = self.blocks[0].attn.E_r.size(1)
         rel = rows - 1 - (pos - j).clamp(0, rows - 1)  # (M,): E_r's row for each key (past pos: masked)
-        # As `forward`'s `hidden`: the row's padding and the future; its own position is never padding.
+        # As DecodeStep's `hidden`: the row's padding and the future; its own position is never padding.
         hidden = (j[None] > pos) | ((j[None] < cache.left_pad[:, None]) & (j[None] < pos))  # (B, M)
         hidden = hidden[:, None, None]  # (B, 1, 1, M)
         x = self.tok_emb(tokens[:, None])  # (B, 1, C)
         for layer, block in enumerate(self.blocks):
             x = block.forward_static(x, cache, layer, pos, hidden, rel)
         return self.head(self.ln_f(x))[:, 0]  # (B, vocab)
+
+    def decoder(self) -> Callable[[Tensor, KVCache], Tensor]:
+        """The decoding step, what generation calls once a token: (tokens (B,), cache) -> logits (B, vocab) of
+        the position after the cache's, the cache grown by one. Skew attention (the shipped models') gets
+        `DecodeStep`; the other schemes `forward` of one token."""
+        if self.supports_static:
+            return DecodeStep(self)
+        return lambda tokens, cache: self(tokens[:, None], cache=cache)[:, 0]
 
     def kv_bytes_per_row(self, dtype: torch.dtype | None = None) -> int:
         """Bytes of one row's K and V at the whole window (`new_cache(rows, max_seq_len)`), in `dtype` (the
@@ -374,13 +358,71 @@ class MusicTransformer(nn.Module):
                 pos = (pos - left_pad[:, None]).clamp(min=0)  # (B, t): count from each row's first real token
             x = x + (self.pos_emb(pos) if hasattr(self, "pos_emb") else self.pos_table[pos])
         x = self.drop(x)
-        hidden = None
-        if t == 1 and left_pad is not None and bool(left_pad.any()):
-            # One query sees every key but the padding: the mask is shared by all layers, so built once.
-            j = torch.arange(t0 + 1, device=tokens.device)
-            hidden = ((j[None] < left_pad[:, None]) & (j < t0)[None])[:, None, None]  # (B, 1, 1, T)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer, left_pad, hidden)
+            x = block(x, cache, layer, left_pad)
         if cache is not None:
             cache.length += t
         return self.head(self.ln_f(x))  # (B, t, vocab)
+
+
+def _as_function(layer: nn.Module) -> Callable[[Tensor], Tensor]:
+    """(N, in) -> (N, out) as `layer` computes it, without the module call: an nn.Linear, or a layer that
+    says how (Int8Linear.as_function)."""
+    if isinstance(layer, nn.Linear):
+        return partial(F.linear, weight=layer.weight, bias=layer.bias)
+    return layer.as_function()
+
+
+class DecodeStep:
+    """`MusicTransformer.forward` of one token per row after a cache (skew attention, eval mode), as a plain
+    function of the model's tensors: tokens (B,), cache -> logits (B, vocab); the cache grows by one.
+
+    The same arithmetic in far fewer Python calls. At batch 1 on a CPU a step is a few hundred small
+    kernels, and a module call or a parameter lookup costs about what a small kernel does: going through the
+    modules took 6.7 ms a step of `checkpoints/multi` here, this 5.0 (docs/BENCHMARKS.md). It holds
+    references, so weights updated in place (an optimizer's step) are seen; a layer replaced afterwards
+    (`quantize_int8`) is not: take a new one from `MusicTransformer.decoder`."""
+
+    def __init__(self, model: MusicTransformer):
+        cfg = model.cfg
+        self.n_heads, self.head_dim, self.shape = cfg.n_heads, cfg.head_dim, (cfg.d_model,)
+
+        def norm(ln: nn.LayerNorm) -> tuple:
+            return ln.weight, ln.bias, ln.eps
+
+        self.layers = []  # per block, in the order a step reads them
+        for b in model.blocks:
+            attention = (norm(b.ln_1), _as_function(b.attn.qkv), b.attn.E_r, _as_function(b.attn.proj))
+            self.layers.append((*attention, norm(b.ln_2), _as_function(b.mlp[0]), _as_function(b.mlp[2])))
+        self.embedding, self.ln_f = model.tok_emb.weight, norm(model.ln_f)
+        self.head = _as_function(model.head)
+
+    def __call__(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        t0, left_pad = cache.length, cache.left_pad
+        if t0 >= cache.max_len:
+            raise ValueError(f"cache holds {t0} of {cache.max_len} positions; 1 more does not fit")
+        T, H, D, shape = t0 + 1, self.n_heads, self.head_dim, self.shape
+        hidden = None
+        if left_pad is not None and bool(left_pad.any()):
+            # One query sees every key but the padding: the mask is shared by all layers, so built once.
+            j = torch.arange(T, device=tokens.device)
+            hidden = ((j[None] < left_pad[:, None]) & (j < t0)[None])[:, None, None]  # (B, 1, 1, T)
+        x = F.embedding(tokens, self.embedding)  # (B, C)
+        B = x.size(0)
+        for layer, (ln_1, qkv, E_r, proj, ln_2, fc, out) in enumerate(self.layers):
+            q_k_v = qkv(F.layer_norm(x, shape, *ln_1)).view(B, 3, H, D)
+            k, v = cache.k[layer], cache.v[layer]  # (B, H, max_len, D)
+            k[:, :, t0] = q_k_v[:, 1]
+            v[:, :, t0] = q_k_v[:, 2]
+            # Both terms share the 1/sqrt(D) scale: scale q once and tell SDPA not to scale again.
+            q = q_k_v[:, 0] * (1.0 / math.sqrt(D))  # (B, H, D)
+            S_rel = relative_logits_one(q, E_r, T)  # (B, H, 1, T)
+            if hidden is not None:
+                S_rel = S_rel.masked_fill(hidden, float("-inf"))
+            y = F.scaled_dot_product_attention(
+                q[:, :, None], k[:, :, :T], v[:, :, :T], attn_mask=S_rel, scale=1.0
+            )  # (B, H, 1, D)
+            x = x + proj(y.view(B, H * D))  # one query: (B, H, 1, D) is (B, C) in memory
+            x = x + out(F.gelu(fc(F.layer_norm(x, shape, *ln_2))))
+        cache.length = T
+        return self.head(F.layer_norm(x, shape, *self.ln_f))  # (B, vocab)

@@ -73,29 +73,38 @@ def test_events_and_rates_agree(result):
     assert 0 < result.model_s < result.step_s < 1.0
 
 
-def test_the_split_times_the_one_token_forwards_inside_the_steps(configs):
-    """step_split's model time is the forward of each step (prefills, of many tokens, are not counted);
-    the rest, the grammar and sampler, is what is left of the same steps."""
+def test_the_split_times_the_decoding_steps_inside_the_steps(configs):
+    """step_split's model time is the model's decoding step (`decoder`) of each step (prefills, of many
+    tokens, are not counted); the rest, the grammar and sampler, is what is left of the same steps."""
     import time
 
     from musicrel.bench.shapes import step_split
 
     model, codec = build(config_shape("default", configs))
     calls = []
-    forward = model.forward
+    forward, decoder = model.forward, model.decoder
 
-    def sleepy(tokens, *args, **kwargs):  # every one-token forward made 20 ms longer
+    def counted(tokens, *args, **kwargs):
         calls.append(tokens.size(1))
-        if tokens.size(1) == 1:
-            time.sleep(0.02)
         return forward(tokens, *args, **kwargs)
 
-    model.forward = sleepy
+    def sleepy():  # every decoding step made 20 ms longer
+        decode = decoder()
+
+        def step(tokens, cache):
+            calls.append("step")
+            time.sleep(0.02)
+            return decode(tokens, cache)
+
+        return step
+
+    model.forward, model.decoder = counted, sleepy
     try:
         step_s, model_s = step_split(model, codec, motif_primer(codec, 32), 3)
     finally:
-        del model.forward
-    assert calls.count(1) == 4 and len(calls) == 5  # one prefill, a warm-up step and the 3 timed
+        del model.forward, model.decoder
+    assert calls.count("step") == 4 and len(calls) == 5  # one prefill, a warm-up step and the 3 timed
+    assert calls[0] > 1  # the prefill, through forward
     assert model_s >= 0.02 and step_s > model_s
 
 

@@ -113,11 +113,19 @@ class _Eager(MusicTransformer):
     """A model that wants to strike a note after every time shift (a primer ending on a partial shift made
     the shipped model do that at the cut): the join must still hold it until the cut."""
 
-    def forward(self, tokens, *args, **kwargs):
-        logits = super().forward(tokens, *args, **kwargs).clone()
-        after_shift = CODEC.is_time_shift(tokens).float()[..., None]  # (B, T, 1)
+    @staticmethod
+    def _strike(tokens, logits):
+        logits = logits.clone()
+        after_shift = CODEC.is_time_shift(tokens).float()[..., None]  # (B, T, 1) or (B, 1)
         logits[..., ON + 48 : ON + 84] += 12.0 * after_shift
         return logits
+
+    def forward(self, tokens, *args, **kwargs):  # the prefill
+        return self._strike(tokens, super().forward(tokens, *args, **kwargs))
+
+    def decoder(self):  # the steps after it
+        decode = super().decoder()
+        return lambda tokens, cache: self._strike(tokens, decode(tokens, cache))
 
 
 def _eager() -> MusicTransformer:

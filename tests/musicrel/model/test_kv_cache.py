@@ -35,6 +35,37 @@ def test_token_by_token_equals_full(attention, left_pad):
 
 
 @pytest.mark.parametrize("attention", SCHEMES)
+@pytest.mark.parametrize("left_pad", [None, [0, 3, 11]])
+def test_the_decoder_steps_equal_full(attention, left_pad):
+    """`decoder()`, the step generation calls (DecodeStep for skew: its own code path), after a prefill."""
+    model = make(attention)
+    x = tokens(3, 14)  # past max_relative_distance + 1 = 10 positions: the clipped distances are exercised
+    lp = None if left_pad is None else torch.tensor(left_pad)
+    decode = model.decoder()
+    with torch.inference_mode():
+        full = model(x, left_pad=lp)
+        cache = model.new_cache(3, 14, left_pad=lp)
+        steps = [model(x[:, :2], cache=cache)[:, -1]] + [decode(x[:, t], cache) for t in range(2, 14)]
+        assert cache.length == 14
+        with pytest.raises((ValueError, IndexError)):
+            decode(x[:, 0], cache)  # the cache is full
+    torch.testing.assert_close(torch.stack(steps, dim=1), full[:, 1:], rtol=1e-5, atol=1e-5)
+
+
+def test_the_decoder_sees_weights_changed_in_place():
+    """A decoder holds the model's tensors, not copies: a training step between two samplings is heard."""
+    model = make("skew")
+    decode = model.decoder()
+    x = tokens(1, 6)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)  # as an optimizer's step would, in place
+        cache = model.new_cache(1, 6)
+        model(x[:, :5], cache=cache)
+        torch.testing.assert_close(decode(x[:, 5], cache), model(x)[:, 5], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", SCHEMES)
 @pytest.mark.parametrize("left_pad", [None, [5, 0]])
 def test_prefill_then_uneven_chunks_equals_full(attention, left_pad):
     model = make(attention)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from musicrel.errors import CheckpointError, ConfigError
-from musicrel.generation.decode import decode_one_token, prefill
+from musicrel.generation.decode import prefill
 from musicrel.midi.codec import EventCodec
 from musicrel.model import quantize
 from musicrel.model.checkpoint import load_model, save_model
@@ -94,7 +94,8 @@ def test_quantized_cached_decoding_matches_its_full_forward():
         full = model(x)
         cache = model.new_cache(2, 30)
         steps = [prefill(model, x[:, :20], cache)]
-        steps += [decode_one_token(model, x[:, t], cache) for t in range(20, 30)]
+        decode = model.decoder()
+        steps += [decode(x[:, t], cache) for t in range(20, 30)]
     cached = torch.stack(steps, dim=1)  # (B, 11, vocab): positions 19..29
     assert torch.allclose(cached, full[:, 19:], atol=0.05)
 
@@ -156,19 +157,29 @@ def test_auto_keeps_the_weights_that_decode_faster(monkeypatch, faster):
 
 
 def test_auto_probe_is_a_few_real_steps_and_its_choice_decodes_as_that_weights(tmp_path):
-    """A real probe: a bounded number of one-token forwards over a cached context; the model it leaves
-    decodes exactly as one loaded with the weights it chose."""
+    """A real probe: a bounded number of decoding steps (the model's own, `decoder`) over a cached context;
+    the model it leaves decodes exactly as one loaded with the weights it chose."""
     codec = EventCodec()
     save_model(_model(), tmp_path / "m", codec=codec)
     quantize._VERDICTS.clear()
     calls = []
-    model = load_model(tmp_path / "m")  # float32, to count the probe's forwards below
-    hook = model.register_forward_pre_hook(
-        lambda m, args, kwargs: calls.append(args[0].shape), with_kwargs=True
-    )
+    model = load_model(tmp_path / "m")  # float32, to count the probe's steps below
+    decoder = model.decoder
+
+    def counted():
+        decode = decoder()
+
+        def step(token, cache):
+            calls.append((tuple(token.shape), cache.length))
+            return decode(token, cache)
+
+        return step
+
+    model.decoder = counted
     faster_weights(model)
-    hook.remove()
-    assert calls == [(1, 1)] * (2 * PROBE_ROUNDS * (PROBE_STEPS + 1))
+    del model.decoder
+    context = min(quantize.PROBE_CONTEXT, model.cfg.max_seq_len - 1)
+    assert calls == [((1,), context)] * (2 * PROBE_ROUNDS * (PROBE_STEPS + 1))
     assert set(model.weights_probe) == {"int8_step_ms", "float32_step_ms"}
     held = held_weights(model)
     assert model.weights_probe[f"{held}_step_ms"] == min(model.weights_probe.values())

@@ -378,8 +378,9 @@ class DecodeStep:
     function of the model's tensors: tokens (B,), cache -> logits (B, vocab); the cache grows by one.
 
     The same arithmetic in far fewer Python calls. At batch 1 on a CPU a step is a few hundred small
-    kernels, and a module call or a parameter lookup costs about what a small kernel does: going through the
-    modules took 6.7 ms a step of `checkpoints/multi` here, this 5.0 (docs/BENCHMARKS.md). It holds
+    kernels, and a module call or a parameter lookup costs about what a small kernel does: through the
+    modules a step of `checkpoints/multi` after 500 cached positions took 7.3-7.9 ms here, this 5.2-5.5
+    (docs/BENCHMARKS.md). It holds
     references, so weights updated in place (an optimizer's step) are seen; a layer replaced afterwards
     (`quantize_int8`) is not: take a new one from `MusicTransformer.decoder`."""
 

@@ -314,8 +314,8 @@ def route(pm, tracks: list[int], start: float, end: float, notes: list, instrume
     if instruments is None:
         if len(tracks) == 1:
             return [tracks[0]] * len(notes)
-        heard = voices(pm, tracks, start, end)
-        return [nearest(heard, sorted(tracks), n.pitch) for n in notes]
+        heard, candidates = voices(pm, tracks, start, end), sorted(tracks)
+        return [nearest(heard, candidates, n.pitch) for n in notes]
     placer = gap_placer(pm, tracks, start, end)
     return [placer.place(i, n.pitch) for n, i in zip(notes, instruments, strict=True)]
 

@@ -387,6 +387,7 @@ class DecodeStep:
     def __init__(self, model: MusicTransformer):
         cfg = model.cfg
         self.n_heads, self.head_dim, self.shape = cfg.n_heads, cfg.head_dim, (cfg.d_model,)
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
 
         def norm(ln: nn.LayerNorm) -> tuple:
             return ln.weight, ln.bias, ln.eps
@@ -416,7 +417,7 @@ class DecodeStep:
             k[:, :, t0] = q_k_v[:, 1]
             v[:, :, t0] = q_k_v[:, 2]
             # Both terms share the 1/sqrt(D) scale: scale q once and tell SDPA not to scale again.
-            q = q_k_v[:, 0] * (1.0 / math.sqrt(D))  # (B, H, D)
+            q = q_k_v[:, 0] * self.scale  # (B, H, D)
             S_rel = relative_logits_one(q, E_r, T)  # (B, H, 1, T)
             if hidden is not None:
                 S_rel = S_rel.masked_fill(hidden, float("-inf"))

@@ -180,10 +180,8 @@ class InfillTask(Task):
         codec, segments, form = self.codec(service), request.found, request.form
         velocity = past_velocity(codec, segments.past)
         sounding = sounding_into(codec, segments.pm, form.start)
-        streams = [
-            NoteStream(codec, velocity, placer=self._placer(codec, segments, form))
-            for _ in range(form.num_samples)
-        ]
+        placer = self._placer(codec, segments, form)  # one for every sample: it adds no track, keeps no state
+        streams = [NoteStream(codec, velocity, placer=placer) for _ in range(form.num_samples)]
         return NoteSource(streams, form.start, functools.partial(struck_under, sounding))
 
     @staticmethod

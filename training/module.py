@@ -409,10 +409,21 @@ class MusicDataModule(L.LightningDataModule):
         return [loader(stream[a:b], each) for a, b in source_ranges(self.manifest, "val").values()]
 
 
-def default_precision() -> str:
-    """bf16 mixed precision where the GPU has it, else full float32."""
-    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return "bf16-mixed" if bf16 else "32-true"
+def default_precision(accelerator: str = "auto") -> str:
+    """bf16 mixed precision where the hardware computes in bfloat16 (a GPU that has it; a CPU with AVX512-BF16
+    or AMX), else full float32. A CPU without it emulates bfloat16, and slowly: on this project's 2-core AMD
+    EPYC (Zen 1, AVX2) a step of 8 x 512 tokens (3 x 192, 2 threads) took 11.1 s in bf16 autocast against
+    1.66 s in float32, where an earlier machine of the same kind took 0.55 s against 0.70
+    (docs/log/training.md)."""
+    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if cpu_has_bf16() else "32-true"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (torch's own check of its instruction sets)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
 class MusicCLI(LightningCLI):
@@ -430,8 +441,17 @@ class MusicCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer = config["trainer"]
+        accelerator = str(trainer.get("accelerator") or "auto")
         if trainer.get("precision") is None:
-            kwargs["precision"] = default_precision()
+            kwargs["precision"] = default_precision(accelerator)
+        elif str(trainer["precision"]).startswith("bf16") and default_precision(accelerator) == "32-true":
+            import sys
+
+            print(
+                f"musicrel train: precision {trainer['precision']} on hardware without native bfloat16 is "
+                "emulated and several times slower than 32-true here (leave precision unset to choose)",
+                file=sys.stderr,
+            )
         if trainer.get("logger") in (None, True):  # unset: CSV + TensorBoard side by side in one run folder
             from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 

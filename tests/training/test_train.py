@@ -256,3 +256,40 @@ def test_a_step_with_non_finite_gradients_is_skipped(tiny_data, tmp_path, guarde
     assert finite is guarded
     if guarded:
         assert module.skipped_steps == 1
+
+
+def test_default_precision_is_bf16_only_where_the_hardware_computes_in_it(monkeypatch):
+    from training import module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(module, "cpu_has_bf16", lambda: False)
+    assert module.default_precision() == "32-true"  # emulated bfloat16: several times slower here
+    monkeypatch.setattr(module, "cpu_has_bf16", lambda: True)
+    assert module.default_precision() == "bf16-mixed"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert module.default_precision() == "32-true"  # the GPU's say, not the CPU's
+    assert module.default_precision("cpu") == "bf16-mixed"  # a CPU run on a GPU machine: the CPU's
+
+
+def test_cpu_recipes_leave_precision_to_the_hardware():
+    import yaml
+
+    recipes = sorted((REPO / "configs").glob("cpu-*.yaml"))
+    assert recipes
+    for path in recipes:
+        trainer = yaml.safe_load(path.read_text()).get("trainer", {})
+        assert "precision" not in trainer, f"{path.name} pins precision"
+
+
+def test_bf16_asked_for_on_a_cpu_without_it_is_named(tiny_data, tmp_path, monkeypatch, capsys):
+    from training import module
+
+    monkeypatch.setattr(module, "cpu_has_bf16", lambda: False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    _train(tiny_data, tmp_path, "--trainer.max_steps", "1", "--trainer.precision", "bf16-mixed")
+    err = capsys.readouterr().err
+    assert "precision bf16-mixed on hardware without native bfloat16" in err
+    capsys.readouterr()
+    _train(tiny_data, tmp_path / "b", "--trainer.max_steps", "1")
+    assert "without native bfloat16" not in capsys.readouterr().err

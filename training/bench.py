@@ -53,9 +53,7 @@ def _step_fn(layers: int, width: int, seq_len: int, batch: int, mode: str, threa
 
 
 def run(args) -> int:
-    import os
-
-    from musicrel.bench.timing import medians, side_by_side
+    from musicrel.bench.timing import cpu_name, medians, side_by_side
 
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -67,9 +65,8 @@ def run(args) -> int:
                 fns[(layers, width, mode, t)], params[(layers, width)] = _step_fn(
                     layers, width, args.seq_len, args.batch_size, mode, t
                 )
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(
-        f"one step of {args.batch_size} x {args.seq_len} tokens; {cores} cores available; median of "
+        f"one step of {args.batch_size} x {args.seq_len} tokens; {cpu_name()}; median of "
         f"{args.repeats} interleaved repetitions"
     )
     secs = medians(side_by_side(fns, args.repeats, alternate=True))

@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from musicrel.bench.rss import fresh_process_env, reset_peak, status_kb
-from musicrel.bench.timing import medians, side_by_side
+from musicrel.bench.timing import cpu_name, medians, side_by_side
 
 MB = 1024 * 1024
 
@@ -158,7 +158,7 @@ def run(args) -> int:
     torch.set_num_threads(args.threads)
     B, H, D = args.batch, 8, 512
     print(f"musicrel bench attention: torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-          f"{os.cpu_count()} CPU(s), OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}, batch {B}, H={H}, "
+          f"{cpu_name()}, OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}, batch {B}, H={H}, "
           f"D={D} (head size {D // H}), fp32, CPU")  # fmt: skip
 
     _memory_table(quick, B, H, D)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from musicrel.bench.timing import medians, side_by_side
+from musicrel.bench.timing import cpu_name, medians, side_by_side
 
 DEFAULT_CHECKPOINT = Path("checkpoints/default")
 EVENTS_PER_SECOND_OF_MUSIC = 40.0
@@ -129,7 +129,7 @@ def run(args) -> int:
         f"params, {'int8' if is_quantized(model) else 'float32'} weights (as served); device {device}, "
         f"torch threads {torch.get_num_threads()} ({chosen}), {bench.tokens} tokens "
         "per measurement, "
-        f"median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
+        f"median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {cpu_name()}, "
         f"OMP_WAIT_POLICY={omp_policy}, GOMP_SPINCOUNT={spin}"
     )
     _print_table(rows)

@@ -54,6 +54,7 @@ from musicrel.bench.listener_service import (
     service,
     service_env,
 )
+from musicrel.bench.timing import cpu_name
 from musicrel.errors import ConfigError
 
 EXAMPLES = REPO / "server" / "static" / "examples"
@@ -276,7 +277,7 @@ def measure(args: argparse.Namespace) -> dict:
         "rows": rows,
         "holds": None,
         "gpu": gpu_name() if args.device == "cuda" else None,
-        "cpus": os.cpu_count(),
+        "cpu": cpu_name(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -303,8 +304,8 @@ def measure(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     print(
-        f"musicrel bench listeners: {args.checkpoint} on {args.device}, {args.seconds:g} s of music per "
-        f"stream, a fresh service per N",
+        f"musicrel bench listeners: {args.checkpoint} on {args.device} ({cpu_name()}), {args.seconds:g} s "
+        "of music per stream, a fresh service per N",
         flush=True,
     )
     report = measure(args)

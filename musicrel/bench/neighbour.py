@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from musicrel.bench.timing import medians, side_by_side
+from musicrel.bench.timing import cpu_name, medians, side_by_side
 
 DEFAULT_CHECKPOINT = Path("checkpoints/default")
 GOAL = 2.0
@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"musicrel bench neighbour: musicrel generate, {args.motifs} motifs x {args.num_samples} samples of "
         f"{args.seconds:g} s, {checkpoint}; {args.rounds} rounds, order alternating; neighbour: {neighbours} "
-        f"CPU-bound process(es); {cpu_budget():g} CPUs available; load average {load:.1f} before the run"
+        f"CPU-bound process(es); {cpu_name()}, {cpu_budget():g} available; load average {load:.1f} "
+        "before the run"
     )
     width = max(len(m) for m in modes)
     for mode in modes:

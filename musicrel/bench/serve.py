@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from musicrel.bench.models import random_checkpoint
-from musicrel.bench.timing import side_by_side
+from musicrel.bench.timing import cpu_name, side_by_side
 
 T = TypeVar("T")
 
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.rounds} rounds of {args.requests} requests of {args.seconds:g} s each per mode, order "
         f"alternating per round, batch window {args.batch_window_ms:g} ms, torch threads "
         f"{threads or 'default'}, engine {engine}, primer cache {args.primer_cache}, load average "
-        f"{load:.1f} on {os.cpu_count()} CPUs"
+        f"{load:.1f} on {cpu_name()}"
     )
     header = ("mode", "clients", "wall s", "req/s", "tokens", "tok/s", "vs serial")
     print(f"{header[0]:<26} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from musicrel.bench.generate import EVENTS_PER_SECOND_OF_MUSIC, every_control, set_threads
 from musicrel.bench.rss import fresh_process_env, reset_peak, status_kb
-from musicrel.bench.timing import medians, side_by_side
+from musicrel.bench.timing import cpu_name, medians, side_by_side
 from musicrel.errors import ConfigError
 from musicrel.model.checkpoint import check_decode_weights
 from musicrel.model.weights import HELD_WEIGHTS
@@ -458,7 +458,7 @@ def run(args) -> int:
     print(
         f"musicrel bench shapes: torch threads {torch.get_num_threads()} ({chosen}); {args.tokens} tokens "
         f"per row per measurement, median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on "
-        f"{os.cpu_count()} CPUs, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'default')}"
+        f"{cpu_name()}, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'default')}"
     )
     for line in table(results) + ratios(results) + [""] + split_table(results):
         print(line)

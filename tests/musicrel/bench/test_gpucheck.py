@@ -158,3 +158,42 @@ def test_a_dry_run_on_the_cpu_writes_every_file(tiny_checkpoint, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [gpucheck.LOG, gpucheck.SUMMARY, gpucheck.LISTENERS_JSON]
     )
+
+
+def test_device_tree_leaves_checkpoints_behind_and_puts_them_back_as_they_were(tmp_path):
+    """scripts/device-tree.sh, in a throwaway repository: `away` takes a folder out of the index and the tree
+    (what a device call would send shrinks), `back` restores both (git sees no change)."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    script = gpucheck.REPO / "scripts" / "device-tree.sh"
+    (repo / "scripts" / "device-tree.sh").write_bytes(script.read_bytes())
+    (repo / ".gitignore").write_text(".device-away/\n")
+    for name, size in (("default", 1000), ("infill", 300_000), ("multi", 200_000)):
+        folder = repo / "checkpoints" / name
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(os.urandom(size))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+    def tree(*args: str) -> subprocess.CompletedProcess:
+        command = ["bash", "scripts/device-tree.sh", *args]
+        return subprocess.run(command, cwd=repo, capture_output=True, text=True)
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "init")
+    before = float(tree("size").stdout.split()[0])
+    away = tree("away", "checkpoints/infill", "checkpoints/multi/")
+    assert away.returncode == 0, away.stderr
+    assert not (repo / "checkpoints" / "infill").exists() and (repo / "checkpoints" / "default").exists()
+    assert "checkpoints/infill/model.safetensors" not in git("ls-files")
+    assert float(tree("size").stdout.split()[0]) < before - 0.4  # half a MiB left behind
+    again = tree("away", "checkpoints/default", "checkpoints/nothing")
+    assert again.returncode == 1 and "does not exist" in again.stderr
+    assert (repo / "checkpoints" / "default").exists()  # a bad path moves nothing
+    back = tree("back")
+    assert back.returncode == 0, back.stderr
+    assert git("status", "--porcelain") == ""
+    assert float(tree("size").stdout.split()[0]) == before
+    assert not (repo / ".device-away").exists()

@@ -236,8 +236,11 @@ def _weights_from(folder: str, cfg: ModelConfig, codec: dict | None) -> dict:
             source[new.future_id : new.fill_id + 1] = old.bos_id
         if new.instrument_offset is not None:  # old's rows, or placeholders `_instrument_rows` replaces
             count = new.num_instruments
-            first = old.instrument_offset if old.instrument_offset is not None else old.note_on_offset
-            source[new.instrument_offset : new.instrument_offset + count] = first + np.arange(count) % 128
+            rows = slice(new.instrument_offset, new.instrument_offset + count)
+            if old.instrument_offset is not None:  # each its own, the drums' included
+                source[rows] = old.instrument_offset + np.arange(count)
+            else:
+                source[rows] = old.note_on_offset + np.arange(count) % 128
         index = torch.as_tensor(source)
         state = {
             k: v.index_select(0, index) if k in ("tok_emb.weight", "head.weight") else v

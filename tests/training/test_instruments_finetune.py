@@ -73,6 +73,31 @@ def test_an_instruments_model_cannot_start_a_piano_one(tmp_path):
     assert torch.equal(state["tok_emb.weight"], load_model(folder).tok_emb.weight)
 
 
+def test_an_instruments_model_grown_by_infill_markers_keeps_every_instrument_row(tmp_path):
+    """The markers come before the INSTRUMENT ids, so every instrument row moves up by three: each keeps its
+    own values, the drums' too (it once started as program 0's)."""
+    from musicrel.model.checkpoint import save_model
+
+    small = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, max_seq_len=32)
+    folder = save_model(
+        MusicTransformer(ModelConfig(vocab_size=BAND.vocab_size, **small)), tmp_path / "band", codec=BAND
+    )
+    both = EventCodec(CodecConfig(instruments=True, infill=True))
+    cfg = ModelConfig(vocab_size=both.vocab_size, **small)
+    state = _weights_from(str(folder), cfg, both.config.to_dict())
+    old, new = load_model(folder).tok_emb.weight, state["tok_emb.weight"]
+    assert new.shape[0] == both.vocab_size == BAND.vocab_size + 3
+    assert torch.equal(new[: BAND.pad_id + 3], old[: BAND.pad_id + 3])  # events and specials in place
+    count = BAND.num_instruments
+    assert torch.equal(
+        new[both.instrument_offset : both.instrument_offset + count],
+        old[BAND.instrument_offset : BAND.instrument_offset + count],
+    )
+    assert torch.equal(new[both.drums_id], old[BAND.drums_id])
+    for marker in (both.future_id, both.past_id, both.fill_id):
+        assert torch.equal(new[marker], old[BAND.bos_id])
+
+
 def _scale(n: int = 48):
     return [
         pretty_midi.Note(velocity=80, pitch=48 + k % 24, start=0.125 * k, end=0.125 * k + 0.3)

@@ -11,7 +11,8 @@ import numpy as np
 import pretty_midi
 
 from musicrel.errors import is_int, is_number
-from musicrel.evaluation.pieces import EvaluationError, read_notes, window
+from musicrel.evaluation.ensemble import Parts, pitched
+from musicrel.evaluation.pieces import EvaluationError, read_notes, read_parts, window
 from musicrel.evaluation.twosample import TREES
 from musicrel.generation.infill import MAX_SPAN_SECONDS, InfillParams
 from musicrel.generation.keys import find_key
@@ -134,7 +135,8 @@ class Gap:
 class InfillPiece:
     path: str
     pm: object  # the PrettyMIDI the gaps are cut from
-    notes: list  # the codec's notes (file time)
+    notes: list  # the codec's notes (file time); with instruments every instrument's but the drums', merged
+    parts: Parts | None = None  # with instruments, each instrument's notes (drums too) as the codec has them
 
 
 def _moved(notes, offset: float, clip_to: float | None = None) -> list:
@@ -212,14 +214,32 @@ def load_infill_pieces(codec, files, options: InfillEvaluationOptions):
         if options.limit is not None and len(pieces) >= options.limit:
             break
         # the truth, the bars copied and the music around the gap as the codec renders the fillings
-        read = read_notes(codec, path, skipped)
+        read = _read(codec, path, skipped)
         if read is None:
             continue
-        pm, notes = read
+        pm, notes, parts = read
         cut = cut_gaps(notes, derived_seed(options.seed, index), options, piece=len(pieces))
         if not cut:
             skipped["too_short"] = skipped.get("too_short", 0) + 1
             continue
-        pieces.append(InfillPiece(str(path), pm, notes))
+        pieces.append(InfillPiece(str(path), pm, notes, parts))
         gaps += cut
     return pieces, gaps, skipped
+
+
+def _read(codec, path, skipped: dict[str, int]):
+    """(PrettyMIDI, the notes gaps are cut from and scored on, parts) of a file, or None with the reason
+    counted in `skipped`. With instruments a gap is scored as evaluate-continuations scores a continuation:
+    the pitched notes of every instrument merged (a drum hit is no pitch), each instrument read as the codec
+    renders it; a file of drums alone has none and is skipped (`no_pitched_notes`)."""
+    if codec.instrument_offset is None:
+        read = read_notes(codec, path, skipped)
+        return None if read is None else (*read, None)
+    parts = read_parts(codec, path, skipped)
+    if parts is None:
+        return None
+    notes = pitched(parts)
+    if not notes:
+        skipped["no_pitched_notes"] = skipped.get("no_pitched_notes", 0) + 1
+        return None
+    return codec.read(path), notes, parts

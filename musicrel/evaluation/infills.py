@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from musicrel.evaluation import scoring
+from musicrel.evaluation.ensemble import midi_parts, pitched
 from musicrel.evaluation.gap_classifier import classifier
 from musicrel.evaluation.gap_nll import gap_nll
 from musicrel.evaluation.gaps import (
@@ -37,7 +38,7 @@ from musicrel.evaluation.gaps import (
 )
 from musicrel.evaluation.metrics import METRICS as ALL_METRICS
 from musicrel.evaluation.metrics import bootstrap_interval, describe, paired_difference
-from musicrel.evaluation.pieces import file_sources, held_out_files
+from musicrel.evaluation.pieces import file_sources, held_out_files, piece_primer
 from musicrel.generation.decode_batch import generate_batch
 from musicrel.generation.infill import check_model, infill, infill_segments
 from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut, render_result
@@ -74,8 +75,11 @@ def _relative(notes, start: float, seconds: float) -> list:
 
 def _infill_samples(model, codec, piece: InfillPiece, gap: Gap, options, speed: dict):
     """The infill model's `seeds` fills of the gap, one at a time (batch 1): (notes from the gap's start,
-    tokens, the pitches sounding where they start) each."""
-    sounding = open_pitches(codec, infill_segments(codec, piece.pm, gap.start, gap.end).past)
+    tokens, the pitches sounding where they start, the tokens before them) each. With instruments the notes
+    are the pitched ones (the drum track's left out, as the truth's are)."""
+    past = infill_segments(codec, piece.pm, gap.start, gap.end).past
+    sounding = open_pitches(codec, past)
+    drums = {t for t, inst in enumerate(piece.pm.instruments) if inst.is_drum}
     out = []
     for s in range(options.seeds):
         result = infill(
@@ -87,21 +91,23 @@ def _infill_samples(model, codec, piece: InfillPiece, gap: Gap, options, speed: 
             params=options.infill_params(derived_seed(gap.seed, s)),
         )
         _timed(speed, len(result.tokens[0]), gap.seconds, result.decode_seconds)
-        notes = _relative(result.notes[0], gap.start, gap.seconds)
-        out.append((notes, np.asarray(result.tokens[0]), sounding))
+        notes = result.notes[0]
+        if piece.parts is not None:
+            notes = [n for n, t in zip(notes, result.note_tracks[0], strict=True) if t not in drums]
+        out.append((_relative(notes, gap.start, gap.seconds), np.asarray(result.tokens[0]), sounding, past))
     return out
 
 
 def _continuation_samples(model, codec, piece: InfillPiece, gap: Gap, options, speed: dict):
     """The same model continuing the music before the gap, blind to what follows it: `seeds` continuations
     of the gap's length from its start, one at a time (batch 1), as `_infill_samples`'."""
-    primer = primer_at_cut(
-        codec,
-        piece.notes,
-        gap.start,
-        gap.start - min(n.start for n in piece.notes) + 1.0,  # the whole past, as far as the window holds
-        max_tokens=default_max_primer_tokens(model),
-    )
+    past_seconds = gap.start - min(n.start for n in piece.notes) + 1.0  # the whole past, as the window holds
+    if piece.parts is None:
+        primer = primer_at_cut(
+            codec, piece.notes, gap.start, past_seconds, max_tokens=default_max_primer_tokens(model)
+        )
+    else:  # every instrument, each on a track of its own, as evaluate-continuations cuts a piece
+        primer = piece_primer(codec, piece.parts, gap.start, past_seconds, model)
     sounding = open_pitches(codec, primer.tokens)
     out = []
     for s in range(options.seeds):
@@ -109,8 +115,10 @@ def _continuation_samples(model, codec, piece: InfillPiece, gap: Gap, options, s
         [result] = generate_batch(model, codec, [(primer, params)])
         seconds = result.timings.get("prefill", 0.0) + result.timings.get("decode", 0.0)
         _timed(speed, len(result.tokens[0]), gap.seconds, seconds)
-        notes = render_result(codec, primer, result)[0].instruments[0].notes
-        out.append((_relative(notes, 0.0, gap.seconds), np.asarray(result.tokens[0]), sounding))
+        midi = render_result(codec, primer, result)[0]
+        notes = midi.instruments[0].notes if piece.parts is None else pitched(midi_parts(midi))
+        tokens = np.asarray(result.tokens[0])
+        out.append((_relative(notes, 0.0, gap.seconds), tokens, sounding, primer.tokens))
     return out
 
 
@@ -164,11 +172,15 @@ def evaluate_infills(checkpoint, input_dir, options: InfillEvaluationOptions | N
         samples = {
             "infill": _infill_samples(model, codec, piece, gap, options, speed["infill"]),
             "continuation": _continuation_samples(model, codec, piece, gap, options, speed["continuation"]),
-            "copy-before": [(gap.copy, None, None)],
+            "copy-before": [(gap.copy, None, None, None)],
         }
         for name, out in samples.items():
-            for notes, tokens, sounding in out:
-                scores = scoring.score(codec, notes, gap.truth, gap.seconds, gap.key, tokens, sounding)
+            for notes, tokens, sounding, before in out:
+                # with instruments, the tokens before the sample say what sounds and who plays where it starts
+                primer = before if codec.instrument_offset is not None else None
+                scores = scoring.score(
+                    codec, notes, gap.truth, gap.seconds, gap.key, tokens, sounding, primer
+                )
                 runs[name][i].append(scores)
                 heard[name][i].append(notes)
         bar.update()

@@ -171,7 +171,7 @@ def shift(notes, seconds: float) -> list:
     return [pretty_midi.Note(n.velocity, n.pitch, n.start - seconds, n.end - seconds) for n in notes]
 
 
-def _primer(codec, notes, cut: float, motif_seconds: float, model):
+def piece_primer(codec, notes, cut: float, motif_seconds: float, model):
     """The primer of a piece cut at `cut` (`primer_at_cut`). notes: a list, or with instruments `Parts`:
     then every instrument is in it, drums too, and each on a track of its own (`midi.tracks`), so the
     continuation comes back by instrument as a route writes it."""
@@ -219,7 +219,7 @@ def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit
         long_enough = end >= cut + 2 * seconds
         after = window(notes, cut + seconds, seconds) if long_enough else None
         # Notes sounding at the cut stay open and the continuation starts at the cut, as the reference does.
-        primer = _primer(codec, parts if instruments else every, cut, motif_seconds, model)
+        primer = piece_primer(codec, parts if instruments else every, cut, motif_seconds, model)
         piece = Piece(str(path), motif, reference, after, primer, find_key(motif))
         if instruments:
             piece.motif_parts, piece.reference_parts, after_parts = _cut_parts(parts, cut, seconds)

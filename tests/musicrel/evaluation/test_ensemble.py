@@ -263,3 +263,44 @@ def test_evaluate_continuations_per_instrument(band_world):
         assert drums["motif"] and drums["truth"] and set(drums["continuations"]) == {"model", "repeat-motif"}
         assert drums["continuations"]["repeat-motif"]
         assert drums["continuation"] == drums["continuations"]["model"]
+
+
+def test_evaluate_infills_with_instruments_scores_the_pitched_notes_and_reads_who_plays(tmp_path):
+    """A model with instruments and infill tokens (random, tiny): the gaps are cut from and scored on the
+    pitched notes of every instrument (no drum hit among them), a drums-only file is skipped with its reason,
+    and neither the infill nor the continuation breaks the grammar, read per instrument from the tokens
+    before them (scored as one piano stream they broke it at every gap)."""
+    from musicrel.evaluation.gaps import InfillEvaluationOptions, load_infill_pieces
+    from musicrel.evaluation.infills import evaluate_infills
+    from musicrel.model.checkpoint import save_model
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+    from tests.musicrel.evaluation.test_twosample import FEW_TREES
+
+    both = EventCodec(CodecConfig(instruments=True, infill=True))
+    torch.manual_seed(2)
+    cfg = ModelConfig(vocab_size=both.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=256)
+    save_model(MusicTransformer(cfg), tmp_path / "ckpt", codec=both)
+    pieces = tmp_path / "pieces"
+    pieces.mkdir()
+    hats = {42, 46}
+    for k in range(4):
+        pm = pretty_midi.PrettyMIDI()
+        drums = pretty_midi.Instrument(program=0, is_drum=True, name="Drums")
+        drums.notes = [N(42 if i % 2 else 46, 0.25 * i, 0.25 * i + 0.1, 90) for i in range(56)]
+        bass = pretty_midi.Instrument(program=BASS, name="Bass")
+        bass.notes = [N(28 + (i * (k + 2)) % 12, 0.5 * i, 0.5 * i + 0.4) for i in range(28)]
+        violin = pretty_midi.Instrument(program=VIOLIN, name="Violin")
+        violin.notes = [N(60 + (i * (k + 3)) % 12, 1.0 * i, 1.0 * i + 0.9, 70) for i in range(14)]
+        pm.instruments += [drums, bass, violin] if k else [drums]  # the first: drums alone
+        pm.write(str(pieces / f"band{k}.mid"))
+    options = InfillEvaluationOptions(gap_seconds="2,3", cuts=1, seeds=1, seed=0, trees=FEW_TREES)
+    files = sorted(pieces.glob("*.mid"))
+    read, gaps, skipped = load_infill_pieces(both, files, options)
+    assert skipped == {"no_pitched_notes": 1} and len(read) == 3 and len(gaps) == 3
+    assert all(DRUMS in p.parts and not {n.pitch for n in p.notes} & hats for p in read)
+    assert all(g.truth and not {n.pitch for n in g.truth} & hats for g in gaps)
+    report = evaluate_infills(tmp_path / "ckpt", pieces, options)
+    [(_, section)] = report["sources"].items()
+    for system in ("infill", "continuation"):
+        assert section["systems"][system]["metrics"]["grammar_error"]["mean"] == 0.0, system

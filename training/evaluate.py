@@ -55,14 +55,15 @@ def evaluate(
     weights: str = "float32",
 ) -> dict:
     from musicrel.data.prepared import load_manifest, load_split, source_ranges
-    from musicrel.midi.codec import CodecConfig
+    from musicrel.midi.codec import CodecConfig, EventCodec, id_map
     from musicrel.model.checkpoint import load_codec, load_model
 
     model, codec = load_model(checkpoint, weights=weights), load_codec(checkpoint)
     manifest = load_manifest(data)
-    # fields added since: their defaults; infill markers add tokens, never change the prepared ones; so do
-    # INSTRUMENT tokens for a folder prepared without them (a stream without one is the piano's to a model
-    # with instruments, as decoding reads it): its piano NLL is on the very tokens a piano model is scored on
+    # fields added since: their defaults; infill markers add tokens (and move a codec's INSTRUMENT ids up:
+    # `id_map`), so do INSTRUMENT tokens for a folder prepared without them (a stream without one is the
+    # piano's to a model with instruments, as decoding reads it): its piano NLL is on the very tokens a piano
+    # model is scored on
     same = {"infill": codec.config.infill}
     if not manifest["codec"].get("instruments"):
         same["instruments"] = codec.config.instruments
@@ -73,6 +74,9 @@ def evaluate(
             code="codec_mismatch",
         )
     stream, _ = load_split(data, split)
+    ids = id_map(EventCodec(CodecConfig.from_dict(manifest["codec"])), codec)
+    if ids is not None:
+        stream = ids[stream]
     info = manifest["splits"][split]
     # each source is scored on its own part of the stream (windows never mix two sources); the whole split's
     # figures pool them. A single-source (or format-1) folder is one part.

@@ -339,12 +339,15 @@ class MusicDataModule(L.LightningDataModule):
         self.codec_config: dict = manifest["codec"]
         self.vocab_size: int = int(manifest["vocab_size"])
         self.pad_id: int = int(manifest["pad_id"])
+        self._ids = None  # the prepared ids as the model's codec spells them (None: the same)
         if infill_rate > 0 and not self.codec_config.get("infill"):
-            # the markers come after eos: the prepared tokens keep their ids, only the vocabulary grows
-            from musicrel.midi.codec import CodecConfig, EventCodec
+            # the markers come after eos: the vocabulary grows, and INSTRUMENT ids (after the markers) move
+            from musicrel.midi.codec import CodecConfig, EventCodec, id_map
 
+            prepared = EventCodec(CodecConfig.from_dict(self.codec_config))
             self.codec_config = {**self.codec_config, "infill": True}
-            self.vocab_size = EventCodec(CodecConfig.from_dict(self.codec_config)).vocab_size
+            model = EventCodec(CodecConfig.from_dict(self.codec_config))
+            self.vocab_size, self._ids = model.vocab_size, id_map(prepared, model)
         self.manifest = manifest
         self._codec = None
 
@@ -362,9 +365,14 @@ class MusicDataModule(L.LightningDataModule):
             self._codec = EventCodec(CodecConfig.from_dict(self.codec_config))
         return self._codec
 
+    def _stream(self, split: str) -> np.ndarray:
+        """A split's tokens with the model's ids (memory-mapped where they are the prepared ones)."""
+        stream, _ = load_split(self.hparams.data_dir, split)
+        return stream if self._ids is None else self._ids[stream].astype(stream.dtype)
+
     def train_dataloader(self):
         hp = self.hparams
-        stream, _ = load_split(hp.data_dir, "train")
+        stream = self._stream("train")
         n = hp.examples_per_epoch or max(1, (stream.size - 1) // hp.seq_len)
         ds = CropDataset(
             stream,
@@ -397,8 +405,7 @@ class MusicDataModule(L.LightningDataModule):
 
     def val_dataloader(self):
         hp = self.hparams
-        stream, _ = load_split(hp.data_dir, "val")
-        stream = np.asarray(stream)
+        stream = np.asarray(self._stream("val"))
 
         def loader(part, limit):
             ds = WindowDataset(part, hp.seq_len, self.pad_id, limit=limit)

@@ -298,6 +298,24 @@ class EventCodec:
         return self._with_shifts(times, toks[keep], end_time=end)
 
 
+def id_map(old: EventCodec, new: EventCodec) -> np.ndarray | None:
+    """(old.vocab_size,) int64: each of `old`'s ids as `new` spells the same token, for a `new` that only adds
+    infill markers or instruments to `old` (a folder prepared without markers, read by a model with them);
+    None where every id stays. The markers come after eos and the INSTRUMENT ids after them, so adding the
+    markers to a codec with instruments moves every INSTRUMENT id up by three."""
+    dropped = old.instrument_offset is not None and new.instrument_offset is None
+    if old.num_events != new.num_events or dropped:
+        raise ValueError(f"{new} does not extend {old}")
+    table = np.arange(old.vocab_size, dtype=np.int64)
+    if old.fill_id is not None:
+        if new.fill_id is None:
+            raise ValueError(f"{new} does not extend {old}")
+        table[old.future_id : old.fill_id + 1] = [new.future_id, new.past_id, new.fill_id]
+    if old.instrument_offset is not None:
+        table[old.instrument_offset :] = new.instrument_offset + np.arange(old.num_instruments)
+    return None if np.array_equal(table, np.arange(old.vocab_size)) else table
+
+
 def shift_steps(codec: EventCodec) -> np.ndarray:
     """(vocab,) int64: time steps each token advances (0 but for shifts); integers, so lengths add up."""
     return np.rint(codec.time_advance / codec.step).astype(np.int64)

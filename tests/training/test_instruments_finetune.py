@@ -200,3 +200,39 @@ def test_musicrel_finetune_with_instruments(tmp_path):
     assert "INSTRUMENT tokens" in (out / "MODEL_CARD.md").read_text()
     grown = load_model(out.with_name("out.work") / "grown")  # what "before" scored: the base, grown
     assert torch.equal(grown.tok_emb.weight[:391], load_model(piano).tok_emb.weight)
+
+
+def test_infill_markers_added_to_an_instruments_folder_move_its_instrument_ids(tmp_path):
+    """A folder prepared with instruments, trained and scored by a model with infill markers (no re-prepare):
+    the markers take ids 391-393 where the folder has INSTRUMENT tokens, so every one of those moves up by
+    three (read as they were, the bass became a marker and every program the one three below it)."""
+    from training.evaluate import evaluate
+    from training.module import MusicDataModule
+
+    band = tmp_path / "band"
+    band.mkdir()
+    for k in range(4):
+        _band_file(band / f"song{k}.mid", k)
+    data = tmp_path / "data"
+    assert main(["prepare", f"band={band}", "--instruments", "--out", str(data), "--quiet"]) == 0
+    both = EventCodec(CodecConfig(instruments=True, infill=True))
+    plain = MusicDataModule(str(data), seq_len=64)
+    module = MusicDataModule(str(data), seq_len=64, infill_rate=0.5)
+    assert module.vocab_size == both.vocab_size
+    for split in ("train", "val"):
+        before, after = np.asarray(plain._stream(split)), module._stream(split)
+        assert after.shape == before.shape and after.max() < both.vocab_size
+        moved = BAND.is_instrument(before)
+        assert moved.any() and not np.isin(after, [both.future_id, both.past_id, both.fill_id]).any()
+        assert np.array_equal(after[moved], before[moved] + 3)
+        assert np.array_equal(after[~moved], before[~moved])
+        assert np.array_equal(both.is_instrument(after), moved)
+    # `musicrel evaluate` reads the folder the same way: a model whose codec has both scores its tokens
+    from musicrel.model.checkpoint import save_model
+
+    torch.manual_seed(0)
+    small = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32, max_seq_len=64)
+    folder = save_model(
+        MusicTransformer(ModelConfig(vocab_size=both.vocab_size, **small)), tmp_path / "m", codec=both
+    )
+    assert evaluate(folder, data, split="val")["tokens"] > 0

@@ -367,3 +367,21 @@ def test_a_codec_saved_before_the_melody_fields_reads_as_the_same_codec():
     evaluate, finetune and the n-gram compare codecs as CodecConfig, not as dicts."""
     old = {k: v for k, v in CodecConfig().to_dict().items() if k not in ("melody", "melody_lead_ms")}
     assert old != CodecConfig().to_dict() and CodecConfig.from_dict(old) == CodecConfig()
+
+
+def test_id_map_spells_a_prepared_folder_s_ids_in_a_codec_that_adds_markers():
+    from musicrel.midi.codec import id_map
+
+    band, both = (
+        EventCodec(CodecConfig(instruments=True)),
+        EventCodec(CodecConfig(instruments=True, infill=True)),
+    )
+    table = id_map(band, both)
+    assert table.shape == (band.vocab_size,)
+    assert np.array_equal(table[: band.pad_id + 3], np.arange(band.pad_id + 3))  # events and specials stay
+    assert table[band.instrument_offset] == both.instrument_offset and table[band.drums_id] == both.drums_id
+    assert id_map(EventCodec(), EventCodec(CodecConfig(infill=True))) is None  # the piano's ids all stay
+    assert id_map(band, band) is None
+    assert id_map(EventCodec(), band) is None  # instruments added: appended after every piano id
+    with pytest.raises(ValueError):
+        id_map(band, EventCodec())  # instruments cannot be taken away

@@ -330,7 +330,8 @@ class MusicDataModule(L.LightningDataModule):
             transpose: Transpose by a uniform integer in [-transpose, transpose] semitones.
             stretch: Time-stretch factors drawn uniformly.
             infill_rate: The share of training crops made infill examples (training/data.py, docs/INFILL.md);
-                > 0 adds the infill markers to the codec (and the model's vocabulary) without a re-prepare.
+                > 0 adds the infill markers to the codec (and the model's vocabulary) without a re-prepare
+                (a folder with instruments is read with its INSTRUMENT ids moved: `codec.id_map`).
             infill_loss: "all" (an infill example's future, past and gap tokens) or "gap" (its gap only).
         """
         super().__init__()

@@ -4,9 +4,10 @@ Event vocabulary (defaults): NOTE_ON 0..127, NOTE_OFF 128..255, TIME_SHIFT 256..
 SET_VELOCITY 356..387 (32 bins), then PEDAL_ON, PEDAL_OFF when pedal="events", then MELODY_ON 0..127,
 MELODY_OFF 0..127 when melody=True (a given melody the model accompanies: `encode_with_melody`; decoding
 ignores them), then pad, bos, eos, then FUTURE, PAST, FILL when infill=True (the markers of an infill
-sequence, musicrel.generation.fim: after eos, so every other id is the same with or without them), then
-INSTRUMENT 0..128 when instruments=True (General MIDI programs 0..127, then drums: after every other id, so a
-checkpoint's rows keep their ids when its vocabulary grows by them).
+sequence, musicrel.generation.fim: after eos, so every id before them is the same with or without them, and
+the INSTRUMENT ids after them move up by three: `id_map`), then INSTRUMENT 0..128 when instruments=True
+(General MIDI programs 0..127, then drums: after every other id, so a checkpoint's rows keep their ids when
+its vocabulary grows by them).
 
 Choices a caller can rely on:
 - Absolute times are quantised by rounding to the step grid, then shifts are emitted between quantised times,
@@ -103,7 +104,7 @@ class EventCodec:
         self.num_events = n
         self.pad_id, self.bos_id, self.eos_id = n, n + 1, n + 2
         self.vocab_size = n + 3
-        # after eos: the ids of every other token are those of the same codec without infill
+        # after eos: every id before them is the one without infill (INSTRUMENT ids move up: `id_map`)
         self.future_id = self.past_id = self.fill_id = None
         if cfg.infill:
             self.future_id, self.past_id, self.fill_id = n + 3, n + 4, n + 5

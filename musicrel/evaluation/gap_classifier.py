@@ -1,6 +1,7 @@
 """evaluate-infills' real-vs-generated test (`classifier`): `twosample.classify` on twosample's features of a
 gap (the music before as the context) plus a family for how the gap leads into the music after it
-(`end_join_features`, END_JOIN_NAMES)."""
+(`end_join_features`, END_JOIN_NAMES), and with instruments the `instruments` family
+(`musicrel.evaluation.ensemble`: who plays in the gap, each class's density and register, the drums)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 
 import numpy as np
 
-from musicrel.evaluation import twosample
+from musicrel.evaluation import ensemble, twosample
 from musicrel.evaluation.gaps import Gap
 from musicrel.evaluation.metrics import CONFIDENCE, histogram_overlap
 from musicrel.evaluation.twosample import FOLDS, JOIN_SECONDS, TREES, auc_gain, classify, features
@@ -59,32 +60,44 @@ def end_join_features(notes, after, seconds: float) -> np.ndarray:
     )
 
 
-def gap_features(notes, gap: Gap) -> np.ndarray:
-    """twosample's features of a gap's notes (the music before as the context) and the gap's end's."""
-    return np.concatenate(
-        [features(notes, gap.before, gap.seconds), end_join_features(notes, gap.after, gap.seconds)]
-    )
+def gap_features(notes, gap: Gap, parts=None) -> np.ndarray:
+    """twosample's features of a gap's notes (the music before as the context) and the gap's end's; with
+    `parts` (the same notes by instrument, drums too), the `instruments` family's after them."""
+    columns = [features(notes, gap.before, gap.seconds), end_join_features(notes, gap.after, gap.seconds)]
+    if parts is not None:
+        columns.append(ensemble.features(parts, gap.parts.before, gap.seconds))
+    return np.concatenate(columns)
 
 
 def classifier(
-    gaps: list[Gap], labels: list[str], comps: list[str], heard: dict, seed: int, trees: int = TREES
+    gaps: list[Gap],
+    labels: list[str],
+    comps: list[str],
+    heard: dict,
+    seed: int,
+    trees: int = TREES,
+    parts: dict | None = None,
 ) -> dict:
     """The real-vs-generated test of every system, per source: `twosample.classify` on a matrix built here
-    (a row per gap and sample, twosample's features plus the END_JOIN family); the folds keep a composition's
+    (a row per gap and sample, twosample's features plus the END_JOIN family, and with `parts` (per system,
+    per gap, each sample's notes by instrument) the `instruments` family); the folds keep a composition's
     gaps together. Each section also has `gain`: per baseline, how much harder the infill is to tell from the
     truth than it (`twosample.auc_gain`, paired by composition; > 0: the infill is harder to tell)."""
-    truth_x = np.stack([gap_features(g.truth, g) for g in gaps])
+    truth_x = np.stack([gap_features(g.truth, g, g.parts and g.parts.truth) for g in gaps])
     piece_of = [g.piece for g in gaps]
     sections: dict[str, dict] = {}
-    names = twosample.feature_names() + END_JOIN_NAMES
+    names = twosample.feature_names() + END_JOIN_NAMES + (ensemble.feature_names() if parts else [])
     for source in dict.fromkeys(labels):
         idx = [i for i, s in enumerate(labels) if s == source]
         # the rows are gaps: "pieces" counts the pieces they were cut from
         pieces = len({piece_of[i] for i in idx})
         section: dict = {"pieces": pieces, "gaps": len(idx), "systems": {}, "left_out": {}}
         for name, runs in heard.items():
+            by_part = parts[name] if parts else [[None] * len(r) for r in runs]
             samples = [
-                np.stack([gap_features(n, gaps[i]) for n in runs[i]]) if runs[i] else np.zeros((0, 0))
+                np.stack([gap_features(n, gaps[i], e) for n, e in zip(runs[i], by_part[i], strict=True)])
+                if runs[i]
+                else np.zeros((0, 0))
                 for i in idx
             ]
             cs = [comps[i] for i in idx]

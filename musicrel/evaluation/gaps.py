@@ -112,6 +112,15 @@ class InfillEvaluationOptions:
         return InfillParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed, num_samples=1)
 
 
+@dataclass(frozen=True)
+class GapParts:
+    """A gap's music by instrument (`ensemble.Parts`), at the times of `Gap`'s lists."""
+
+    before: Parts
+    truth: Parts
+    copy: Parts
+
+
 @dataclass
 class Gap:
     """One gap cut from one piece, its music around it, and its seed."""
@@ -125,6 +134,9 @@ class Gap:
     after: list  # the notes that start in [end, end + AFTER_SECONDS), from 0 (the gap's end)
     copy: list  # the copy-before baseline: the notes that start in [start - L, start), moved L later
     key: tuple | None  # the music before's key
+    # with instruments, each instrument's notes (drums too) as `before`, `truth` and `copy` hold the pitched
+    # ones: what the figures per instrument and the classifier's `instruments` family read
+    parts: GapParts | None = None
 
     @property
     def seconds(self) -> float:
@@ -159,11 +171,39 @@ def copy_before(notes, start: float, seconds: float) -> list:
     return _moved(stretch, seconds - start, clip_to=seconds)
 
 
-def cut_gaps(notes, piece_seed: int, options: InfillEvaluationOptions, piece: int = 0) -> list[Gap]:
+def _before(notes, start: float) -> list:
+    """The notes that start before `start`, clipped there, times relative to it (negative)."""
+    return [
+        pretty_midi.Note(n.velocity, n.pitch, n.start - start, min(n.end, start) - start)
+        for n in notes
+        if n.start < start
+    ]
+
+
+def gap_parts(parts: Parts, start: float, end: float) -> GapParts:
+    """Each instrument's music before the gap, in it and copied into it (`copy_before`), as `cut_gaps` cuts
+    the pitched notes; an instrument with no note in one of them is not in it."""
+
+    def each(cut) -> Parts:
+        out = {i: cut(ns) for i, ns in parts.items()}
+        return {i: ns for i, ns in out.items() if ns}
+
+    seconds = end - start
+    return GapParts(
+        before=each(lambda ns: _before(ns, start)),
+        truth=each(lambda ns: window(ns, start, seconds)),
+        copy=each(lambda ns: copy_before(ns, start, seconds)),
+    )
+
+
+def cut_gaps(
+    notes, piece_seed: int, options: InfillEvaluationOptions, piece: int = 0, parts: Parts | None = None
+) -> list[Gap]:
     """The gaps of one piece, a function of its notes and `piece_seed` only. Gap k's length is drawn in
     gap_seconds, its start in the k-th of `cuts` equal stretches of where it fits: after at least its own
     length of music (so the copy baseline copies a whole stretch) and before the last second of onsets
-    (something to lead into). Cuts whose gap holds no note are dropped."""
+    (something to lead into). Cuts whose gap holds no note are dropped. `parts` (with instruments): each
+    gap's music by instrument too (`gap_parts`)."""
     lo, hi = options.gap_seconds
     onsets = [n.start for n in notes]
     first, last = min(onsets), max(onsets)
@@ -180,11 +220,7 @@ def cut_gaps(notes, piece_seed: int, options: InfillEvaluationOptions, piece: in
         truth = window(notes, start, end - start)
         if not truth:
             continue
-        before = [
-            pretty_midi.Note(n.velocity, n.pitch, n.start - start, min(n.end, start) - start)
-            for n in notes
-            if n.start < start
-        ]
+        before = _before(notes, start)
         after = [
             pretty_midi.Note(n.velocity, n.pitch, n.start - end, n.end - end)
             for n in notes
@@ -201,6 +237,7 @@ def cut_gaps(notes, piece_seed: int, options: InfillEvaluationOptions, piece: in
                 after=after,
                 copy=copy_before(notes, start, end - start),
                 key=find_key(before),
+                parts=None if parts is None else gap_parts(parts, start, end),
             )
         )
     return gaps
@@ -218,7 +255,7 @@ def load_infill_pieces(codec, files, options: InfillEvaluationOptions):
         if read is None:
             continue
         pm, notes, parts = read
-        cut = cut_gaps(notes, derived_seed(options.seed, index), options, piece=len(pieces))
+        cut = cut_gaps(notes, derived_seed(options.seed, index), options, piece=len(pieces), parts=parts)
         if not cut:
             skipped["too_short"] = skipped.get("too_short", 0) + 1
             continue

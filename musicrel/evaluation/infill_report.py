@@ -9,7 +9,7 @@ import html
 import json
 from pathlib import Path
 
-from musicrel.evaluation.report import metrics_table, notes_lines
+from musicrel.evaluation.report import instrument_cases_lines, metrics_table, notes_lines
 from musicrel.evaluation.report_html import (
     CUT_COLOR,
     ROLL_HEIGHT,
@@ -48,6 +48,8 @@ def format_infill_report(report: dict) -> str:
             f"past only - with future {_ci(nll['difference'])}"
         )
         lines += metrics_table(report["metrics"], section["systems"], section["reference"], indent="  ")
+        pooled = instrument_cases_lines(section["systems"], over="gap x seed x instrument")
+        lines += ["  " + line for line in pooled]
     if "two_sample" in report:
         lines += format_two_sample(report["two_sample"])
         for source, section in report["two_sample"]["sections"].items():

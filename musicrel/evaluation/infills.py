@@ -12,6 +12,11 @@ in held-out pieces (`musicrel.evaluation.gaps`), fills them, and scores every fi
   (seconds of gap filled per second of decoding).
 - Per source, per piece: a piece's figure is the mean over its gaps (and seeds); intervals are bootstrap
   over pieces.
+- With instruments (a codec that has them), a gap is also read by instrument (`gaps.GapParts`,
+  `musicrel.evaluation.ensemble`), as evaluate-continuations reads a continuation: do the instruments that
+  sound in the 5 s before the gap play in it where the truth has them play (`instrument_continuity`, and its
+  cases pooled), do the drums keep the truth's rhythm (`drum_groove`), and the classifier's `instruments`
+  family; the other figures read the pitched notes of every instrument merged.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import torch
 from tqdm import tqdm
 
 from musicrel.evaluation import scoring
-from musicrel.evaluation.ensemble import midi_parts, pitched
+from musicrel.evaluation.ensemble import Parts, continuity_cases, midi_parts, parts_of, pitched
+from musicrel.evaluation.ensemble import scores as instrument_scores
 from musicrel.evaluation.gap_classifier import classifier
 from musicrel.evaluation.gap_nll import gap_nll
 from musicrel.evaluation.gaps import (
@@ -44,6 +50,7 @@ from musicrel.generation.infill import check_model, infill, infill_segments
 from musicrel.generation.primer import default_max_primer_tokens, primer_at_cut, render_result
 from musicrel.generation.sampling import derived_seed
 from musicrel.midi.codec import open_pitches
+from musicrel.midi.instruments import instrument_of
 from musicrel.model.checkpoint import load_codec, load_model
 
 SYSTEMS = ("infill", "continuation", "copy-before")
@@ -56,8 +63,13 @@ SYSTEM_NOTES = {
 EXAMPLES = 3  # gaps drawn as piano rolls (the first of each of the first pieces)
 EXAMPLE_CONTEXT = 6.0  # seconds of music before and after a gap in the examples
 
-# A gap is scored as one stream: the instruments' figures are evaluate-continuations' (evaluation.ensemble).
-METRICS = tuple(m for m in ALL_METRICS if not m.instruments)
+# A piano model's gap is scored as one stream: no figure per instrument (evaluation.ensemble).
+PIANO_METRICS = tuple(m for m in ALL_METRICS if not m.instruments)
+
+
+def _metrics(codec) -> tuple:
+    """The report's figures: every one with instruments, the piano's without."""
+    return ALL_METRICS if codec.instrument_offset is not None else PIANO_METRICS
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -73,13 +85,19 @@ def _relative(notes, start: float, seconds: float) -> list:
     ]
 
 
+def _relative_parts(parts: Parts, start: float, seconds: float) -> Parts:
+    """`_relative` of each instrument's notes; instruments left with none dropped."""
+    out = {i: _relative(ns, start, seconds) for i, ns in parts.items()}
+    return {i: ns for i, ns in out.items() if ns}
+
+
 def _infill_samples(model, codec, piece: InfillPiece, gap: Gap, options, speed: dict):
     """The infill model's `seeds` fills of the gap, one at a time (batch 1): (notes from the gap's start,
-    tokens, the pitches sounding where they start, the tokens before them) each. With instruments the notes
-    are the pitched ones (the drum track's left out, as the truth's are)."""
+    tokens, the pitches sounding where they start, the tokens before them, the notes by instrument or None)
+    each. With instruments the notes are the pitched ones (the drum track's left out, as the truth's are)
+    and the parts every instrument's, drums too."""
     past = infill_segments(codec, piece.pm, gap.start, gap.end).past
     sounding = open_pitches(codec, past)
-    drums = {t for t, inst in enumerate(piece.pm.instruments) if inst.is_drum}
     out = []
     for s in range(options.seeds):
         result = infill(
@@ -91,10 +109,15 @@ def _infill_samples(model, codec, piece: InfillPiece, gap: Gap, options, speed: 
             params=options.infill_params(derived_seed(gap.seed, s)),
         )
         _timed(speed, len(result.tokens[0]), gap.seconds, result.decode_seconds)
-        notes = result.notes[0]
-        if piece.parts is not None:
-            notes = [n for n, t in zip(notes, result.note_tracks[0], strict=True) if t not in drums]
-        out.append((_relative(notes, gap.start, gap.seconds), np.asarray(result.tokens[0]), sounding, past))
+        notes, parts = result.notes[0], None
+        if piece.parts is not None:  # each note's instrument: its track's in the answer
+            tracks = result.midis[0].instruments
+            played = [instrument_of(tracks[t].program, tracks[t].is_drum) for t in result.note_tracks[0]]
+            parts = _relative_parts(parts_of(notes, played), gap.start, gap.seconds)
+            notes = pitched(parts)
+        else:
+            notes = _relative(notes, gap.start, gap.seconds)
+        out.append((notes, np.asarray(result.tokens[0]), sounding, past, parts))
     return out
 
 
@@ -116,9 +139,13 @@ def _continuation_samples(model, codec, piece: InfillPiece, gap: Gap, options, s
         seconds = result.timings.get("prefill", 0.0) + result.timings.get("decode", 0.0)
         _timed(speed, len(result.tokens[0]), gap.seconds, seconds)
         midi = render_result(codec, primer, result)[0]
-        notes = midi.instruments[0].notes if piece.parts is None else pitched(midi_parts(midi))
         tokens = np.asarray(result.tokens[0])
-        out.append((_relative(notes, 0.0, gap.seconds), tokens, sounding, primer.tokens))
+        if piece.parts is None:
+            notes = _relative(midi.instruments[0].notes, 0.0, gap.seconds)
+            out.append((notes, tokens, sounding, primer.tokens, None))
+            continue
+        parts = _relative_parts(midi_parts(midi), 0.0, gap.seconds)
+        out.append((pitched(parts), tokens, sounding, primer.tokens, parts))
     return out
 
 
@@ -163,6 +190,8 @@ def evaluate_infills(checkpoint, input_dir, options: InfillEvaluationOptions | N
         raise InfillEvaluationError(f"no usable pieces in {input_dir} (skipped: {skipped})", code="no_input")
     runs: dict[str, list[list[dict]]] = {s: [[] for _ in gaps] for s in SYSTEMS}
     heard: dict[str, list[list]] = {s: [[] for _ in gaps] for s in SYSTEMS}
+    # with instruments, each sample's notes by instrument (None without)
+    parts: dict[str, list[list]] = {s: [[] for _ in gaps] for s in SYSTEMS}
     speed: dict[str, dict] = {"infill": {}, "continuation": {}}
     nll = []
     bar = tqdm(total=len(gaps), disable=not progress, unit="gap", desc="evaluating infills")
@@ -172,21 +201,25 @@ def evaluate_infills(checkpoint, input_dir, options: InfillEvaluationOptions | N
         samples = {
             "infill": _infill_samples(model, codec, piece, gap, options, speed["infill"]),
             "continuation": _continuation_samples(model, codec, piece, gap, options, speed["continuation"]),
-            "copy-before": [(gap.copy, None, None, None)],
+            "copy-before": [(gap.copy, None, None, None, gap.parts and gap.parts.copy)],
         }
         for name, out in samples.items():
-            for notes, tokens, sounding, before in out:
+            for notes, tokens, sounding, before, ensemble in out:
                 # with instruments, the tokens before the sample say what sounds and who plays where it starts
                 primer = before if codec.instrument_offset is not None else None
                 scores = scoring.score(
                     codec, notes, gap.truth, gap.seconds, gap.key, tokens, sounding, primer
                 )
+                if gap.parts is not None:
+                    scores.update(instrument_scores(gap.parts.before, gap.parts.truth, ensemble))
                 runs[name][i].append(scores)
                 heard[name][i].append(notes)
+                parts[name][i].append(ensemble)
         bar.update()
     bar.close()
     head = scoring.report_head(checkpoint, options.weights, input_dir, options.split)
-    return {**head, **_report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, speed)}
+    report = _report(codec, input_dir, options, pieces, gaps, skipped, runs, (heard, parts), nll, speed)
+    return {**head, **report}
 
 
 def _per_piece(values: list, gaps: list[Gap], n_pieces: int) -> list:
@@ -202,18 +235,30 @@ def _per_piece(values: list, gaps: list[Gap], n_pieces: int) -> list:
     return out
 
 
-def _section(gaps, n_pieces, runs, nll) -> dict:
-    """One source's figures: the NLL both ways, every system's metrics, the truth's, per piece."""
+def _pooled_cases(gaps: list[Gap], parts: list[list]) -> dict:
+    """The continuity question pooled over every (gap, seed, instrument) case, as evaluate-continuations
+    counts it: {cases, kept, share} (`ensemble.continuity_cases`; share None without a case)."""
+    cases = kept = 0
+    for gap, samples in zip(gaps, parts, strict=True):
+        for ensemble in samples:
+            c, k = continuity_cases(gap.parts.before, gap.parts.truth, ensemble)
+            cases, kept = cases + c, kept + k
+    return {"cases": cases, "kept": kept, "share": kept / cases if cases else None}
+
+
+def _section(gaps, n_pieces, runs, nll, metrics, parts) -> dict:
+    """One source's figures: the NLL both ways, every system's metrics, the truth's, per piece; with
+    instruments (`parts`: each system's samples by instrument), the continuity cases pooled."""
     reads = {k: _per_piece([r["nll"][k] for r in nll], gaps, n_pieces) for k in ("with_future", "past_only")}
     diff = [
         a - b if a is not None and b is not None else None
         for a, b in zip(reads["past_only"], reads["with_future"], strict=True)
     ]
     intervals = {k: bootstrap_interval(v) for k, v in reads.items()}
-    geometric = {m.name for m in METRICS if m.geometric}
+    geometric = {m.name for m in metrics if m.geometric}
     systems = {}
     for name in SYSTEMS:
-        kept = [m.name for m in METRICS if not m.index and (name in MODEL_SYSTEMS or not m.tokens)]
+        kept = [m.name for m in metrics if not m.index and (name in MODEL_SYSTEMS or not m.tokens)]
         per_gap = [scoring.seed_mean(r) for r in runs[name]]
         values = {m: _per_piece([g[m] for g in per_gap], gaps, n_pieces) for m in kept}
         systems[name] = {
@@ -222,18 +267,20 @@ def _section(gaps, n_pieces, runs, nll) -> dict:
             "metrics": {m: bootstrap_interval(values[m], geometric=m in geometric) for m in kept},
             "per_piece": values,
         }
+        if parts is not None:
+            systems[name]["instrument_cases"] = _pooled_cases(gaps, parts[name])
     report = {"systems": systems}
     # the infill minus each baseline on the same pieces, for the figures compared with the truth
     systems["infill"]["paired"] = {
         b: {
             m.name: paired_difference(report, m.name, "infill", b)
-            for m in METRICS
+            for m in metrics
             if m.better in ("higher", "lower") and not m.intrinsic and not m.tokens
         }
         for b in SYSTEMS
         if b != "infill"
     }
-    intrinsic = [m.name for m in METRICS if m.intrinsic and not m.index]
+    intrinsic = [m.name for m in metrics if m.intrinsic and not m.index]
     return {
         "pieces": n_pieces,
         "gaps": len(gaps),
@@ -261,7 +308,10 @@ def _section(gaps, n_pieces, runs, nll) -> dict:
     }
 
 
-def _report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, speed) -> dict:
+def _report(codec, input_dir, options, pieces, gaps, skipped, runs, samples, nll, speed) -> dict:
+    heard, parts = samples
+    instruments = codec.instrument_offset is not None
+    metrics = _metrics(codec)
     sources = file_sources(input_dir)[0]
     piece_labels = [options.source or sources.get(p.path) or "all" for p in pieces]
     sections = {}
@@ -271,7 +321,12 @@ def _report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, 
         idx = [i for i, g in enumerate(gaps) if g.piece in renumber]
         local = [replace(gaps[i], piece=renumber[gaps[i].piece]) for i in idx]
         sections[source] = _section(
-            local, len(members), {s: [runs[s][i] for i in idx] for s in SYSTEMS}, [nll[i] for i in idx]
+            local,
+            len(members),
+            {s: [runs[s][i] for i in idx] for s in SYSTEMS},
+            [nll[i] for i in idx],
+            metrics,
+            {s: [parts[s][i] for i in idx] for s in SYSTEMS} if instruments else None,
         )
     left_out = {"copied_notes": "evaluate-infills reads no novelty index"}
     two = scoring.classified(
@@ -285,6 +340,7 @@ def _report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, 
             heard,
             options.seed,
             options.trees,
+            parts if instruments else None,
         ),
         left_out,
     )
@@ -299,7 +355,7 @@ def _report(codec, input_dir, options, pieces, gaps, skipped, runs, heard, nll, 
         "skipped": skipped,
         "left_out": left_out,
         "systems": {name: SYSTEM_NOTES[name] for name in SYSTEMS},
-        "metrics": scoring.metrics_json(m for m in METRICS if not m.index),
+        "metrics": scoring.metrics_json(m for m in metrics if not m.index),
         "sources": sections,
         "speed": {name: _speed(s) for name, s in speed.items()},
         **({"two_sample": two} if two else {}),

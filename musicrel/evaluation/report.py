@@ -63,9 +63,10 @@ def metrics_table(metrics: dict, systems: dict, reference: dict, indent: str = "
     return table
 
 
-def instrument_cases_lines(systems: dict) -> list[str]:
+def instrument_cases_lines(systems: dict, over: str = "piece x seed x instrument") -> list[str]:
     """The continuity question pooled over its cases (a report with instruments; none for a piano one): each
-    (piece, seed, instrument) of the motif's last 5 s that the truth plays, and the share kept playing."""
+    (piece, seed, instrument) of the motif's last 5 s that the truth plays, and the share kept playing
+    (`over`: what a case is; evaluate-infills' are per gap)."""
     pooled = {n: s["instrument_cases"] for n, s in systems.items() if "instrument_cases" in s}
     if not pooled:
         return []
@@ -73,7 +74,7 @@ def instrument_cases_lines(systems: dict) -> list[str]:
         f"{n} {c['kept']}/{c['cases']}" + (f" ({100 * c['share']:.0f}%)" if c["share"] is not None else "")
         for n, c in pooled.items()
     ]
-    return ["motif's instruments kept, over all cases (piece x seed x instrument): " + ", ".join(cells)]
+    return [f"motif's instruments kept, over all cases ({over}): " + ", ".join(cells)]
 
 
 def format_report(report: dict) -> str:

@@ -269,9 +269,14 @@ def test_evaluate_infills_with_instruments_scores_the_pitched_notes_and_reads_wh
     """A model with instruments and infill tokens (random, tiny): the gaps are cut from and scored on the
     pitched notes of every instrument (no drum hit among them), a drums-only file is skipped with its reason,
     and neither the infill nor the continuation breaks the grammar, read per instrument from the tokens
-    before them (scored as one piano stream they broke it at every gap)."""
+    before them (scored as one piano stream they broke it at every gap). Each gap is also read by
+    instrument: who keeps playing, the drums' groove (the copied bars keep both: a steady band), the
+    continuity cases pooled, and the classifier's `instruments` family."""
+    from musicrel.evaluation.gap_classifier import END_JOIN_NAMES, gap_features
     from musicrel.evaluation.gaps import InfillEvaluationOptions, load_infill_pieces
-    from musicrel.evaluation.infills import evaluate_infills
+    from musicrel.evaluation.infill_report import format_infill_report
+    from musicrel.evaluation.infills import SYSTEMS, evaluate_infills
+    from musicrel.evaluation.twosample import feature_names as two_sample_names
     from musicrel.model.checkpoint import save_model
     from musicrel.model.config import ModelConfig
     from musicrel.model.transformer import MusicTransformer
@@ -284,7 +289,7 @@ def test_evaluate_infills_with_instruments_scores_the_pitched_notes_and_reads_wh
     pieces = tmp_path / "pieces"
     pieces.mkdir()
     hats = {42, 46}
-    for k in range(4):
+    for k in range(5):
         pm = pretty_midi.PrettyMIDI()
         drums = pretty_midi.Instrument(program=0, is_drum=True, name="Drums")
         drums.notes = [N(42 if i % 2 else 46, 0.25 * i, 0.25 * i + 0.1, 90) for i in range(56)]
@@ -297,10 +302,33 @@ def test_evaluate_infills_with_instruments_scores_the_pitched_notes_and_reads_wh
     options = InfillEvaluationOptions(gap_seconds="2,3", cuts=1, seeds=1, seed=0, trees=FEW_TREES)
     files = sorted(pieces.glob("*.mid"))
     read, gaps, skipped = load_infill_pieces(both, files, options)
-    assert skipped == {"no_pitched_notes": 1} and len(read) == 3 and len(gaps) == 3
+    assert skipped == {"no_pitched_notes": 1} and len(read) == 4 and len(gaps) == 4
     assert all(DRUMS in p.parts and not {n.pitch for n in p.notes} & hats for p in read)
     assert all(g.truth and not {n.pitch for n in g.truth} & hats for g in gaps)
+    for g in gaps:  # by instrument: the same cut, the drums kept
+        assert set(g.parts.truth) == set(g.parts.before) == set(g.parts.copy) == {BASS, VIOLIN, DRUMS}
+        as_tuples = [(n.start, n.end, n.pitch, n.velocity) for n in pitched(g.parts.truth)]
+        assert as_tuples == sorted((n.start, n.end, n.pitch, n.velocity) for n in g.truth)
+        assert {n.pitch for n in g.parts.truth[DRUMS]} <= hats
+        assert all(n.end <= 0 for ns in g.parts.before.values() for n in ns)
+        width = len(two_sample_names()) + len(END_JOIN_NAMES)
+        assert len(gap_features(g.truth, g)) == width
+        assert len(gap_features(g.truth, g, g.parts.truth)) == width + len(feature_names())
     report = evaluate_infills(tmp_path / "ckpt", pieces, options)
     [(_, section)] = report["sources"].items()
     for system in ("infill", "continuation"):
         assert section["systems"][system]["metrics"]["grammar_error"]["mean"] == 0.0, system
+    assert {"instrument_continuity", "drum_groove"} <= set(report["metrics"])
+    copied = section["systems"]["copy-before"]
+    assert copied["instrument_cases"] == {"cases": 12, "kept": 12, "share": 1.0}  # 4 gaps x 3 instruments
+    assert copied["metrics"]["drum_groove"]["mean"] == pytest.approx(1.0)
+    for system in ("infill", "continuation"):
+        cases = section["systems"][system]["instrument_cases"]
+        assert cases["cases"] == 12 and 0 <= cases["kept"] <= 12, system
+        assert all(0 <= v <= 1 for v in section["systems"][system]["per_piece"]["drum_groove"]), system
+    assert "drum_groove" in section["systems"]["infill"]["paired"]["copy-before"]
+    # the classifier (4 bands: enough to fold) reads the instruments family after the gap's own
+    assert report["two_sample"]["features"][-len(feature_names()) :] == feature_names()
+    assert set(report["two_sample"]["sections"]["all"]["systems"]) == set(SYSTEMS)
+    pooled = "motif's instruments kept, over all cases (gap x seed x instrument): "
+    assert pooled in format_infill_report(report)

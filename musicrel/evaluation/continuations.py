@@ -36,8 +36,7 @@ from musicrel.evaluation.continuation_systems import (
     repeat_parts,
     system_continuations,
 )
-from musicrel.evaluation.ensemble import continuity_cases, pitched
-from musicrel.evaluation.ensemble import scores as instrument_scores
+from musicrel.evaluation.ensemble import continuity_cases, pitched, with_parts
 from musicrel.evaluation.metrics import METRICS, compare, describe
 from musicrel.evaluation.pieces import (
     EvaluationError,
@@ -69,7 +68,6 @@ from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
 EXAMPLES = 4  # pieces drawn as piano rolls
 # the figures that compare a continuation's pitched notes with the truth's (metrics.compare, not describe)
-COMPARED = {m.name for m in METRICS if not (m.intrinsic or m.tokens or m.index or m.instruments)}
 
 
 @dataclass(frozen=True)
@@ -221,14 +219,11 @@ def _played(name: str, p: Piece, seconds: float) -> tuple[list | None, dict | No
 
 
 def _with_parts(scores: dict, p: Piece, ensemble) -> dict:
-    """`scores` with the instrument figures of a continuation's parts (`ensemble.scores`), where the piece
-    has parts (a codec with instruments). A truth with no pitched note (drums alone) has nothing for the
-    pitch figures to compare with: they are left empty, not "alike" as two empty histograms would read."""
-    if p.motif_parts is not None:
-        scores.update(instrument_scores(p.motif_parts, p.reference_parts, ensemble or {}))
-        if not p.reference:
-            scores.update({m.name: math.nan for m in METRICS if m.name in COMPARED})
-    return scores
+    """`scores` with the instrument figures of a continuation's parts where the piece has parts (a codec with
+    instruments): `ensemble.with_parts`."""
+    if p.motif_parts is None:
+        return scores
+    return with_parts(scores, p.motif_parts, p.reference_parts, ensemble)
 
 
 def evaluate_continuations(

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pretty_midi
 
-from musicrel.evaluation.metrics import IOI_EDGES, histogram_overlap, inter_onset_intervals
+from musicrel.evaluation.metrics import IOI_EDGES, METRICS, histogram_overlap, inter_onset_intervals
 from musicrel.midi.instruments import DRUMS, instrument_of
 
 Parts = dict[int, list]  # instrument (program 0..127, DRUMS) -> its notes (pretty_midi.Note)
@@ -111,6 +111,20 @@ def scores(context: Parts, truth: Parts, generated: Parts) -> dict[str, float]:
         "instrument_continuity": continuity(context, truth, generated),
         "drum_groove": drum_groove(generated, truth),
     }
+
+
+# the figures that compare a continuation's pitched notes with the truth's
+COMPARED = frozenset(m.name for m in METRICS if not (m.intrinsic or m.tokens or m.index or m.instruments))
+
+
+def with_parts(figures: dict, context: Parts, truth: Parts, generated: Parts | None) -> dict:
+    """`figures` (a continuation's or a fill's, its pitched notes against the truth's) with the instrument
+    figures of its parts (`scores`). A truth with no pitched note (drums alone) has nothing for the pitch
+    figures to compare with: they are left empty, not "alike" as two empty histograms would read."""
+    figures.update(scores(context, truth, generated or {}))
+    if not any(ns for i, ns in truth.items() if i != DRUMS):
+        figures.update(dict.fromkeys(COMPARED, math.nan))
+    return figures
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -203,9 +203,11 @@ def cut_gaps(
     gap_seconds, its start in the k-th of `cuts` equal stretches of where it fits: after at least its own
     length of music (so the copy baseline copies a whole stretch) and before the last second of onsets
     (something to lead into). Cuts whose gap holds no note are dropped. `parts` (with instruments): each
-    gap's music by instrument too (`gap_parts`)."""
+    gap's music by instrument too (`gap_parts`); where `notes` (the pitched ones) is empty, a drum part alone,
+    the gaps are placed by the drums (`placing`)."""
     lo, hi = options.gap_seconds
-    onsets = [n.start for n in notes]
+    placed = placing(notes, parts)
+    onsets = [n.start for n in placed]
     first, last = min(onsets), max(onsets)
     rng = np.random.default_rng(piece_seed)
     gaps = []
@@ -218,7 +220,7 @@ def cut_gaps(
         start = round(a + (b - a) * (k + u) / options.cuts, 2)
         end = round(start + length, 2)
         truth = window(notes, start, end - start)
-        if not truth:
+        if not window(placed, start, end - start):
             continue
         before = _before(notes, start)
         after = [
@@ -268,15 +270,19 @@ def _read(codec, path, skipped: dict[str, int]):
     """(PrettyMIDI, the notes gaps are cut from and scored on, parts) of a file, or None with the reason
     counted in `skipped`. With instruments a gap is scored as evaluate-continuations scores a continuation:
     the pitched notes of every instrument merged (a drum hit is no pitch), each instrument read as the codec
-    renders it; a file of drums alone has none and is skipped (`no_pitched_notes`)."""
+    renders it; a file of drums alone has none (its gaps are placed by the drums and scored by instrument)."""
     if codec.instrument_offset is None:
         read = read_notes(codec, path, skipped)
         return None if read is None else (*read, None)
     parts = read_parts(codec, path, skipped)
     if parts is None:
         return None
-    notes = pitched(parts)
-    if not notes:
-        skipped["no_pitched_notes"] = skipped.get("no_pitched_notes", 0) + 1
-        return None
-    return codec.read(path), notes, parts
+    return codec.read(path), pitched(parts), parts
+
+
+def placing(notes, parts: Parts | None) -> list:
+    """The notes a piece's gaps are placed by: its pitched `notes`, or where it has none (drums alone) every
+    note of its `parts`."""
+    if notes or parts is None:
+        return notes
+    return [n for ns in parts.values() for n in ns]

@@ -31,8 +31,7 @@ import torch
 from tqdm import tqdm
 
 from musicrel.evaluation import scoring
-from musicrel.evaluation.ensemble import Parts, continuity_cases, midi_parts, parts_of, pitched
-from musicrel.evaluation.ensemble import scores as instrument_scores
+from musicrel.evaluation.ensemble import Parts, continuity_cases, midi_parts, parts_of, pitched, with_parts
 from musicrel.evaluation.gap_classifier import classifier
 from musicrel.evaluation.gap_nll import gap_nll
 from musicrel.evaluation.gaps import (
@@ -41,6 +40,7 @@ from musicrel.evaluation.gaps import (
     InfillEvaluationOptions,
     InfillPiece,
     load_infill_pieces,
+    placing,
 )
 from musicrel.evaluation.metrics import METRICS as ALL_METRICS
 from musicrel.evaluation.metrics import bootstrap_interval, describe, paired_difference
@@ -124,7 +124,8 @@ def _infill_samples(model, codec, piece: InfillPiece, gap: Gap, options, speed: 
 def _continuation_samples(model, codec, piece: InfillPiece, gap: Gap, options, speed: dict):
     """The same model continuing the music before the gap, blind to what follows it: `seeds` continuations
     of the gap's length from its start, one at a time (batch 1), as `_infill_samples`'."""
-    past_seconds = gap.start - min(n.start for n in piece.notes) + 1.0  # the whole past, as the window holds
+    first = min(n.start for n in placing(piece.notes, piece.parts))
+    past_seconds = gap.start - first + 1.0  # the whole past, as the window holds
     if piece.parts is None:
         primer = primer_at_cut(
             codec, piece.notes, gap.start, past_seconds, max_tokens=default_max_primer_tokens(model)
@@ -211,7 +212,7 @@ def evaluate_infills(checkpoint, input_dir, options: InfillEvaluationOptions | N
                     codec, notes, gap.truth, gap.seconds, gap.key, tokens, sounding, primer
                 )
                 if gap.parts is not None:
-                    scores.update(instrument_scores(gap.parts.before, gap.parts.truth, ensemble))
+                    scores = with_parts(scores, gap.parts.before, gap.parts.truth, ensemble)
                 runs[name][i].append(scores)
                 heard[name][i].append(notes)
                 parts[name][i].append(ensemble)

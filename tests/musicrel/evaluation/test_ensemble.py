@@ -267,11 +267,11 @@ def test_evaluate_continuations_per_instrument(band_world):
 
 def test_evaluate_infills_with_instruments_scores_the_pitched_notes_and_reads_who_plays(tmp_path):
     """A model with instruments and infill tokens (random, tiny): the gaps are cut from and scored on the
-    pitched notes of every instrument (no drum hit among them), a drums-only file is skipped with its reason,
-    and neither the infill nor the continuation breaks the grammar, read per instrument from the tokens
-    before them (scored as one piano stream they broke it at every gap). Each gap is also read by
-    instrument: who keeps playing, the drums' groove (the copied bars keep both: a steady band), the
-    continuity cases pooled, and the classifier's `instruments` family."""
+    pitched notes of every instrument (no drum hit among them), and neither the infill nor the continuation
+    breaks the grammar, read per instrument from the tokens before them (scored as one piano stream they
+    broke it at every gap). Each gap is also read by instrument: who keeps playing, the drums' groove (the
+    copied bars keep both: a steady band), the continuity cases pooled, and the classifier's `instruments`
+    family. A drums-only file has no pitched note: its gap is placed by the drums and scored by them."""
     from musicrel.evaluation.gap_classifier import END_JOIN_NAMES, gap_features
     from musicrel.evaluation.gaps import InfillEvaluationOptions, load_infill_pieces
     from musicrel.evaluation.infill_report import format_infill_report
@@ -302,10 +302,12 @@ def test_evaluate_infills_with_instruments_scores_the_pitched_notes_and_reads_wh
     options = InfillEvaluationOptions(gap_seconds="2,3", cuts=1, seeds=1, seed=0, trees=FEW_TREES)
     files = sorted(pieces.glob("*.mid"))
     read, gaps, skipped = load_infill_pieces(both, files, options)
-    assert skipped == {"no_pitched_notes": 1} and len(read) == 4 and len(gaps) == 4
+    assert skipped == {} and len(read) == 5 and len(gaps) == 5
     assert all(DRUMS in p.parts and not {n.pitch for n in p.notes} & hats for p in read)
-    assert all(g.truth and not {n.pitch for n in g.truth} & hats for g in gaps)
-    for g in gaps:  # by instrument: the same cut, the drums kept
+    assert not read[0].notes and not gaps[0].truth and set(gaps[0].parts.truth) == {DRUMS}  # drums alone
+    assert gaps[0].parts.truth[DRUMS] and gaps[0].parts.before[DRUMS] and gaps[0].parts.copy[DRUMS]
+    assert all(g.truth and not {n.pitch for n in g.truth} & hats for g in gaps[1:])
+    for g in gaps[1:]:  # by instrument: the same cut, the drums kept
         assert set(g.parts.truth) == set(g.parts.before) == set(g.parts.copy) == {BASS, VIOLIN, DRUMS}
         as_tuples = [(n.start, n.end, n.pitch, n.velocity) for n in pitched(g.parts.truth)]
         assert as_tuples == sorted((n.start, n.end, n.pitch, n.velocity) for n in g.truth)
@@ -320,14 +322,16 @@ def test_evaluate_infills_with_instruments_scores_the_pitched_notes_and_reads_wh
         assert section["systems"][system]["metrics"]["grammar_error"]["mean"] == 0.0, system
     assert {"instrument_continuity", "drum_groove"} <= set(report["metrics"])
     copied = section["systems"]["copy-before"]
-    assert copied["instrument_cases"] == {"cases": 12, "kept": 12, "share": 1.0}  # 4 gaps x 3 instruments
+    # 4 band gaps x 3 instruments, and the drums alone
+    assert copied["instrument_cases"] == {"cases": 13, "kept": 13, "share": 1.0}
     assert copied["metrics"]["drum_groove"]["mean"] == pytest.approx(1.0)
+    assert copied["per_piece"]["pc_overlap"][0] is None  # no pitched note to compare
     for system in ("infill", "continuation"):
         cases = section["systems"][system]["instrument_cases"]
-        assert cases["cases"] == 12 and 0 <= cases["kept"] <= 12, system
+        assert cases["cases"] == 13 and 0 <= cases["kept"] <= 13, system
         assert all(0 <= v <= 1 for v in section["systems"][system]["per_piece"]["drum_groove"]), system
     assert "drum_groove" in section["systems"]["infill"]["paired"]["copy-before"]
-    # the classifier (4 bands: enough to fold) reads the instruments family after the gap's own
+    # the classifier (5 pieces: enough to fold) reads the instruments family after the gap's own
     assert report["two_sample"]["features"][-len(feature_names()) :] == feature_names()
     assert set(report["two_sample"]["sections"]["all"]["systems"]) == set(SYSTEMS)
     pooled = "motif's instruments kept, over all cases (gap x seed x instrument): "

@@ -263,7 +263,8 @@ def _section(gaps, n_pieces, runs, nll, metrics, parts) -> dict:
         per_gap = [scoring.seed_mean(r) for r in runs[name]]
         values = {m: _per_piece([g[m] for g in per_gap], gaps, n_pieces) for m in kept}
         systems[name] = {
-            "pieces": sum(v is not None for v in values["pc_overlap"]),
+            # a piece with any figure (a drums-only piece has no pitch figure: its drums are scored)
+            "pieces": sum(any(v is not None for v in row) for row in zip(*values.values(), strict=True)),
             "gaps": sum(bool(r) for r in runs[name]),
             "metrics": {m: bootstrap_interval(values[m], geometric=m in geometric) for m in kept},
             "per_piece": values,

@@ -326,6 +326,7 @@ def test_evaluate_infills_with_instruments_scores_the_pitched_notes_and_reads_wh
     assert copied["instrument_cases"] == {"cases": 13, "kept": 13, "share": 1.0}
     assert copied["metrics"]["drum_groove"]["mean"] == pytest.approx(1.0)
     assert copied["per_piece"]["pc_overlap"][0] is None  # no pitched note to compare
+    assert copied["per_piece"]["drum_groove"][0] == pytest.approx(1.0) and copied["pieces"] == 5
     for system in ("infill", "continuation"):
         cases = section["systems"][system]["instrument_cases"]
         assert cases["cases"] == 13 and 0 <= cases["kept"] <= 13, system

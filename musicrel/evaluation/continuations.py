@@ -67,7 +67,6 @@ from musicrel.model.checkpoint import check_decode_weights, load_codec, load_mod
 from musicrel.model.weights import DEFAULT_DECODE_WEIGHTS
 
 EXAMPLES = 4  # pieces drawn as piano rolls
-# the figures that compare a continuation's pitched notes with the truth's (metrics.compare, not describe)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from server.messages import (
     SubmitJob,
 )
 from server.metrics import Metrics
-from server.model import LoadedModel, load_accompanist, load_infiller
+from server.model import LoadedModel, infill_folder, load_accompanist, load_infiller
 from server.settings import Settings
 from server.worker import BatchPolicy, GenerationThread, warm_up
 
@@ -323,7 +323,8 @@ def engine_main(conn: Any, settings: Settings) -> None:
         loaded = LoadedModel.load(settings.checkpoint, device=settings.device, weights=settings.weights)
         # the other two on the CPU, as in one process
         accompanist = load_accompanist(settings.accompany_checkpoint, weights=settings.weights)
-        infiller = load_infiller(settings.infill_checkpoint, weights=settings.weights)
+        infill = infill_folder(settings.infill_checkpoint, settings.checkpoint)
+        infiller = load_infiller(infill, weights=settings.weights)
     except Exception as exc:
         log.exception("loading the checkpoint failed")
         send(EngineFailed(f"loading the checkpoint failed: {exc}"))

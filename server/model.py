@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("musicrel.server")
 
 CARD_FILE = "MODEL_CARD.md"
+DEFAULT_INFILL_CHECKPOINT = Path("checkpoints/infill")  # the infill model when the continuation's cannot fill
 
 
 def has_checkpoint(folder: str | Path) -> bool:
@@ -74,6 +75,18 @@ def view_accompanist(folder: str | Path) -> tuple[CheckpointView | None, str]:
 def view_infiller(folder: str | Path) -> tuple[CheckpointView | None, str]:
     """The infill checkpoint in `folder`, or None and why the server has none."""
     return _view(folder, "infill", "infills", "its model has no infill tokens")
+
+
+def infill_folder(chosen: str | Path | None, checkpoint: str | Path) -> Path:
+    """Where the infill model is: `chosen` (MUSICREL_INFILL_CHECKPOINT) when set; else the continuation
+    `checkpoint` when it fills gaps itself (a model with instruments and infill tokens serves a band's fills
+    as it serves its continuations, where the piano infill model would hear one piano); else
+    DEFAULT_INFILL_CHECKPOINT."""
+    if chosen is not None:
+        return Path(chosen)
+    if has_checkpoint(checkpoint) and CheckpointView.read(checkpoint).infills:
+        return Path(checkpoint)
+    return DEFAULT_INFILL_CHECKPOINT
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from server.model import (
     CheckpointView,
     LoadedModel,
     ModelCard,
+    infill_folder,
     load_accompanist,
     load_infiller,
     view_accompanist,
@@ -108,7 +109,7 @@ class Service:
 
     def _load_infill(self) -> None:
         """No folder is no error: the service runs without POST /v1/infills (503 infill_unavailable)."""
-        folder = self.settings.infill_checkpoint
+        folder = infill_folder(self.settings.infill_checkpoint, self.settings.checkpoint)
         self.infill, self.infill_unavailable = view_infiller(folder)
         if self.infill is None:
             why = self.infill_unavailable

@@ -95,8 +95,12 @@ class Settings(BaseSettings):
 
     # The infill model (POST /v1/infills, server/tasks/infill.py): loaded at start-up when the folder holds a
     # checkpoint whose codec has infill tokens; without one the route answers 503 infill_unavailable.
-    infill_checkpoint: Path = Field(
-        Path("checkpoints/infill"), description="folder of the infill model (FUTURE/PAST/FILL tokens)"
+    # Unset: the continuation checkpoint when it fills gaps itself, else checkpoints/infill
+    # (server.model.infill_folder).
+    infill_checkpoint: Path | None = Field(
+        None,
+        description="folder of the infill model (FUTURE/PAST/FILL tokens); default: the continuation "
+        "checkpoint when it has them, else checkpoints/infill",
     )
 
     warmup: bool = Field(True, description="run a tiny generation before reporting ready")

@@ -403,6 +403,23 @@ def test_a_checkpoint_without_infill_tokens_is_not_served(tiny_checkpoint):
         assert service.infiller is None
 
 
+def test_unset_the_infill_model_is_the_continuation_model_when_it_fills_gaps(
+    tiny_checkpoint, tiny_infill_checkpoint, tmp_path
+):
+    """MUSICREL_INFILL_CHECKPOINT unset: a continuation checkpoint that has infill tokens (an instruments
+    model that also fills, say) serves the fills too; one that has none leaves them to checkpoints/infill."""
+    from server.model import DEFAULT_INFILL_CHECKPOINT, infill_folder
+
+    assert infill_folder(None, tiny_infill_checkpoint) == tiny_infill_checkpoint
+    assert infill_folder(None, tiny_checkpoint) == DEFAULT_INFILL_CHECKPOINT
+    assert infill_folder(None, tmp_path / "nothing") == DEFAULT_INFILL_CHECKPOINT
+    assert infill_folder(tmp_path / "chosen", tiny_infill_checkpoint) == tmp_path / "chosen"  # set: it wins
+    with serve(tiny_infill_checkpoint, infill_checkpoint=None) as (c, service):
+        assert c.get("/v1/model").json()["infill"]["checkpoint"] == str(tiny_infill_checkpoint)
+        assert post(c).status_code == 200
+        assert service.infiller is not None
+
+
 def test_model_info_describes_the_infill_model(client, tiny_infill_checkpoint):
     c, _ = client
     info = c.get("/v1/model").json()["infill"]

@@ -138,13 +138,13 @@ class Grammar:
         onsets = np.stack([note_onsets(codec, p) for p in prompts]) if B else np.zeros((0, 128), np.int64)
         onsets = np.where(onsets > _SILENT, onsets - tail[:, None], _SILENT)
         self.onset = torch.as_tensor(onsets, device=device)  # (B, 128) long
+        hold = [_FOREVER] * B if max_hold_steps is None else [max(1, int(h)) for h in max_hold_steps]
+        self.max_hold = torch.as_tensor(hold, dtype=torch.long, device=device)  # (B,)
         if self.inst is not None:
-            self.onset = self.inst.start(tail)  # the current instrument's
+            self.onset = self.inst.start(tail, self.max_hold)  # the current instrument's
         self.open = self.onset > _SILENT  # (B, 128)
         self.elapsed = torch.as_tensor(-tail, device=device)  # (B,) time steps since the cut
         self.limit = torch.as_tensor(list(limit_steps), dtype=torch.long, device=device)  # (B,)
-        hold = [_FOREVER] * B if max_hold_steps is None else [max(1, int(h)) for h in max_hold_steps]
-        self.max_hold = torch.as_tensor(hold, dtype=torch.long, device=device)  # (B,)
         self.step_s = float(codec.config.step_ms) / 1000.0
         recent = [recent_pitches(codec, p, REPEAT_WINDOW) for p in prompts]
         self.recent_pitches = torch.as_tensor(
@@ -203,10 +203,6 @@ class Grammar:
         """(B, 128) bool: sounding notes that have reached their row's max_hold."""
         return self.open & (self.elapsed[:, None] >= self.deadline())
 
-    def _sync(self) -> None:
-        """Write the current instrument's note state into the bank (instruments only)."""
-        self.inst.store(self.open, self.onset)
-
     def constrain(self, logits: Tensor) -> Tensor:
         """Logits (B, V) -> the log-probabilities the rules leave (-inf: not allowed).
 
@@ -225,7 +221,7 @@ class Grammar:
         allowed &= ~forced
         allowed[:, self.off0 : self.off0 + 128] = torch.where(forced, overdue, off & self.open)
         if self.inst is not None:
-            self.inst.constrain(allowed, forced.squeeze(1), self.elapsed, self.max_hold, self.codec)
+            self.inst.constrain(allowed, forced.squeeze(1), self.elapsed)
         return (probs * allowed).log()
 
     def _steer(self, probs: Tensor) -> Tensor:
@@ -333,9 +329,8 @@ class Grammar:
         """Record the sampled tokens (B,); returns them with shifts that cross the row's time limit or a
         note's max_hold cut short to land on it."""
         deadline = torch.where(self.open, self.deadline(), _FOREVER).amin(dim=1)  # (B,)
-        if self.inst is not None:  # every instrument's notes, not only the current one's
-            self._sync()
-            deadline = torch.minimum(deadline, self.inst.deadline(self.max_hold))
+        if self.inst is not None:  # the other instruments' notes too
+            deadline = torch.minimum(deadline, self.inst.deadline())
         remaining = torch.minimum(self.limit, deadline) - self.elapsed
         steps = self.steps_per_token[tokens]
         cut = (steps > remaining) & (remaining > 0)
@@ -359,8 +354,7 @@ class Grammar:
         pitched = is_on if self.inst is None else is_on & (self.inst.current != DRUMS)
         self.recent_pitches = torch.where(pitched[:, None], shifted, self.recent_pitches)
         if self.inst is not None:
-            self._sync()
-            self.open, self.onset = self.inst.switch(tokens, self.open, self.onset)
+            self.open, self.onset = self.inst.switch(tokens, self.open, self.onset, self.max_hold)
         return tokens
 
     def _constants(self) -> _Constants:
@@ -437,7 +431,11 @@ def max_hold_seconds(primer) -> float:
 class _Instruments:
     """A codec with instruments: each row's current instrument and the note state of every instrument (a bank
     of `Grammar.open`/`onset`, the current instrument's row of it in use there), and the rules on
-    INSTRUMENT tokens."""
+    INSTRUMENT tokens. The current instrument's row of the bank is written when a row switches away from it
+    (`store`), with what the rules read of it every step: whether it sounds a note and when its first note
+    reaches max_hold, so a step reads (B, I) tensors, not the (B, I, 128) bank, and a step without a switch
+    (most of them) writes none; the rules never read the current instrument's row (its notes are
+    `Grammar.open`/`onset`)."""
 
     def __init__(self, codec, prompts: Sequence[np.ndarray], device, permitted: Sequence[np.ndarray | None]):
         self.first, self.count = int(codec.instrument_offset), int(codec.num_instruments)
@@ -455,68 +453,81 @@ class _Instruments:
         self.current = torch.as_tensor(current, device=device)  # (B,) long
         self.onset = torch.as_tensor(bank, device=device)  # (B, I, 128) long: steps from the cut, or _SILENT
         self.switched = torch.zeros(B, dtype=torch.bool, device=device)  # the last token was an INSTRUMENT
+        # (V,) bool: what may follow an INSTRUMENT token: a note event (of a sounding pitch, for a note-off:
+        # the grammar's own mask) or SET_VELOCITY
+        self.after_switch = torch.zeros(codec.vocab_size, dtype=torch.bool, device=device)
+        self.after_switch[self.on0 : self.on0 + 128] = True
+        self.after_switch[codec.note_off_offset : codec.note_off_offset + 128] = True
+        self.after_switch[codec.velocity_offset : codec.velocity_offset + codec.config.velocity_bins] = True
 
-    def start(self, tail: np.ndarray) -> Tensor:
+    def start(self, tail: np.ndarray, max_hold: Tensor) -> Tensor:
         """Move the bank's onsets to the rows' clocks (from the cut); the current instrument's (B, 128)."""
         tail_t = torch.as_tensor(tail, device=self.onset.device)[:, None, None]
         self.onset = torch.where(self.onset > _SILENT, self.onset - tail_t, _SILENT)
+        open_ = self.onset > _SILENT
+        self.sounding = open_.any(dim=2)  # (B, I) bool: the instrument sounds a note
+        # (B, I) long: the step at which its first sounding note reaches max_hold (never before the cut;
+        # _FOREVER where none sounds: `Grammar.deadline`'s rule per instrument)
+        due = (self.onset + max_hold[:, None, None]).clamp(min=0)
+        self.due = torch.where(open_, due, _FOREVER).amin(dim=2)
         return self._row(self.onset)
 
     def _row(self, bank: Tensor) -> Tensor:
         return bank[torch.arange(bank.size(0), device=bank.device), self.current]
 
-    def store(self, open_: Tensor, onset: Tensor) -> None:
+    def store(self, open_: Tensor, onset: Tensor, max_hold: Tensor) -> None:
+        """The current instrument's notes (`Grammar.open`/`onset`, (B, 128)) into its row of the bank."""
         rows = torch.arange(onset.size(0), device=onset.device)
         self.onset[rows, self.current] = torch.where(open_, onset, _SILENT)
+        self.sounding[rows, self.current] = open_.any(dim=1)
+        due = torch.where(open_, (onset + max_hold[:, None]).clamp(min=0), _FOREVER).amin(dim=1)
+        self.due[rows, self.current] = due
 
-    def deadline(self, max_hold: Tensor) -> Tensor:
-        """(B,) the earliest step at which any instrument's sounding note reaches max_hold."""
-        open_ = self.onset > _SILENT
-        due = (self.onset + max_hold[:, None, None]).clamp(min=0)
-        return torch.where(open_, due, _FOREVER).flatten(1).amin(dim=1)
+    def deadline(self) -> Tensor:
+        """(B,) the earliest step at which a sounding note of an instrument other than the current one reaches
+        max_hold."""
+        return self.due.scatter(1, self.current[:, None], _FOREVER).amin(dim=1)
 
-    def constrain(self, allowed: Tensor, forced: Tensor, elapsed: Tensor, max_hold: Tensor, codec) -> None:
+    def constrain(self, allowed: Tensor, forced: Tensor, elapsed: Tensor) -> None:
         """INSTRUMENT tokens: never the current one; after one, a note event or SET_VELOCITY; forced (the
         instruments that hold a note past max_hold) when the current instrument has none overdue."""
         rows = torch.arange(allowed.size(0), device=allowed.device)
         block = slice(self.first, self.first + self.count)
-        open_ = self.onset > _SILENT
         # an instrument not permitted is switched to only to close its notes, and strikes none
-        allowed[:, block] &= self.permitted | open_.any(dim=2)
+        allowed[:, block] &= self.permitted | self.sounding
         allowed[:, self.on0 : self.on0 + 128] &= self.permitted[rows, self.current][:, None]
         allowed[rows, self.first + self.current] = False
         if bool(self.switched.any()):
-            notes = torch.zeros(allowed.size(1), dtype=torch.bool, device=allowed.device)
-            notes[codec.note_on_offset : codec.note_on_offset + 128] = True
-            notes[codec.note_off_offset : codec.note_off_offset + 128] = True  # those allowed: sounding ones
-            notes[codec.velocity_offset : codec.velocity_offset + codec.config.velocity_bins] = True
-            allowed[self.switched] &= notes
-        late = open_ & (elapsed[:, None, None] >= (self.onset + max_hold[:, None, None]).clamp(min=0))
-        late = late.any(dim=2)  # (B, I)
+            allowed[self.switched] &= self.after_switch
+        late = elapsed[:, None] >= self.due  # (B, I): an instrument with a note past max_hold
         late[rows, self.current] = False
         other = late.any(dim=1) & ~forced & ~self.switched
         if bool(other.any()):
             allowed[other] = False
             allowed[other, block] = late[other]
 
-    def switch(self, tokens: Tensor, open_: Tensor, onset: Tensor) -> tuple[Tensor, Tensor]:
-        """After `tokens`: rows that drew an INSTRUMENT take it up (its notes become `open`/`onset`)."""
+    def switch(self, tokens: Tensor, open_: Tensor, onset: Tensor, max_hold: Tensor) -> tuple[Tensor, Tensor]:
+        """After `tokens`: rows that drew an INSTRUMENT take it up (its notes become `open`/`onset`, those of
+        the one it leaves go into the bank)."""
         is_inst = (tokens >= self.first) & (tokens < self.first + self.count)
         self.switched = is_inst
+        if not bool(is_inst.any()):
+            return open_, onset
+        self.store(open_, onset, max_hold)
         self.current = torch.where(is_inst, tokens - self.first, self.current)
         row = self._row(self.onset)
         # rows that did not switch keep theirs (a closed note keeps its onset there, `open` says it is closed)
         return torch.where(is_inst[:, None], row > _SILENT, open_), torch.where(is_inst[:, None], row, onset)
 
+    ROWS = ("permitted", "current", "onset", "switched", "sounding", "due")
+
     def select(self, rows: Tensor) -> None:
-        self.current, self.onset, self.switched = self.current[rows], self.onset[rows], self.switched[rows]
-        self.permitted = self.permitted[rows]
+        for name in self.ROWS:
+            setattr(self, name, getattr(self, name)[rows])
 
     def extend(self, other: _Instruments) -> None:
-        self.permitted = torch.cat([self.permitted, other.permitted])
-        self.current = torch.cat([self.current, other.current])
-        self.onset = torch.cat([self.onset, other.onset])
-        self.switched = torch.cat([self.switched, other.switched])
+        for name in self.ROWS:
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
 
 
 def motif_instruments(codec, tokens) -> np.ndarray:

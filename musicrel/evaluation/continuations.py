@@ -36,7 +36,7 @@ from musicrel.evaluation.continuation_systems import (
     repeat_parts,
     system_continuations,
 )
-from musicrel.evaluation.ensemble import continuity_cases, pitched, with_parts
+from musicrel.evaluation.ensemble import pitched, pooled_cases, with_parts
 from musicrel.evaluation.metrics import METRICS, compare, describe
 from musicrel.evaluation.pieces import (
     EvaluationError,
@@ -247,17 +247,6 @@ def evaluate_continuations(
     return {**head, **_report(codec, pieces, skipped, systems, options, runs, ran, input_dir)}
 
 
-def _pooled_cases(pieces, runs) -> dict:
-    """The continuity question pooled over every (piece, seed, instrument) case, as the issue counts it:
-    {cases, kept, share} (`ensemble.continuity_cases`; share None without a case)."""
-    cases = kept = 0
-    for p, samples in zip(pieces, runs, strict=True):
-        for ensemble in samples:
-            c, k = continuity_cases(p.motif_parts, p.reference_parts, ensemble)
-            cases, kept = cases + c, kept + k
-    return {"cases": cases, "kept": kept, "share": round(kept / cases, 4) if cases else None}
-
-
 def _classifier_parts(pieces, parts, seconds: float) -> dict:
     """What the classifier's `instruments` family reads (`twosample.two_sample`'s `parts`)."""
     return {
@@ -292,7 +281,11 @@ def _report(codec, pieces, skipped, systems: Systems, options: EvaluationOptions
             "per_piece": values,
         }
         if instruments:
-            report_systems[name]["instrument_cases"] = _pooled_cases(pieces, parts[name])
+            report_systems[name]["instrument_cases"] = pooled_cases(
+                (p.motif_parts, p.reference_parts, e)
+                for p, runs in zip(pieces, parts[name], strict=True)
+                for e in runs
+            )
     intrinsic = [m.name for m in metrics if m.intrinsic]
     truth = [systems.scored(describe(p.reference, seconds, p.key), p.reference) for p in pieces]
     truth_values = {m: [json_value(t[m]) for t in truth] for m in intrinsic}

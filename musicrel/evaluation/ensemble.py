@@ -78,6 +78,16 @@ def continuity_cases(context: Parts, truth: Parts, generated: Parts) -> tuple[in
     return len(cases), len(cases & playing(generated, 0.0, HEAD_SECONDS))
 
 
+def pooled_cases(samples) -> dict:
+    """The continuity question pooled over every case of `samples`, (context, truth, generated) each, as the
+    issue counts it: {cases, kept, share} (`continuity_cases`; share None without a case)."""
+    cases = kept = 0
+    for context, truth, generated in samples:
+        c, k = continuity_cases(context, truth, generated)
+        cases, kept = cases + c, kept + k
+    return {"cases": cases, "kept": kept, "share": round(kept / cases, 4) if cases else None}
+
+
 def continuity(context: Parts, truth: Parts, generated: Parts) -> float:
     """The share of `continuity_cases` the continuation keeps playing (NaN where there is no case)."""
     cases, kept = continuity_cases(context, truth, generated)

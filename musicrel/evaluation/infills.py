@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from musicrel.evaluation import scoring
-from musicrel.evaluation.ensemble import Parts, continuity_cases, midi_parts, parts_of, pitched, with_parts
+from musicrel.evaluation.ensemble import Parts, midi_parts, parts_of, pitched, pooled_cases, with_parts
 from musicrel.evaluation.gap_classifier import classifier
 from musicrel.evaluation.gap_nll import gap_nll
 from musicrel.evaluation.gaps import (
@@ -236,17 +236,6 @@ def _per_piece(values: list, gaps: list[Gap], n_pieces: int) -> list:
     return out
 
 
-def _pooled_cases(gaps: list[Gap], parts: list[list]) -> dict:
-    """The continuity question pooled over every (gap, seed, instrument) case, as evaluate-continuations
-    counts it: {cases, kept, share} (`ensemble.continuity_cases`; share None without a case)."""
-    cases = kept = 0
-    for gap, samples in zip(gaps, parts, strict=True):
-        for ensemble in samples:
-            c, k = continuity_cases(gap.parts.before, gap.parts.truth, ensemble)
-            cases, kept = cases + c, kept + k
-    return {"cases": cases, "kept": kept, "share": kept / cases if cases else None}
-
-
 def _section(gaps, n_pieces, runs, nll, metrics, parts) -> dict:
     """One source's figures: the NLL both ways, every system's metrics, the truth's, per piece; with
     instruments (`parts`: each system's samples by instrument), the continuity cases pooled."""
@@ -270,7 +259,11 @@ def _section(gaps, n_pieces, runs, nll, metrics, parts) -> dict:
             "per_piece": values,
         }
         if parts is not None:
-            systems[name]["instrument_cases"] = _pooled_cases(gaps, parts[name])
+            systems[name]["instrument_cases"] = pooled_cases(
+                (g.parts.before, g.parts.truth, e)
+                for g, runs in zip(gaps, parts[name], strict=True)
+                for e in runs
+            )
     report = {"systems": systems}
     # the infill minus each baseline on the same pieces, for the figures compared with the truth
     systems["infill"]["paired"] = {

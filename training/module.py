@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LightningCLI
 from torchmetrics import MeanMetric
 
-from musicrel.data.prepared import load_manifest, load_split, source_ranges
+from musicrel.data.prepared import crop_weights, load_manifest, load_split, source_ranges
 from musicrel.model.config import ModelConfig
 from musicrel.model.transformer import MusicTransformer
 from training.data import STRETCH_FACTORS, CropDataset, ResumableLoader, ResumableSampler, WindowDataset
@@ -319,6 +319,7 @@ class MusicDataModule(L.LightningDataModule):
         stretch: list[float] = list(STRETCH_FACTORS),  # noqa: B006 (jsonargparse reads the default)
         infill_rate: float = 0.0,
         infill_loss: str = "all",
+        source_weights: dict[str, float] | None = None,
     ):
         """
         Args:
@@ -333,6 +334,8 @@ class MusicDataModule(L.LightningDataModule):
                 > 0 adds the infill markers to the codec (and the model's vocabulary) without a re-prepare
                 (a folder with instruments is read with its INSTRUMENT ids moved: `codec.id_map`).
             infill_loss: "all" (an infill example's future, past and gap tokens) or "gap" (its gap only).
+            source_weights: Weights by source name replacing those the folder was prepared with (`prepare
+                --weight`) for this run's crops: a mix of its own without a re-prepare.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -350,13 +353,13 @@ class MusicDataModule(L.LightningDataModule):
             model = EventCodec(CodecConfig.from_dict(self.codec_config))
             self.vocab_size, self._ids = model.vocab_size, id_map(prepared, model)
         self.manifest = manifest
+        self.weights = crop_weights(manifest, source_weights)  # checked here: a bad name fails at once
         self._codec = None
 
     def source_parts(self, split: str) -> list[tuple[int, int, float]] | None:
         """(start, end, weight) of each source in the split's stream (None: the stream is one part)."""
-        weights = self.manifest.get("weights", {})
         ranges = source_ranges(self.manifest, split)
-        return [(a, b, weights.get(name, 1.0)) for name, (a, b) in ranges.items()] or None
+        return [(a, b, self.weights[name]) for name, (a, b) in ranges.items()] or None
 
     @property
     def codec(self):

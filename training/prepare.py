@@ -45,7 +45,7 @@ import numpy as np
 
 from musicrel.data.compositions import CONTAINMENT, MIN_SHINGLES, NGRAM, group_versions, shingles
 from musicrel.data.groups import read_groups
-from musicrel.data.prepared import FORMAT_VERSION, MANIFEST, SPLITS
+from musicrel.data.prepared import FORMAT_VERSION, MANIFEST, SPLITS, check_weights
 from musicrel.errors import ConfigError, InvalidMidiError
 from musicrel.midi.files import find_midi_files
 
@@ -325,9 +325,7 @@ def _sources(sources, weights: dict[str, float] | None):
     given_w = {k: float(v) for k, v in (weights or {}).items()}
     if unknown := sorted(set(given_w) - set(names) - set(given)):
         raise ConfigError(f"weights for unknown sources {unknown} (sources: {names})", code="bad_sources")
-    weights = {n: given_w.get(n, given_w.get(parent.get(n, n), 1.0)) for n in names}
-    if any(not w >= 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
-        raise ConfigError(f"weights must be >= 0 and one > 0, got {weights}", code="bad_sources")
+    weights = check_weights({n: given_w.get(n, given_w.get(parent.get(n, n), 1.0)) for n in names})
     return specs, path_of, weights, source_of, group_of
 
 

@@ -52,6 +52,27 @@ def source_ranges(manifest: dict, split: str) -> dict[str, tuple[int, int]]:
     return ranges if len(ranges) > 1 else {}
 
 
+def crop_weights(manifest: dict, given: dict[str, float] | None = None) -> dict[str, float]:
+    """Each source's weight in the crops drawn from a folder: the one it was prepared with (`prepare
+    --weight`), or, by name, `given`'s (a training run's own mix, with no re-prepare). Refused: a name the
+    folder has no source of, a weight < 0, or none > 0."""
+    names = [s["name"] for s in manifest.get("sources", [])]
+    weights = {n: float(manifest.get("weights", {}).get(n, 1.0)) for n in names}
+    given = {k: float(v) for k, v in (given or {}).items()}
+    if not names and not given:
+        return {}  # a folder prepared before sources had names: its stream is one part
+    if unknown := sorted(set(given) - set(names)):
+        raise ConfigError(f"weights for unknown sources {unknown} (sources: {names})", code="bad_sources")
+    return check_weights({**weights, **given})
+
+
+def check_weights(weights: dict[str, float]) -> dict[str, float]:
+    """`weights` when each is >= 0 and one is > 0 (a mix that draws something), else a ConfigError."""
+    if any(not w >= 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
+        raise ConfigError(f"weights must be >= 0 and one > 0, got {weights}", code="bad_sources")
+    return weights
+
+
 def load_split(data_dir, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(stream, offsets) of a split, memory-mapped."""
     if split not in SPLITS:

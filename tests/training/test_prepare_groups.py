@@ -94,6 +94,25 @@ def test_weights_for_the_folder_and_for_its_sources(listed, tmp_path):
     assert err.value.code == "bad_sources"
 
 
+def test_a_training_run_replaces_the_prepared_weights_by_name(listed, tmp_path):
+    from training.module import MusicDataModule
+
+    data = tmp_path / "data"
+    prepare([listed], data, workers=1, progress=False, weights={"band": 2})
+    ranges = source_ranges(json.loads((data / "manifest.json").read_text()), "train")
+
+    def weights(module):
+        return {name: w for name, (_, _, w) in zip(ranges, module.source_parts("train"), strict=True)}
+
+    assert weights(MusicDataModule(str(data), seq_len=32)) == {"band": 2.0, "quartets": 1.0}
+    module = MusicDataModule(str(data), seq_len=32, source_weights={"quartets": 5})
+    assert weights(module) == {"band": 2.0, "quartets": 5.0}
+    for bad in ({"drums": 1}, {"band": -1}, {"band": 0, "quartets": 0}):
+        with pytest.raises(ConfigError) as err:
+            MusicDataModule(str(data), seq_len=32, source_weights=bad)
+        assert err.value.code == "bad_sources"
+
+
 def test_a_source_of_the_listed_folder_may_not_take_another_sources_name(listed, tmp_path, pattern_midi_dir):
     with pytest.raises(ConfigError, match="share a name") as err:
         prepare([f"band={pattern_midi_dir}", listed], tmp_path / "data", workers=1, progress=False)

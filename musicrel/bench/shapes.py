@@ -11,7 +11,8 @@ and float32 as trained, side by side, with the ratio):
   the first NOTE_ON token sampled (how many tokens come before it is the model's own choice: a trained
   model's says something, random weights' only that the grammar and controls let a note through);
 - where a batch-1 step goes: its time in the model's forward and in the rest (the grammar, the controls, the
-  sampler, the batch's bookkeeping), timed inside the same steps (`step_split`);
+  sampler, the batch's bookkeeping), timed inside the same steps (`step_split`), with every control on and
+  with none (a request that asks for no control, the default), and the real-time factor each step makes;
 - memory: the weights (as held while decoding), the KV cache at full context (`new_cache`) for 1 and 8 rows,
   and the peak growth of the resident set (VmHWM) while a job decodes into the full window: a primer as long
   as the service takes (3/4 of the window), then a few tokens, which grow the cache to the whole window. In a
@@ -185,12 +186,16 @@ def kv_bytes(model, rows: int) -> int:
 # ---------------------------------------------------------------- measurements
 
 
-def _params(tokens: int, rows: int):
+def _params(tokens: int, rows: int, controls: bool = True):
     from musicrel.generation.sampling import SamplingParams
 
     # seconds far away: every row decodes exactly `tokens` tokens
     return SamplingParams(
-        seconds=10_000.0, max_new_tokens=tokens, seed=0, num_samples=rows, controls=every_control()
+        seconds=10_000.0,
+        max_new_tokens=tokens,
+        seed=0,
+        num_samples=rows,
+        controls=every_control() if controls else None,
     )
 
 
@@ -227,14 +232,15 @@ class _TimedModel:
         return timed
 
 
-def step_split(model, codec, primer, tokens: int) -> tuple[float, float]:
+def step_split(model, codec, primer, tokens: int, controls: bool = True) -> tuple[float, float]:
     """(seconds per batch-1 step, of which in the model's forward): one row decoding `tokens` tokens after
-    `primer` through a DecodeBatch, as `decode` does; the steps timed whole, the forward inside them."""
+    `primer` through a DecodeBatch, as `decode` does (with every control on, or with none); the steps timed
+    whole, the forward inside them."""
     from musicrel.generation.decode_batch import DecodeBatch
 
     timed = _TimedModel(model)
     batch = DecodeBatch(timed, codec, max_rows=1)
-    batch.admit([(primer, _params(tokens + 1, 1))])
+    batch.admit([(primer, _params(tokens + 1, 1, controls))])
     batch.step()  # the first step grows the cache: not a typical step
     timed.seconds = 0.0
     start = time.perf_counter()
@@ -321,8 +327,10 @@ class ShapeResult:
     kv_bytes: dict[int, int] = field(default_factory=dict)  # rows -> bytes at the whole window
     peak_rss_bytes: dict[int, int] = field(default_factory=dict)  # rows -> VmHWM growth decoding to it
     memory_primer_events: int = 0
-    step_s: float = 0.0  # median seconds of a batch-1 step
+    step_s: float = 0.0  # median seconds of a batch-1 step, every control on
     model_s: float = 0.0  # of which in the model's forward (median over the same repetitions)
+    plain_step_s: float = 0.0  # the same without a control (a request that asks for none)
+    plain_model_s: float = 0.0
 
 
 def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]:
@@ -344,6 +352,7 @@ def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]
             fns[name, rows] = lambda m=model, c=codec, p=primers[name], r=rows: decode(m, c, p, tokens, r)
         fns[name, "first"] = lambda m=model, c=codec, p=primers[name]: first_note(m, c, p, tokens)
         fns[name, "split"] = lambda m=model, c=codec, p=primers[name]: step_split(m, c, p, tokens)
+        fns[name, "plain"] = lambda m=model, c=codec, p=primers[name]: step_split(m, c, p, tokens, False)
     runs = side_by_side(fns, repeats, alternate=True)
 
     results = []
@@ -373,6 +382,8 @@ def measure(shapes: list[Shape], tokens: int, repeats: int) -> list[ShapeResult]
                 memory_primer_events=memory["primer_events"],
                 step_s=statistics.median(s for s, _ in runs[shape.label, "split"]),
                 model_s=statistics.median(m for _, m in runs[shape.label, "split"]),
+                plain_step_s=statistics.median(s for s, _ in runs[shape.label, "plain"]),
+                plain_model_s=statistics.median(m for _, m in runs[shape.label, "plain"]),
             )
         )
     return results
@@ -412,14 +423,20 @@ def table(results: list[ShapeResult]) -> list[str]:
 
 
 def split_table(results: list[ShapeResult]) -> list[str]:
-    """Where a batch-1 step goes, per shape and weights: the model's forward, and the rest."""
-    header = ("batch-1 step", "weights", "step ms", "model ms", "rest ms", "rest share")
+    """Where a batch-1 step goes, per shape and weights, with every control on and with none: the model's
+    forward, the rest, and the real-time factor of that step (one event a step)."""
+    header = ("batch-1 step", "weights", "controls", "step ms", "model ms", "rest ms", "rest share", "RTF")
     rows = []
     for r in results:
-        rest = r.step_s - r.model_s
-        share = f"{100 * rest / r.step_s:.0f} %" if r.step_s > 0 else "n/a"
-        rows.append((f"{r.name} ({r.layers}x{r.d_model})", r.weights, f"{1e3 * r.step_s:.2f}",
-                     f"{1e3 * r.model_s:.2f}", f"{1e3 * rest:.2f}", share))  # fmt: skip
+        for controls, step_s, model_s in (
+            ("every", r.step_s, r.model_s),
+            ("none", r.plain_step_s, r.plain_model_s),
+        ):
+            rest = step_s - model_s
+            share = f"{100 * rest / step_s:.0f} %" if step_s > 0 else "n/a"
+            rtf = f"{1 / (step_s * EVENTS_PER_SECOND_OF_MUSIC):.1f}x" if step_s > 0 else "n/a"
+            rows.append((f"{r.name} ({r.layers}x{r.d_model})", r.weights, controls, f"{1e3 * step_s:.2f}",
+                         f"{1e3 * model_s:.2f}", f"{1e3 * rest:.2f}", share, rtf))  # fmt: skip
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     line = " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
     return [line, "-" * len(line)] + [
@@ -471,7 +488,8 @@ def run(args) -> int:
         "it).",
         "Batch-1 step: the same steps timed whole and in the model's forward (token in, logits out); the "
         "rest is the grammar, the controls, the sampler and the batch's bookkeeping, measured in one run "
-        "beside the rows above.",
+        "beside the rows above; controls every: as the RTF above, none: a request that asks for no control "
+        "(the default); RTF: one event a step, the step's alone.",
         "Weights: as held while decoding (int8: every layer the CPU's int8 kernel takes; the service's "
         "default; auto holds the faster of the two here). KV: the cache at the whole context. Peak RSS: its "
         "growth while a job with a 3/4-window primer decodes into the whole window (prefill included), in a "

@@ -69,8 +69,9 @@ def test_events_and_rates_agree(result):
     assert 0 < result.primer_events <= 192  # 3/4 of the window at most, as the service takes
     assert result.first_note_s is not None and result.first_note_s > 0
     assert 1 <= result.first_note_tokens <= TOKENS
-    # a batch-1 step: its model part is inside it, and both are real times
+    # a batch-1 step: its model part is inside it, and both are real times; so without controls
     assert 0 < result.model_s < result.step_s < 1.0
+    assert 0 < result.plain_model_s < result.plain_step_s < 1.0
 
 
 def test_the_split_times_the_decoding_steps_inside_the_steps(configs):
@@ -106,6 +107,27 @@ def test_the_split_times_the_decoding_steps_inside_the_steps(configs):
     assert calls.count("step") == 4 and len(calls) == 5  # one prefill, a warm-up step and the 3 timed
     assert calls[0] > 1  # the prefill, through forward
     assert model_s >= 0.02 and step_s > model_s
+
+
+def test_the_split_without_controls_asks_for_none(configs, monkeypatch):
+    """The split's second row is a request without controls: the grammar its batch builds steers nothing
+    (the first row's has every control on)."""
+    from musicrel.bench import shapes
+    from musicrel.generation.grammar import Grammar
+
+    model, codec = build(config_shape("default", configs))
+    steered = []
+    init = Grammar.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if len(self.controlled):  # the batch's own grammar starts empty; the job's joins it
+            steered.append(self.any_control)
+
+    monkeypatch.setattr(Grammar, "__init__", recorded)
+    for controls in (True, False):
+        shapes.step_split(model, codec, motif_primer(codec, 32), 2, controls)
+    assert steered == [True, False]
 
 
 def test_memory_agrees_with_the_model_and_its_cache(result, configs):
@@ -175,12 +197,15 @@ def test_bench_shapes_prints_a_row_per_shape_and_the_verdict(configs, tmp_path, 
     assert any(f"/ {EVENTS_PER_SECOND_OF_MUSIC:g}" in line for line in lines)
     # the batch-1 step's split: a row per model and weights, the rest what the model leaves of the step
     start = next(i for i, line in enumerate(lines) if line.startswith("batch-1 step"))
-    split = [[c.strip() for c in line.split("|")] for line in lines[start + 2 : start + 6]]
-    assert [(r[0], r[1]) for r in split] == list(zip(names, ["int8", "float32"] * 2, strict=True))
+    # and with every control on and with none
+    split = [[c.strip() for c in line.split("|")] for line in lines[start + 2 : start + 10]]
+    both = [(n, w, c) for n, w in zip(names, ["int8", "float32"] * 2, strict=True) for c in ("every", "none")]
+    assert [tuple(r[:3]) for r in split] == both
     for r in split:
-        step, model, rest = float(r[2]), float(r[3]), float(r[4])
+        step, model, rest = float(r[3]), float(r[4]), float(r[5])
         assert step > 0 and model > 0 and rest == pytest.approx(step - model, abs=0.011)
-        assert 0 <= float(r[5].rstrip(" %")) <= 100
+        assert 0 <= float(r[6].rstrip(" %")) <= 100
+        assert float(r[7].rstrip("x")) == pytest.approx(1e3 / (step * EVENTS_PER_SECOND_OF_MUSIC), rel=0.05)
     assert lines[-1].startswith("serve: ")
 
 

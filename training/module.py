@@ -359,7 +359,7 @@ class MusicDataModule(L.LightningDataModule):
     def source_parts(self, split: str) -> list[tuple[int, int, float]] | None:
         """(start, end, weight) of each source in the split's stream (None: the stream is one part)."""
         ranges = source_ranges(self.manifest, split)
-        return [(a, b, self.weights[name]) for name, (a, b) in ranges.items()] or None
+        return [(a, b, self.weights.get(name, 1.0)) for name, (a, b) in ranges.items()] or None
 
     @property
     def codec(self):

@@ -53,6 +53,13 @@ _FAR = 1000  # a pitch further from every pitch than any other (`_repair_orphans
 _TINY = torch.finfo(torch.float32).tiny  # divides a mass that may be 0 (what it scales is 0 then)
 
 
+def first_due(open_: Tensor, onset: Tensor, max_hold: Tensor) -> Tensor:
+    """The step at which the first sounding note (`open_`, `onset` (..., 128)) reaches max_hold (broadcast
+    to them), never before the cut (a note of the primer still open sounds at least until the cut: the motif
+    says so); _FOREVER where none sounds. (...,) long."""
+    return torch.where(open_, (onset + max_hold).clamp(min=0), _FOREVER).amin(dim=-1)
+
+
 class Grammar:
     """Token rules a generated stream obeys, enforced by masking logits; they keep every stream valid while
     taking from the model only what the codec cannot represent.
@@ -191,8 +198,8 @@ class Grammar:
         self.any_cap = bool((self.max_poly < 128).any())
 
     def deadline(self) -> Tensor:
-        """(B, 128) long: the step at which each sounding note reaches its row's max_hold, never before the
-        cut (a note of the primer still open sounds at least until the cut: the motif says so)."""
+        """(B, 128) long: the step at which each note would reach its row's max_hold, never before the cut
+        (`first_due`'s rule, per pitch)."""
         return (self.onset + self.max_hold[:, None]).clamp(min=0)
 
     def finished(self) -> Tensor:
@@ -328,7 +335,7 @@ class Grammar:
     def advance(self, tokens: Tensor) -> Tensor:
         """Record the sampled tokens (B,); returns them with shifts that cross the row's time limit or a
         note's max_hold cut short to land on it."""
-        deadline = torch.where(self.open, self.deadline(), _FOREVER).amin(dim=1)  # (B,)
+        deadline = first_due(self.open, self.onset, self.max_hold[:, None])  # (B,)
         if self.inst is not None:  # the other instruments' notes too
             deadline = torch.minimum(deadline, self.inst.deadline())
         remaining = torch.minimum(self.limit, deadline) - self.elapsed
@@ -466,10 +473,7 @@ class _Instruments:
         self.onset = torch.where(self.onset > _SILENT, self.onset - tail_t, _SILENT)
         open_ = self.onset > _SILENT
         self.sounding = open_.any(dim=2)  # (B, I) bool: the instrument sounds a note
-        # (B, I) long: the step at which its first sounding note reaches max_hold (never before the cut;
-        # _FOREVER where none sounds: `Grammar.deadline`'s rule per instrument)
-        due = (self.onset + max_hold[:, None, None]).clamp(min=0)
-        self.due = torch.where(open_, due, _FOREVER).amin(dim=2)
+        self.due = first_due(open_, self.onset, max_hold[:, None, None])  # (B, I) long, per instrument
         return self._row(self.onset)
 
     def _row(self, bank: Tensor) -> Tensor:
@@ -480,8 +484,7 @@ class _Instruments:
         rows = torch.arange(onset.size(0), device=onset.device)
         self.onset[rows, self.current] = torch.where(open_, onset, _SILENT)
         self.sounding[rows, self.current] = open_.any(dim=1)
-        due = torch.where(open_, (onset + max_hold[:, None]).clamp(min=0), _FOREVER).amin(dim=1)
-        self.due[rows, self.current] = due
+        self.due[rows, self.current] = first_due(open_, onset, max_hold[:, None])
 
     def deadline(self) -> Tensor:
         """(B,) the earliest step at which a sounding note of an instrument other than the current one reaches

@@ -5,9 +5,10 @@ the decoding loop for the GIL: torch releases the GIL inside each op and the loo
 hundred times per step. On a 2-core machine a thread busy 5 % of the time made decoding steps 10-25 % slower.
 So the server process only parses and answers, and a child process (spawned: no fork of a process holding
 threads and an OpenMP pool) owns the models (server/model.py: the continuation model, and the accompaniment
-model when the server has one, and the infill model when it has one) and runs the same `GenerationThread`
-on its own GIL: continuations, accompaniments and infills are jobs through it alike. It is a plain
-`python -m server.engine FD` with one end of a socket pair, so it never re-imports the server's main module.
+model, the infill model and the instruments model when the server has them) and runs the same
+`GenerationThread` on its own GIL: continuations, accompaniments and infills are jobs through it alike. It is
+a plain `python -m server.engine FD` with one end of a socket pair, so it never re-imports the server's main
+module.
 
 They talk over one pipe in typed messages (server/messages.py); the engine's metric updates are applied to
 the server's own registry, and results are tokens (the server renders them). Deadlines and timings are
@@ -59,7 +60,7 @@ from server.messages import (
     SubmitJob,
 )
 from server.metrics import Metrics
-from server.model import LoadedModel, infill_folder, load_accompanist, load_infiller
+from server.model import LoadedModel, infill_folder, load_accompanist, load_infiller, load_instrumentalist
 from server.settings import Settings
 from server.worker import BatchPolicy, GenerationThread, warm_up
 
@@ -325,6 +326,9 @@ def engine_main(conn: Any, settings: Settings) -> None:
         accompanist = load_accompanist(settings.accompany_checkpoint, weights=settings.weights)
         infill = infill_folder(settings.infill_checkpoint, settings.checkpoint)
         infiller = load_infiller(infill, weights=settings.weights)
+        instrumentalist = load_instrumentalist(
+            settings.instruments_checkpoint, settings.checkpoint, weights=settings.weights
+        )
     except Exception as exc:
         log.exception("loading the checkpoint failed")
         send(EngineFailed(f"loading the checkpoint failed: {exc}"))
@@ -348,6 +352,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
         BatchPolicy.from_settings(settings, max_queue=1 << 30),  # the queue is bounded by the server
         accompanist=accompanist,
         infiller=infiller,
+        instrumentalist=instrumentalist,
         metrics=_RemoteMetrics(send),
         warmup=(lambda batch: warm_up(codec, batch)) if settings.warmup else None,
     )
@@ -361,6 +366,7 @@ def engine_main(conn: Any, settings: Settings) -> None:
             loaded.card,
             accompanist.card if accompanist is not None else None,
             infiller.card if infiller is not None else None,
+            instrumentalist.card if instrumentalist is not None else None,
         )
     )
     while True:

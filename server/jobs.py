@@ -57,11 +57,26 @@ OnProgress = Callable[[list[list[int]]], None] | None
 
 @dataclass(frozen=True)
 class Continue:
-    """What a continuation job is: the parsed primer and the library's parameters. It joins the running
-    batch (DecodeBatch) with the other continuations."""
+    """What a continuation job is: the parsed primer, the library's parameters and the engine's model it runs
+    on. On the continuation model it joins the running batch (DecodeBatch) with the other continuations; on
+    the instruments model (an upload the piano model would flatten: server.tasks.continuation.route) it runs
+    beside that batch, a token at a time, as an infill does (`steps`)."""
 
     primer: Primer
     params: SamplingParams
+    model: str = "continuation"
+
+    def steps(self, loaded: Any) -> Generator[Any, None, Any]:
+        """The job as a generator of one token a step on `loaded`, yielding each sample's tokens so far."""
+        from musicrel.generation.decode_batch import DecodeBatch
+
+        batch = DecodeBatch(loaded.model, loaded.codec, max_rows=self.params.num_samples)
+        (job,) = batch.admit([(self.primer, self.params)])
+        while True:
+            finished = dict(batch.step())
+            if job in finished:
+                return finished[job]
+            yield batch.generated(job)
 
 
 @dataclass(frozen=True)
@@ -92,7 +107,7 @@ class Infill:
     start: float
     end: float
     params: InfillParams
-    model: ClassVar[str] = "infill"
+    model: str = "infill"  # or "instruments": an upload the piano infill model would flatten
 
     def steps(self, loaded: Any) -> Generator[Any, None, Any]:
         from musicrel.generation.infill import infill_steps
@@ -128,8 +143,9 @@ class Job:
 
     @property
     def beside(self) -> bool:
-        """Run beside the continuation batch, a token at a time (an accompaniment or an infill)."""
-        return not isinstance(self.request, Continue)
+        """Run beside the continuation batch, a token at a time (an accompaniment, an infill, a continuation
+        on the instruments model)."""
+        return self.request.model != Continue.model
 
     def cancel(self, reason: str) -> None:
         """Called from the event loop (client gone, deadline): the worker stops the job at its next step."""
@@ -156,11 +172,12 @@ class Job:
             self.reported = [len(tokens) for tokens in generated]
             self.report(self, Progress(new))
 
-    def _report_new_rows(self, rows: list[list[int]]) -> None:
-        """Report the tokens of `rows` (each sample's tokens so far, as lists) added since the last report."""
+    def _report_new_rows(self, rows: list[Any]) -> None:
+        """Report the tokens of `rows` (each sample's tokens so far: lists or arrays) added since the last
+        report."""
         if not self.reported:
             self.reported = [0] * len(rows)
-        new = [row[done:] for row, done in zip(rows, self.reported, strict=True)]
+        new = [[int(t) for t in row[done:]] for row, done in zip(rows, self.reported, strict=True)]
         if any(new):
             self.reported = [len(row) for row in rows]
             self.report(self, Progress(new))

@@ -44,6 +44,7 @@ class Ready:
     card: ModelCard  # the continuation model's, as loaded by the engine (server/model.py)
     accompaniment: ModelCard | None = None  # the accompaniment model's; None when the server has none
     infill: ModelCard | None = None  # the infill model's; None when the server has none
+    instruments: ModelCard | None = None  # the instruments model's; None when the server has none
 
 
 @dataclass(frozen=True)

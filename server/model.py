@@ -39,6 +39,11 @@ class CheckpointView:
     accompanies: bool  # its codec has melody tokens or instruments: it can accompany a melody
     infills: bool = False  # its codec has infill tokens and its model reads them: an infill model
 
+    @property
+    def instruments(self) -> bool:
+        """Its codec has instruments: it hears and writes every track, drums too."""
+        return self.codec.instrument_offset is not None
+
     @classmethod
     def read(cls, folder: str | Path) -> CheckpointView:
         """CheckpointError when `folder` holds no readable checkpoint config."""
@@ -75,6 +80,33 @@ def view_accompanist(folder: str | Path) -> tuple[CheckpointView | None, str]:
 def view_infiller(folder: str | Path) -> tuple[CheckpointView | None, str]:
     """The infill checkpoint in `folder`, or None and why the server has none."""
     return _view(folder, "infill", "infills", "its model has no infill tokens")
+
+
+def view_instruments(folder: str | Path, continuation: CheckpointView) -> tuple[CheckpointView | None, str]:
+    """The instruments model in `folder`, which serves the uploads the `continuation` model would flatten
+    into one piano stream (server.tasks.continuation.route), or None and why the server has none: also when
+    the continuation model hears every instrument itself."""
+    if continuation.instruments:
+        return None, f"the continuation model ({continuation.folder}) hears every instrument itself"
+    return _view(folder, "instruments", "instruments", "its codec has no instruments")
+
+
+def asked_instruments(controls) -> bool | None:
+    """What a request's controls say of the instruments model: False when `program` asks one instrument for
+    every note (what a piano model writes), True when `instruments` asks for others than the motif's (what
+    only the instruments model can), None when they leave it to the upload."""
+    if controls is None or (controls.program is None and controls.instruments in (None, "motif")):
+        return None
+    return controls.program is None
+
+
+def wants_instruments(pm, tracks="merge", asked: bool | None = None) -> bool:
+    """Whether an upload (a PrettyMIDI) goes to the server's instruments model: as the controls ask
+    (`asked_instruments`), else when the tracks read hold drums or more than one instrument, which one
+    piano stream would flatten (`musicrel.midi.instruments.is_ensemble`)."""
+    from musicrel.midi.instruments import is_ensemble, played
+
+    return asked if asked is not None else is_ensemble(played(pm, tracks))
 
 
 def infill_folder(chosen: str | Path | None, checkpoint: str | Path) -> Path:
@@ -140,6 +172,15 @@ def load_accompanist(
     (`view_accompanist` says why)."""
     view, _ = view_accompanist(folder)
     return None if view is None else LoadedModel.load(folder, device=device, weights=weights)
+
+
+def load_instrumentalist(
+    folder: str | Path, continuation: str | Path, weights: str = DEFAULT_DECODE_WEIGHTS
+) -> LoadedModel | None:
+    """The instruments model in `folder` beside the `continuation` checkpoint, or None where the server has
+    none (`view_instruments` says why)."""
+    view, _ = view_instruments(folder, CheckpointView.read(continuation))
+    return None if view is None else LoadedModel.load(folder, weights=weights)
 
 
 def load_infiller(

@@ -379,6 +379,13 @@ class InfillSample(SampleFile):
     new_notes: list[NewNote] = Field(description="the new notes, by onset")
 
 
+# Which of the server's models wrote an answer (server.tasks.continuation.route).
+SERVED_BY = (
+    "the server's model that wrote it: `continuation` (or `infill`), or `instruments` for an upload the "
+    "piano model would flatten (drums, or more than one instrument) on a server with an instruments model"
+)
+
+
 class InfillResponse(BaseModel):
     seed: int
     settings: InfillParams = Field(description="the settings used, with the seed filled in")
@@ -387,6 +394,7 @@ class InfillResponse(BaseModel):
     removed: int = Field(description="the upload's notes that started in the span (regenerated)")
     tracks: list[int] = Field(description="the tracks regenerated (instrument indices): those asked, or all")
     prompt_tokens: int = Field(description="tokens the model read: the music after the span, then before it")
+    model: Literal["infill", "instruments"] = Field("infill", description=SERVED_BY)
     samples: list[InfillSample]
     controls: dict[str, Any] | None = Field(
         None, description="what the controls applied (the key `auto` found, ...); null when none was set"
@@ -488,6 +496,7 @@ class ContinuationResponse(BaseModel):
         description="a model with instruments: the motif's tracks, which every sample's file starts with "
         "(each new note on its instrument's track); null for a piano model",
     )
+    model: Literal["continuation", "instruments"] = Field("continuation", description=SERVED_BY)
     controls: dict[str, Any] | None = Field(
         None,
         description="what the controls applied: the key `auto` found (key, key_detected), the program and "
@@ -564,6 +573,13 @@ class ModelInfo(BaseModel):
         None,
         description="the infill model of POST /v1/infills (checkpoint, sha256, parameters, max_span_seconds, "
         "...); null when this server has none (the route answers 503 infill_unavailable)",
+    )
+    instruments: dict[str, Any] | None = Field(
+        None,
+        description="the instruments model (checkpoint, sha256, parameters, fills, ...): it continues, and "
+        "fills when `fills` is true, the uploads the continuation model would flatten into one piano stream "
+        "(drums, or more than one instrument in the tracks read), each instrument on its own track; null "
+        "when this server has none or its continuation model hears every instrument itself",
     )
     programs: list[str] = Field(
         default_factory=gm_program_names,

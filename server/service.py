@@ -29,8 +29,10 @@ from server.model import (
     infill_folder,
     load_accompanist,
     load_infiller,
+    load_instrumentalist,
     view_accompanist,
     view_infiller,
+    view_instruments,
 )
 from server.schemas import AccompanimentParams
 from server.settings import Settings
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("musicrel.server")
 
 # The models a server may hold, by the names /v1/model uses.
-MODELS = ("continuation", "accompaniment", "infill")
+MODELS = ("continuation", "accompaniment", "infill", "instruments")
 
 
 class Service:
@@ -65,12 +67,18 @@ class Service:
         self.infill: CheckpointView | None = None
         self.infill_unavailable = "not loaded yet"
         self.infiller: LoadedModel | None = None  # its weights, with MUSICREL_ENGINE=thread only
+        # The instruments model (MUSICREL_INSTRUMENTS_CHECKPOINT), for uploads the continuation model would
+        # flatten, or why there is none.
+        self.instruments: CheckpointView | None = None
+        self.instruments_unavailable = "not loaded yet"
+        self.instrumentalist: LoadedModel | None = None  # its weights, with MUSICREL_ENGINE=thread only
         self.novelty: NoveltyIndex | None = None
         self.worker: GenerationWorker | None = None
         self.admission = Admission(settings, metrics)
         self.parse_limiter: anyio.CapacityLimiter | None = None
-        # Recently parsed motifs by (sha256 of the upload, primer_seconds, tracks); used on the loop only.
-        self.parsed_primers: LRU[Primer] = LRU(settings.primer_cache)
+        # Recently parsed motifs and the model that continues each, by (sha256 of the upload, primer_seconds,
+        # motif_end, tracks, what the controls ask of the instruments model); used on the loop only.
+        self.parsed_primers: LRU[tuple[Primer, str]] = LRU(settings.primer_cache)
         self.render_limiter: anyio.CapacityLimiter | None = None
         self.draining = False
         self.in_flight = 0  # continuation requests between arrival and answer (MetricsMiddleware)
@@ -96,6 +104,7 @@ class Service:
         self.admission.calibrate(self.codec)
         self._load_accompaniment()
         self._load_infill()
+        self._load_instruments()
 
     def _load_accompaniment(self) -> None:
         """No folder is no error: the service runs without the route (503 no_accompaniment_model)."""
@@ -117,21 +126,52 @@ class Service:
         elif not self.uses_engine_process:
             self.infiller = load_infiller(folder, weights=self.settings.weights)
 
+    def _load_instruments(self) -> None:
+        """No folder is no error: every upload then goes to the continuation model, as one piano stream."""
+        assert self.view is not None
+        folder = self.settings.instruments_checkpoint
+        self.instruments, self.instruments_unavailable = view_instruments(folder, self.view)
+        if self.instruments is None:
+            log.info("instruments: %s", self.instruments_unavailable)
+        elif not self.uses_engine_process:
+            self.instrumentalist = load_instrumentalist(
+                folder, self.view.folder, weights=self.settings.weights
+            )
+
+    def view_of(self, model: str) -> CheckpointView:
+        """The view of the engine's model `model` (a job request's `model`) that the server has."""
+        view = {"continuation": self.view, "infill": self.infill, "instruments": self.instruments}[model]
+        assert view is not None  # a request names only a model the server has
+        return view
+
     def model_card(self, name: str) -> ModelCard | None:
         """The card of model `name` (one of MODELS): from the model loaded here, or from the engine once it
         is ready; None before, and when the server has no such model."""
-        views = {"continuation": self.view, "accompaniment": self.accompaniment, "infill": self.infill}
+        views = {
+            "continuation": self.view,
+            "accompaniment": self.accompaniment,
+            "infill": self.infill,
+            "instruments": self.instruments,
+        }
         if views[name] is None:
             return None
-        here = {"continuation": self.loaded, "accompaniment": self.accompanist, "infill": self.infiller}[name]
+        here = {
+            "continuation": self.loaded,
+            "accompaniment": self.accompanist,
+            "infill": self.infiller,
+            "instruments": self.instrumentalist,
+        }[name]
         if here is not None:
             return here.card
         ready = self.worker.cards if isinstance(self.worker, EngineProcess) else None
         if ready is None:
             return None
-        return {"continuation": ready.card, "accompaniment": ready.accompaniment, "infill": ready.infill}[
-            name
-        ]
+        return {
+            "continuation": ready.card,
+            "accompaniment": ready.accompaniment,
+            "infill": ready.infill,
+            "instruments": ready.instruments,
+        }[name]
 
     def infill_info(self) -> dict[str, Any] | None:
         """What /v1/model says of the infill model: null when the route is unavailable."""
@@ -151,6 +191,16 @@ class Service:
             return {}
         novelty = self.novelty and {"pieces": len(self.novelty.names), "notes": self.novelty.notes}
         return {**card.info, "novelty_index": novelty}
+
+    def instruments_info(self) -> dict[str, Any] | None:
+        """What /v1/model says of the instruments model: null when the server has none (every upload then
+        goes to the continuation model)."""
+        card = self.model_card("instruments")
+        if card is None:
+            return None
+        info = {key: value for key, value in card.info.items() if key != "codec"}
+        assert self.instruments is not None
+        return {**info, "fills": self.instruments.infills}
 
     def accompaniment_info(self) -> dict[str, Any] | None:
         """What /v1/model says of the accompaniment model: null when the route is unavailable."""
@@ -184,6 +234,7 @@ class Service:
                 BatchPolicy.from_settings(s),
                 accompanist=self.accompanist,
                 infiller=self.infiller,
+                instrumentalist=self.instrumentalist,
                 metrics=self.metrics,
                 decoder=self.decoder,
                 warmup=partial(warm_up, self.codec) if s.warmup else None,

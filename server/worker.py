@@ -131,6 +131,19 @@ def warm_up_infill(infiller: LoadedModel) -> None:
     log.info("infill warm-up took %.0f ms", 1000 * (time.perf_counter() - start))
 
 
+def warm_up_instruments(instrumentalist: LoadedModel) -> None:
+    """A motif continued a few tokens on the instruments model, as its jobs run (`Continue.steps`)."""
+    from musicrel.generation.primer import prepare_primer
+    from musicrel.generation.sampling import SamplingParams
+
+    start = time.perf_counter()
+    primer = prepare_primer(instrumentalist.codec, warmup_midi(), primer_seconds=2.0)
+    params = SamplingParams(seconds=0.5, seed=0, num_samples=1, max_new_tokens=8)
+    for _ in Continue(primer, params, model="instruments").steps(instrumentalist):
+        pass
+    log.info("instruments warm-up took %.0f ms", 1000 * (time.perf_counter() - start))
+
+
 def warm_up(codec: Any, batch: Any) -> None:
     """A tiny generation through the worker's own batch: every path runs once before /readyz says 200."""
     from musicrel.generation.primer import prepare_primer
@@ -220,11 +233,13 @@ class GenerationThread:
         on_dequeue: Callable[[int, int], None] | None = None,
         accompanist: LoadedModel | None = None,
         infiller: LoadedModel | None = None,
+        instrumentalist: LoadedModel | None = None,
     ) -> None:
         """`decoder(model, codec, max_rows, primer_cache=...)` makes the running batch (DecodeBatch when
         None; tests pass a subclass that holds the worker). `warmup(batch)` runs once on it before the worker
         is ready. `accompanist`: the accompaniment model, if the server has one (its jobs run beside the
-        batch)."""
+        batch); `infiller` and `instrumentalist` (the instruments model, for the uploads the continuation
+        model would flatten) likewise."""
         self.model = model
         self.torch_threads = policy.torch_threads
         self._cpu = CpuSampler()  # the machine's load since the last thread choice
@@ -243,8 +258,13 @@ class GenerationThread:
         self._running: dict[int, Job] = {}  # by the batch's job id
         self.accompanist = accompanist
         self.infiller = infiller  # the infill model, if the server has one (its jobs run beside the batch)
+        self.instrumentalist = instrumentalist
         # The models the jobs beside the batch run on, by their request's `model`
-        self.beside_models = {Accompany.model: accompanist, Infill.model: infiller}
+        self.beside_models = {
+            Accompany.model: accompanist,
+            Infill.model: infiller,
+            "instruments": instrumentalist,
+        }
         self._side: list[tuple[Job, Generator[None, None, Any]]] = []  # accompaniments running, in turn
         self._turn = 0  # the next of them to step
         self._credit = 0.0  # seconds of accompaniment steps the batch's steps have left them
@@ -311,6 +331,8 @@ class GenerationThread:
                     warm_up_accompaniment(self.accompanist)
                 if self.infiller is not None:
                     warm_up_infill(self.infiller)
+                if self.instrumentalist is not None:
+                    warm_up_instruments(self.instrumentalist)
         except Exception as exc:  # reported by /readyz; the service never becomes ready
             log.exception("warm-up generation failed")
             self.failed = f"warm-up failed: {exc}"

@@ -37,6 +37,7 @@ def service_env(checkpoint: Path, device: str, n: int, seconds: float, timeout_s
         "MUSICREL_REQUEST_TIMEOUT_S": str(max(120.0, timeout_s)),
         "MUSICREL_ACCOMPANY_CHECKPOINT": str(none),
         "MUSICREL_INFILL_CHECKPOINT": str(none),
+        "MUSICREL_INSTRUMENTS_CHECKPOINT": str(none),
     }
 
 

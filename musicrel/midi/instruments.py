@@ -28,6 +28,23 @@ def instrument_name(instrument: int) -> str:
     return pretty_midi.program_to_instrument_name(int(instrument))
 
 
+def played(pm: pretty_midi.PrettyMIDI, tracks="merge") -> set[int]:
+    """The instruments (`instrument_of`) of `pm`'s tracks that hold notes: every track ("merge") or those of
+    the indices `tracks` (indices past the file are left for the codec to refuse)."""
+    chosen = (
+        pm.instruments
+        if tracks == "merge"
+        else [pm.instruments[i] for i in tracks if 0 <= i < len(pm.instruments)]
+    )
+    return {instrument_of(inst.program, inst.is_drum) for inst in chosen if inst.notes}
+
+
+def is_ensemble(instruments: set[int]) -> bool:
+    """Music one piano stream would flatten: drums (which a piano codec drops), or more than one instrument
+    (which it merges into one)."""
+    return DRUMS in instruments or len(instruments) > 1
+
+
 @dataclass
 class InstrumentNotes:
     """Notes (pretty_midi.Note, sorted by (start, instrument, pitch)) and the instrument of each, parallel."""

@@ -62,6 +62,7 @@ async def model_info(request: Request, service: ServiceDep, settings: SettingsDe
         "limits": limits,
         "accompaniment": _with_card(service, "accompaniment", service.accompaniment_info()),
         "infill": _with_card(service, "infill", service.infill_info()),
+        "instruments": _with_card(service, "instruments", service.instruments_info()),
     }
 
 
@@ -99,7 +100,7 @@ async def model_card(service: ServiceDep) -> Response:
 
 @router.get(
     "/v1/model/{name}/card",
-    summary="A model's card: continuation, accompaniment or infill",
+    summary="A model's card: continuation, accompaniment, infill or instruments",
     response_class=Response,
     responses=CARD_RESPONSES,
 )

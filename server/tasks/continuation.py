@@ -28,6 +28,7 @@ from musicrel.generation.sampling import SamplingParams
 from musicrel.generation.streaming import NoteStream
 from server.admission import Ticket
 from server.jobs import Continue, Job
+from server.model import asked_instruments, wants_instruments
 from server.openapi import form_limits
 from server.schemas import (
     BatchInfo,
@@ -54,32 +55,47 @@ log = logging.getLogger("musicrel.server")
 PREPARE_SAMPLING = SamplingParams(seconds=0.01, max_new_tokens=1, seed=0, num_samples=1)
 
 
-def primer_key(data: bytes, params: ContinuationParams) -> tuple:
-    return (hashlib.sha256(data).digest(), params.primer_seconds, params.motif_end, params.tracks)
+def primer_key(data: bytes, params: ContinuationParams, asked: bool | None = None) -> tuple:
+    return (hashlib.sha256(data).digest(), params.primer_seconds, params.motif_end, params.tracks, asked)
 
 
-async def parse_motif(service: Service, data: bytes, params: ContinuationParams) -> Primer:
-    """The motif to continue (on a parse thread, unless it is one of the last MUSICREL_PRIMER_CACHE motifs
-    parsed with the same primer settings); the codec's InvalidMidiError for unusable MIDI."""
-    assert service.codec is not None and service.view is not None  # admitted only once loaded
-    # The same motif again (a re-roll with another seed) is not parsed again: a dense file's parse and
-    # primer window take 100-600 ms on 2 busy cores, most of the wait for a streamed first note.
-    key = primer_key(data, params)
-    primer = service.parsed_primers.get(key)
-    if primer is not None:
-        return primer
-    prepare = partial(
-        prepare_primer,
-        service.codec,
-        data,
+def _motif(
+    service: Service, data: bytes, params: ContinuationParams, asked: bool | None
+) -> tuple[Primer, str]:
+    """(the primer, the engine's model that continues it): the upload read once, routed (the instruments
+    model takes what the continuation model would flatten: server.model.wants_instruments) and cut by that
+    model's codec."""
+    assert service.view is not None  # admitted only once loaded
+    view, model, tracks = service.view, Continue.model, params.track_selection()
+    pm = view.codec.read(data)
+    if service.instruments is not None and wants_instruments(pm, tracks, asked):
+        view, model = service.instruments, "instruments"
+    primer = prepare_primer(
+        view.codec,
+        pm,
         primer_seconds=params.primer_seconds,
-        tracks=params.track_selection(),
-        max_tokens=service.view.max_primer_tokens,
+        tracks=tracks,
+        max_tokens=view.max_primer_tokens,
         motif_end=params.motif_end,
     )
-    primer = await parse_on_thread(service, prepare)
-    service.parsed_primers.put(key, primer)
-    return primer
+    return primer, model
+
+
+async def parse_motif(
+    service: Service, data: bytes, params: ContinuationParams, asked: bool | None = None
+) -> tuple[Primer, str]:
+    """The motif to continue and the engine's model that continues it (on a parse thread, unless it is one of
+    the last MUSICREL_PRIMER_CACHE motifs parsed with the same primer settings); the codec's InvalidMidiError
+    for unusable MIDI. `asked`: what the controls say of the instruments model (`asked_instruments`)."""
+    # The same motif again (a re-roll with another seed) is not parsed again: a dense file's parse and
+    # primer window take 100-600 ms on 2 busy cores, most of the wait for a streamed first note.
+    key = primer_key(data, params, asked)
+    parsed = service.parsed_primers.get(key)
+    if parsed is not None:
+        return parsed
+    parsed = await parse_on_thread(service, partial(_motif, service, data, params, asked))
+    service.parsed_primers.put(key, parsed)
+    return parsed
 
 
 def primer_info(primer: Primer, tokens: int) -> PrimerInfo:
@@ -159,22 +175,24 @@ class ContinuationTask(Task):
         return form_limits(service.settings, codec.vocab_size if codec is not None else None)
 
     async def parse(self, service: Service, data: bytes, form: Any) -> tuple[Any, Continue, Primer]:
-        primer = await parse_motif(service, data, form)
         params = form.library_params()
+        primer, model = await parse_motif(service, data, form, asked_instruments(params.controls))
         refuse_program(primer, params.controls)
-        return form, Continue(primer, params), primer
+        return form, Continue(primer, params, model), primer
 
     async def answer(
         self, service: Service, request: Parsed, job: Job, result: ContinuationResult
     ) -> ContinuationResponse:
-        primer = request.found
+        primer, model = request.found, request.job.model
         samples = await anyio.to_thread.run_sync(
             write_samples,
-            service.codec,
+            service.view_of(model).codec,
             primer,
             request.job.params,
             result,
-            service.novelty,
+            service.novelty
+            if model == Continue.model
+            else None,  # the index of the continuation model's data
             limiter=service.render_limiter,
         )
         timings = ContinuationTimings(
@@ -202,6 +220,7 @@ class ContinuationTask(Task):
             stopped=bool(result.stopped),
             instrument=instrument_info(primer, result.controls),
             tracks=motif_tracks(primer),
+            model=model,
             controls=result.controls,
             warnings=list(result.warnings),
             timings=timings,
@@ -214,19 +233,20 @@ class ContinuationTask(Task):
             "X-Musicrel-Primer-Tokens": str(answer.primer.tokens),
             "X-Musicrel-Samples": str(len(answer.samples)),
             "X-Musicrel-Stopped": str(answer.stopped).lower(),
+            "X-Musicrel-Model": answer.model,
         }
 
     def note_source(self, service: Service, request: Parsed) -> NoteSource:
-        primer, n = request.found, request.form.num_samples
+        primer, n, codec = request.found, request.form.num_samples, service.view_of(request.job.model).codec
         return NoteSource([
-            NoteStream(service.codec, primer.tokens, primer.tail_steps,
+            NoteStream(codec, primer.tokens, primer.tail_steps,
                        placer=None if primer.tracks is None else primer.tracks.placer())
             for _ in range(n)
         ])  # fmt: skip
 
     def start_fields(self, request: Parsed) -> dict[str, Any]:
         primer = primer_info(request.found, len(request.found.tokens))
-        fields: dict[str, Any] = {"primer": primer.model_dump(mode="json")}
+        fields: dict[str, Any] = {"model": request.job.model, "primer": primer.model_dump(mode="json")}
         tracks = motif_tracks(request.found)
         if tracks is not None:  # a model with instruments: the tracks the notes' `track` indices refer to
             fields["tracks"] = [t.model_dump(mode="json") for t in tracks]
@@ -246,10 +266,10 @@ async def prepare_motif(
     start = time.monotonic()
     data = await read_upload(file)
     cached = primer_key(data, params) in service.parsed_primers
-    primer = await parse_motif(service, data, params)
+    primer, model = await parse_motif(service, data, params)
     parsed = time.monotonic()
     prefill_ms = None
-    if not cached:
+    if not cached and model == Continue.model:  # the instruments model's jobs keep no primer's K/V
         deadline = start + service.settings.request_timeout_s
         job = submit(service, Continue(primer, PREPARE_SAMPLING), deadline, ticket)
         result = await wait_for_result(job, is_disconnected, service.settings.disconnect_poll_s)

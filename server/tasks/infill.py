@@ -31,22 +31,34 @@ from musicrel.generation.span import (
 from musicrel.generation.streaming import NoteStream
 from server.errors import ApiError, in_bars
 from server.jobs import Infill, Job
+from server.model import asked_instruments, wants_instruments
 from server.schemas import InfillParams, InfillResponse, InfillSample, NewNote
 from server.service import Service
 from server.submit import parse_on_thread
 from server.tasks.base import NoteSource, Parsed, Task, b64, finished_files
 
 
-def _cut(codec, data: bytes, params: InfillParams) -> tuple[InfillSegments, tuple[float, float]]:
-    """The upload cut at the span, and the span in seconds: as given, or its bars read against the file
-    (`bar_span`: the downbeats' own times, so a note struck on one is in or out exactly)."""
-    tracks = params.track_indices()
-    if params.start is not None:
-        span = (params.start, params.end)
-        return infill_segments(codec, data, *span, tracks), span
+def _cut(
+    service: Service, data: bytes, params: InfillParams
+) -> tuple[InfillSegments, tuple[float, float], str]:
+    """The upload cut at the span, the span in seconds (as given, or its bars read against the file:
+    `bar_span`, the downbeats' own times, so a note struck on one is in or out exactly) and the engine's
+    model that fills it: the instruments model, when it fills gaps, for what the infill model would flatten
+    (server.model.wants_instruments: every track is heard), else the infill model."""
+    assert service.infill is not None  # the route is refused without an infill model
+    codec, model = service.infill.codec, Infill.model
     pm = codec.read(data)
-    span = bar_span(pm, params.first_bar, params.last_bar)
-    return infill_segments(codec, pm, *span, tracks), span
+    instruments = service.instruments
+    asked = asked_instruments(params.library_params().controls)
+    if instruments is not None and instruments.infills and wants_instruments(pm, asked=asked):
+        codec, model = instruments.codec, "instruments"
+    tracks = params.track_indices()
+    span = (
+        (params.start, params.end)
+        if params.start is not None
+        else bar_span(pm, params.first_bar, params.last_bar)
+    )
+    return infill_segments(codec, pm, *span, tracks), span, model
 
 
 class InfillTask(Task):
@@ -117,7 +129,7 @@ class InfillTask(Task):
         the music cannot take (the library's InfillError code: span_outside_music, nothing_before,
         nothing_after, invalid_span) or tracks it lacks (no_such_track, track_not_read)."""
         try:
-            segments, span = await parse_on_thread(service, _cut, self.codec(service), data, form)
+            segments, span, model = await parse_on_thread(service, _cut, service, data, form)
         except InfillError as exc:
             if form.start is not None:
                 raise
@@ -125,7 +137,7 @@ class InfillTask(Task):
             raise in_bars(exc) from exc
         if form.start is None:  # bars: from here on the span is the seconds they came to
             form = form.model_copy(update=dict(zip(("start", "end"), span, strict=True)))
-        return form, Infill(segments.pm, form.start, form.end, form.library_params()), segments
+        return form, Infill(segments.pm, form.start, form.end, form.library_params(), model), segments
 
     async def answer(self, service: Service, request: Parsed, job: Job, result: Any) -> InfillResponse:
         what = f"span={result.start:.2f}-{result.end:.2f} s removed={result.removed}"
@@ -159,6 +171,7 @@ class InfillTask(Task):
             removed=int(result.removed),
             tracks=[int(t) for t in result.tracks],
             prompt_tokens=int(result.prompt_tokens),
+            model=request.job.model,
             samples=samples,
             controls=result.controls,
             warnings=list(result.warnings),
@@ -172,12 +185,13 @@ class InfillTask(Task):
             "X-Musicrel-Removed": str(answer.removed),
             "X-Musicrel-Tokens": str(sample.new_tokens),
             "X-Musicrel-Samples": str(len(answer.samples)),
+            "X-Musicrel-Model": answer.model,
         }
 
     def note_source(self, service: Service, request: Parsed) -> NoteSource:
         """The gap's notes, struck with the velocity in force at its start, in seconds of the file; a new note
         struck under a kept one of its pitch is left out, as the edge rules leave it out of the file."""
-        codec, segments, form = self.codec(service), request.found, request.form
+        codec, segments, form = service.view_of(request.job.model).codec, request.found, request.form
         velocity = past_velocity(codec, segments.past)
         sounding = sounding_into(codec, segments.pm, form.start)
         placer = self._placer(codec, segments, form)  # one for every sample: it adds no track, keeps no state
@@ -193,7 +207,7 @@ class InfillTask(Task):
         return gap_placer(segments.pm, segments.tracks, form.start, form.end)
 
     def start_fields(self, request: Parsed) -> dict[str, Any]:
-        return {"start": request.form.start, "end": request.form.end}
+        return {"model": request.job.model, "start": request.form.start, "end": request.form.end}
 
 
 INFILL = InfillTask()

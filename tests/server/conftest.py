@@ -40,6 +40,8 @@ STARTUP_TIMEOUT_S = 60.0
 os.environ.setdefault("MUSICREL_ACCOMPANY_CHECKPOINT", str(REPO / "tests" / "no-accompaniment-model"))
 # Nor a checkpoints/infill trained later: the infill tests name their tiny one (`tiny_infill_checkpoint`).
 os.environ.setdefault("MUSICREL_INFILL_CHECKPOINT", str(REPO / "tests" / "no-infill-model"))
+# Nor the shipped checkpoints/multi as the instruments model: its tests name their tiny one.
+os.environ.setdefault("MUSICREL_INSTRUMENTS_CHECKPOINT", str(REPO / "tests" / "no-instruments-model"))
 
 
 @pytest.fixture(scope="session")

@@ -349,11 +349,11 @@ def test_the_service_calibrates_its_parse_speed_and_prices_the_uploads_it_admitt
 
     release = threading.Event()
 
-    def held(codec, data, **kwargs):  # the parser is busy: nothing leaves the queue bound
+    def held(*args):  # the parser is busy: nothing leaves the queue bound
         release.wait(30)
         raise InvalidMidiError("not MIDI", code="not_midi")
 
-    monkeypatch.setattr(continuations, "prepare_primer", held)
+    monkeypatch.setattr(continuations, "_motif", held)
     big = MOTIF + b"\0" * 1_500_000
     with serve(tiny_checkpoint, max_queue=2, retry_after_s=99, fresh_calibration=True) as (client, service):
         admission = service.admission
@@ -385,15 +385,15 @@ def test_a_finished_continuation_is_not_held_behind_uploads_being_parsed(tiny_ch
 
     slow = b"MThd-slow"
     release = threading.Event()
-    parse = continuations.prepare_primer
+    parse = continuations._motif
 
-    def prepare(codec, data, **kwargs):
+    def prepare(service, data, *args):
         if data.startswith(slow):
             release.wait(30)
             raise InvalidMidiError("not MIDI", code="not_midi")
-        return parse(codec, data, **kwargs)
+        return parse(service, data, *args)
 
-    monkeypatch.setattr(continuations, "prepare_primer", prepare)
+    monkeypatch.setattr(continuations, "_motif", prepare)
     gate = Gate()
     with serve(tiny_checkpoint, decoder=gate, parse_threads=1, batch_window_ms=0) as (client, _):
         gate.hold()
@@ -555,14 +555,14 @@ def test_a_parse_that_hangs_costs_its_own_request_not_the_server(tiny_checkpoint
     from server.tasks import continuation as continuations
 
     hang = threading.Event()
-    parse = continuations.prepare_primer
+    parse = continuations._motif
 
-    def prepare(codec, data, **kwargs):
+    def prepare(service, data, *args):
         if data.startswith(b"MThd-hang"):
             hang.wait(60)
-        return parse(codec, data, **kwargs)
+        return parse(service, data, *args)
 
-    monkeypatch.setattr(continuations, "prepare_primer", prepare)
+    monkeypatch.setattr(continuations, "_motif", prepare)
     with serve(tiny_checkpoint, parse_threads=1, request_timeout_s=1.5) as (client, _):
         try:
             start = time.monotonic()

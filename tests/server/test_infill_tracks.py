@@ -107,8 +107,9 @@ def test_the_stream_places_a_note_as_the_answer_does():
 
     pm = three_tracks(programs=(40, 41, 42))
     seg = infill_segments(BAND, pm, START, END, (0, 1))
-    service = SimpleNamespace(infill=SimpleNamespace(codec=BAND))
-    request = SimpleNamespace(found=seg, form=SimpleNamespace(start=START, end=END, num_samples=1))
+    service = SimpleNamespace(view_of={"infill": SimpleNamespace(codec=BAND)}.get)
+    form = SimpleNamespace(start=START, end=END, num_samples=1)
+    request = SimpleNamespace(found=seg, form=form, job=SimpleNamespace(model="infill"))
     stream = TaskStream(INFILL, service, request)
     inst = lambda program: BAND.instrument_offset + program  # noqa: E731
     shift = lambda steps: BAND.time_shift_offset + steps - 1  # noqa: E731

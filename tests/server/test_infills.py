@@ -281,10 +281,10 @@ def test_the_stream_leaves_out_a_new_note_struck_under_a_kept_one():
     pm = read(TUNE)
     pm.instruments[0].notes.append(pretty_midi.Note(90, 50, 4.0, 7.0))  # sounds into the 5-8 s gap
     codec = EventCodec(CodecConfig(infill=True))
-    service = SimpleNamespace(infill=SimpleNamespace(codec=codec))
+    service = SimpleNamespace(view_of={"infill": SimpleNamespace(codec=codec)}.get)
     form = SimpleNamespace(start=5.0, num_samples=1)
     segments = SimpleNamespace(pm=pm, past=np.zeros(0, dtype=np.int64))
-    request = SimpleNamespace(found=segments, form=form)
+    request = SimpleNamespace(found=segments, form=form, job=SimpleNamespace(model="infill"))
     stream = TaskStream(INFILL, service, request)
     events = [
         NoteEvent("on", 0, 50, 0.5, 80),  # 5.5 s: under the kept 50 -> left out

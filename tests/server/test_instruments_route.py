@@ -1,0 +1,217 @@
+"""A piano server with an instruments model (MUSICREL_INSTRUMENTS_CHECKPOINT, server.model.wants_instruments):
+an upload the piano models would flatten (drums, or more than one instrument in the tracks read) is continued
+and filled by the instruments model, each instrument on its own track, the same notes as the library's run of
+that model; a piano upload stays on the piano models; the controls decide where they ask (`program`: one
+instrument, the piano model; `instruments`: others, the instruments model); /v1/model describes it; without
+one, every upload goes to the continuation model as before."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pretty_midi
+import pytest
+
+from musicrel.generation.continuation import continue_midi
+from musicrel.generation.infill import infill
+from musicrel.generation.span import InfillParams
+from musicrel.midi.instruments import DRUMS, is_ensemble, played
+from tests.musicrel.generation.test_continuation_tracks import (
+    ENSEMBLES,
+    as_bytes,
+    layout,
+    quartet,
+)
+from tests.musicrel.generation.test_infill_tracks import (
+    BAND,
+    END,
+    START,
+    check_only_chosen_changed,
+    three_tracks,
+    tiny,
+)
+from tests.server.conftest import MOTIF, error_of, serve
+
+FIELDS = {"seconds": "1.5", "seed": "3", "num_samples": "2"}
+SPAN = {"start": str(START), "end": str(END), "seed": "6", "num_samples": "2"}
+
+
+@pytest.fixture(scope="module")
+def band_checkpoint(tmp_path_factory):
+    """A tiny random model with instruments and infill tokens, saved as a checkpoint."""
+    from musicrel.model.checkpoint import save_model
+
+    folder = tmp_path_factory.mktemp("tiny_instruments_route")
+    save_model(tiny(BAND), folder, codec=BAND)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoint, tiny_infill_checkpoint, band_checkpoint):
+    """Piano continuation and infill models, and the instruments model beside them (float32: the library's
+    run of the same weights gives the same notes)."""
+    with serve(
+        tiny_checkpoint,
+        infill_checkpoint=tiny_infill_checkpoint,
+        instruments_checkpoint=band_checkpoint,
+        weights="float32",
+        batch_window_ms=0,
+    ) as (client, service):
+        yield client, service
+
+
+def post(client, data: bytes, path: str = "/v1/continuations", **fields):
+    return client.post(
+        path,
+        files={"file": ("music.mid", data, "audio/midi")},
+        data=fields,
+        headers={"accept": "application/json"},
+    )
+
+
+def midi_of(sample: dict) -> pretty_midi.PrettyMIDI:
+    return pretty_midi.PrettyMIDI(io.BytesIO(base64.b64decode(sample["midi_base64"])))
+
+
+def notes_of(pm: pretty_midi.PrettyMIDI) -> list[list[tuple]]:
+    return [[(n.pitch, n.velocity, n.start, n.end) for n in i.notes] for i in pm.instruments]
+
+
+def as_file(pm: pretty_midi.PrettyMIDI) -> pretty_midi.PrettyMIDI:
+    """A PrettyMIDI made in memory as a file of it reads back (the server answers with files)."""
+    return pretty_midi.PrettyMIDI(io.BytesIO(as_bytes(pm)))
+
+
+def test_what_one_piano_stream_would_flatten():
+    assert played(quartet()) == {40, 41, 42} and is_ensemble({40, 41, 42})
+    assert is_ensemble({DRUMS}) and not is_ensemble({0}) and not is_ensemble(set())
+    # POP909's three piano tracks are one instrument; a selection of one track of a quartet is one too
+    assert not is_ensemble(played(three_tracks()))
+    assert played(quartet(), [2]) == {41} and played(quartet(), [0, 1]) == {40}
+
+
+@pytest.mark.parametrize("name", sorted(ENSEMBLES))
+def test_an_ensemble_is_continued_by_the_instruments_model_as_the_library_does(served, band_checkpoint, name):
+    client, _ = served
+    upload = ENSEMBLES[name]()
+    data = as_bytes(upload)
+    response = post(client, data, **FIELDS, include_primer="true")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "instruments"
+    assert [(t["name"], t["program"], t["drum"]) for t in body["tracks"]] == layout(upload)
+    from musicrel.model.checkpoint import load_codec, load_model
+
+    model, codec = load_model(band_checkpoint, weights="float32"), load_codec(band_checkpoint)
+    library = continue_midi(model, data, codec=codec, seconds=1.5, seed=3, num_samples=2, include_primer=True)
+    for sample, expected in zip(body["samples"], library, strict=True):
+        pm = midi_of(sample)
+        assert layout(pm)[: len(upload.instruments)] == layout(upload)
+        assert notes_of(pm) == notes_of(as_file(expected))
+
+
+def test_a_piano_upload_stays_on_the_piano_model(served):
+    client, _ = served
+    response = post(client, MOTIF, **FIELDS)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "continuation" and body["tracks"] is None
+    plain = client.post("/v1/continuations", files={"file": ("m.mid", MOTIF, "audio/midi")}, data=FIELDS)
+    assert plain.headers["x-musicrel-model"] == "continuation"
+
+
+def test_the_controls_choose_where_they_ask(served):
+    client, _ = served
+    # program: one instrument for every note, what the piano model writes (one track)
+    one = post(client, as_bytes(quartet()), **FIELDS, program="40")
+    assert one.status_code == 200, one.text
+    assert one.json()["model"] == "continuation" and one.json()["tracks"] is None
+    written = [midi_of(s).instruments for s in one.json()["samples"]]
+    assert all(len(tracks) <= 1 and all(t.program == 40 for t in tracks) for tracks in written), written
+    assert any(written)  # (a sample of this random model may play nothing: its file then has no track)
+    # instruments: others than the motif's, which only the instruments model can write
+    more = post(client, MOTIF, **FIELDS, instruments="Violin, Cello")
+    assert more.status_code == 200, more.text
+    assert more.json()["model"] == "instruments"
+    # one track of a quartet is one instrument: the piano model continues it
+    alone = post(client, as_bytes(quartet()), **FIELDS, tracks="3")
+    assert alone.status_code == 200 and alone.json()["model"] == "continuation"
+
+
+def test_the_stream_says_the_model_and_each_notes_track(served):
+    client, _ = served
+    response = client.post(
+        "/v1/continuations/stream",
+        files={"file": ("q.mid", as_bytes(quartet()), "audio/midi")},
+        data={**FIELDS, "seconds": "3"},
+    )
+    assert response.status_code == 200, response.text
+    events = [json.loads(line) for line in response.text.splitlines()]
+    assert events[0]["type"] == "start" and events[0]["model"] == "instruments"
+    assert len(events[0]["tracks"]) == 4
+    ons = [e for e in events if e["type"] == "note_on"]
+    assert ons and all("track" in e and "instrument" in e for e in ons)
+    assert events[-1]["type"] == "result" and events[-1]["model"] == "instruments"
+
+
+def test_an_ensembles_span_is_filled_by_the_instruments_model_and_the_rest_kept(served, band_checkpoint):
+    client, _ = served
+    data = as_bytes(three_tracks(programs=(40, 41, 42)))
+    source = pretty_midi.PrettyMIDI(io.BytesIO(data))  # as the server reads it
+    response = post(client, data, "/v1/infills", **SPAN, tracks="1")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "instruments" and body["tracks"] == [1]
+    from musicrel.model.checkpoint import load_codec, load_model
+
+    model, codec = load_model(band_checkpoint, weights="float32"), load_codec(band_checkpoint)
+    library = infill(
+        model, source, START, END, codec=codec, params=InfillParams(seed=6, num_samples=2, tracks=(1,))
+    )
+    for sample, expected in zip(body["samples"], library.midis, strict=True):
+        out = midi_of(sample)
+        check_only_chosen_changed(source, out, (1,), START, END)
+        assert notes_of(out) == notes_of(as_file(expected))
+    piano = post(client, as_bytes(three_tracks()), "/v1/infills", **SPAN)
+    assert piano.status_code == 200, piano.text
+    assert piano.json()["model"] == "infill"
+
+
+def test_v1_model_describes_the_instruments_model(served, band_checkpoint):
+    client, _ = served
+    info = client.get("/v1/model").json()
+    assert info["instruments"]["checkpoint"] == str(band_checkpoint)
+    assert info["instruments"]["fills"] is True and info["instruments"]["card_url"] is None
+    assert client.get("/v1/model/instruments/card").json()["error"]["code"] == "no_card"
+
+
+def test_without_an_instruments_model_every_upload_goes_to_the_continuation_model(tiny_checkpoint):
+    with serve(tiny_checkpoint, batch_window_ms=0) as (client, _):
+        assert client.get("/v1/model").json()["instruments"] is None
+        response = post(client, as_bytes(quartet()), **FIELDS)
+        assert response.status_code == 200 and response.json()["model"] == "continuation"
+        drums = post(client, as_bytes(ENSEMBLES["drums"]()), **FIELDS)
+        assert drums.status_code == 422 and error_of(drums)["code"] == "no_notes"
+
+
+def test_a_continuation_model_with_instruments_needs_none_beside_it(band_checkpoint):
+    with serve(band_checkpoint, instruments_checkpoint=band_checkpoint, batch_window_ms=0) as (
+        client,
+        service,
+    ):
+        assert (
+            service.instruments is None and "hears every instrument itself" in service.instruments_unavailable
+        )
+        response = post(client, as_bytes(quartet()), **FIELDS)
+        assert response.status_code == 200 and response.json()["model"] == "continuation"
+        assert len(response.json()["tracks"]) == 4
+
+
+def test_the_engine_process_runs_the_instruments_model(tiny_checkpoint, band_checkpoint):
+    with serve(tiny_checkpoint, engine="process", instruments_checkpoint=band_checkpoint) as (client, _):
+        assert client.get("/v1/model").json()["instruments"]["checkpoint"] == str(band_checkpoint)
+        response = post(client, as_bytes(quartet()), **FIELDS)
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == "instruments" and len(response.json()["tracks"]) == 4

@@ -38,10 +38,13 @@ COPY server ./server
 COPY training ./training
 RUN pip install ".[serve]" && python -c "import musicrel, server.app"
 
-# The shipped models (WORKDIR /app: MUSICREL_ACCOMPANY_CHECKPOINT's default, checkpoints/accompany, is the
-# second); docker-compose.yml also mounts them read-only so a retrained one needs no rebuild.
+# The shipped models (WORKDIR /app: the accompaniment, infill and instruments models' defaults,
+# checkpoints/accompany, infill and multi, are relative to it); docker-compose.yml also mounts them read-only
+# so a retrained one needs no rebuild.
 COPY checkpoints/default /app/checkpoints/default
 COPY checkpoints/accompany /app/checkpoints/accompany
+COPY checkpoints/infill /app/checkpoints/infill
+COPY checkpoints/multi /app/checkpoints/multi
 
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin musicrel
 USER musicrel

@@ -18,7 +18,9 @@ running the accompaniments run back to back.
 
 Infills (`Infill`: a span of a file regenerated, musicrel.generation.infill) run beside the batch the same
 way, in the same turns as the accompaniments: `infill_steps` yields after each token (with each sample's
-tokens so far, which a streamed infill reports as Progress).
+tokens so far, which a streamed infill reports as Progress). So do the continuations of the instruments model
+(a `Continue` whose `model` is "instruments": an upload the piano model would flatten), each a DecodeBatch of
+its own rows (`Continue.steps`).
 
 A job's events (server/jobs.py: `Started`, `Progress`, `Finished`, `Failed`) leave the worker one way,
 through the job's `report`: `to_loop` settles the request's future on its event loop; in the engine process

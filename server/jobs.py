@@ -59,24 +59,30 @@ OnProgress = Callable[[list[list[int]]], None] | None
 class Continue:
     """What a continuation job is: the parsed primer, the library's parameters and the engine's model it runs
     on. On the continuation model it joins the running batch (DecodeBatch) with the other continuations; on
-    the instruments model (an upload the piano model would flatten: server.tasks.continuation.route) it runs
-    beside that batch, a token at a time, as an infill does (`steps`)."""
+    the instruments model (an upload the piano model would flatten: server.model.wants_instruments) it runs
+    beside that batch, in turns, as an infill does, in that model's own running batch (`steps`)."""
 
     primer: Primer
     params: SamplingParams
     model: str = "continuation"
 
-    def steps(self, loaded: Any) -> Generator[Any, None, Any]:
-        """The job as a generator of one token a step on `loaded`, yielding each sample's tokens so far."""
-        from musicrel.generation.decode_batch import DecodeBatch
-
-        batch = DecodeBatch(loaded.model, loaded.codec, max_rows=self.params.num_samples)
-        (job,) = batch.admit([(self.primer, self.params)])
-        while True:
-            finished = dict(batch.step())
-            if job in finished:
-                return finished[job]
-            yield batch.generated(job)
+    def steps(self, shared: Any) -> Generator[Any, None, Any]:
+        """The job as a generator on `shared` (server.worker.SharedBatch: the instruments model's one running
+        batch), stepping it once a turn and yielding each sample's tokens so far; closed early, its rows
+        leave the batch."""
+        job = shared.admit(self.primer, self.params)
+        done = False
+        try:
+            while True:
+                shared.step()
+                result = shared.result(job)
+                if result is not None:
+                    done = True
+                    return result
+                yield shared.generated(job)
+        finally:
+            if not done:
+                shared.stop(job)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ running the accompaniments run back to back.
 Infills (`Infill`: a span of a file regenerated, musicrel.generation.infill) run beside the batch the same
 way, in the same turns as the accompaniments: `infill_steps` yields after each token (with each sample's
 tokens so far, which a streamed infill reports as Progress). So do the continuations of the instruments model
-(a `Continue` whose `model` is "instruments": an upload the piano model would flatten), each a DecodeBatch of
-its own rows (`Continue.steps`).
+(a `Continue` whose `model` is "instruments": an upload the piano model would flatten), all in that model's
+one running batch (`SharedBatch`), which each job's turn steps once.
 
 A job's events (server/jobs.py: `Started`, `Progress`, `Finished`, `Failed`) leave the worker one way,
 through the job's `report`: `to_loop` settles the request's future on its event loop; in the engine process
@@ -133,6 +133,66 @@ def warm_up_infill(infiller: LoadedModel) -> None:
     log.info("infill warm-up took %.0f ms", 1000 * (time.perf_counter() - start))
 
 
+class SharedBatch:
+    """The instruments model's continuations in one running DecodeBatch (continuous batching, as the piano
+    model's): each job's generator (`Continue.steps`) steps it once in its turn beside the piano batch, and
+    every row draws a token at each step, so N jobs in turn decode N tokens each a round, not one each as N
+    batch-1 decodes would. A job's tokens do not depend on its companions (each row has its own random
+    stream). Results wait here for their job's next turn."""
+
+    def __init__(self, loaded: LoadedModel, max_rows: int, primer_cache: int = 0) -> None:
+        self.loaded, self.max_rows, self.primer_cache = loaded, max_rows, primer_cache
+        self._batch: Any = None  # made on the first admission, in the worker thread
+        self._done: dict[int, Any] = {}  # finished jobs' results, until their generator takes them
+        self._stopped: set[int] = set()  # jobs whose generator was closed: their rows leave at the next step
+
+    @property
+    def model(self) -> Any:
+        return self.loaded.model
+
+    @property
+    def codec(self) -> Any:
+        return self.loaded.codec
+
+    def admit(self, primer: Any, params: Any) -> int:
+        if self._batch is None:
+            from musicrel.generation.decode_batch import DecodeBatch
+
+            self._batch = DecodeBatch(
+                self.loaded.model, self.loaded.codec, self.max_rows, primer_cache=self.primer_cache
+            )
+        (job,) = self._batch.admit([(primer, params)])
+        return job
+
+    def step(self) -> None:
+        """One token for every live row; results kept for their jobs, a stopped job's dropped."""
+        if self._batch is None:
+            return
+        for job, result in self._batch.step(should_stop=self._stopped.__contains__):
+            if job in self._stopped:
+                self._stopped.discard(job)
+            else:
+                self._done[job] = result
+
+    def result(self, job: int) -> Any:
+        """The job's ContinuationResult once it has finished (taken: asked once), else None."""
+        return self._done.pop(job, None)
+
+    def generated(self, job: int) -> Any:
+        return self._batch.generated(job)
+
+    def stop(self, job: int) -> None:
+        """The job's generator was closed (the client left, the deadline passed): its rows leave now, so the
+        rows the worker counts free are free here too (the other rows draw their next token meanwhile)."""
+        if self._done.pop(job, None) is None:
+            self._stopped.add(job)
+            self.step()
+
+    @property
+    def rows(self) -> int:
+        return 0 if self._batch is None else len(self._batch.rows)
+
+
 def warm_up_instruments(instrumentalist: LoadedModel) -> None:
     """A motif continued a few tokens on the instruments model, as its jobs run (`Continue.steps`)."""
     from musicrel.generation.primer import prepare_primer
@@ -141,7 +201,7 @@ def warm_up_instruments(instrumentalist: LoadedModel) -> None:
     start = time.perf_counter()
     primer = prepare_primer(instrumentalist.codec, warmup_midi(), primer_seconds=2.0)
     params = SamplingParams(seconds=0.5, seed=0, num_samples=1, max_new_tokens=8)
-    for _ in Continue(primer, params, model="instruments").steps(instrumentalist):
+    for _ in Continue(primer, params, model="instruments").steps(SharedBatch(instrumentalist, 1)):
         pass
     log.info("instruments warm-up took %.0f ms", 1000 * (time.perf_counter() - start))
 
@@ -261,12 +321,13 @@ class GenerationThread:
         self.accompanist = accompanist
         self.infiller = infiller  # the infill model, if the server has one (its jobs run beside the batch)
         self.instrumentalist = instrumentalist
-        # The models the jobs beside the batch run on, by their request's `model`
-        self.beside_models = {
-            Accompany.model: accompanist,
-            Infill.model: infiller,
-            "instruments": instrumentalist,
-        }
+        # The models the jobs beside the batch run on, by their request's `model`: the instruments model's
+        # continuations share its one running batch (its infills run on its weights alone, as the infill
+        # model's do)
+        shared = None
+        if instrumentalist is not None:
+            shared = SharedBatch(instrumentalist, policy.max_batch_rows, policy.primer_cache)
+        self.beside_models = {Accompany.model: accompanist, Infill.model: infiller, "instruments": shared}
         self._side: list[tuple[Job, Generator[None, None, Any]]] = []  # accompaniments running, in turn
         self._turn = 0  # the next of them to step
         self._credit = 0.0  # seconds of accompaniment steps the batch's steps have left them

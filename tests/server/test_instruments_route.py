@@ -215,3 +215,51 @@ def test_the_engine_process_runs_the_instruments_model(tiny_checkpoint, band_che
         response = post(client, as_bytes(quartet()), **FIELDS)
         assert response.status_code == 200, response.text
         assert response.json()["model"] == "instruments" and len(response.json()["tracks"]) == 4
+
+
+def test_the_instruments_models_jobs_share_one_batch_and_keep_their_own_tokens(band_checkpoint):
+    """Two continuations in turn on one SharedBatch (each generator steps it once a turn): each gets the very
+    tokens it gets alone; one closed half-way leaves the batch at once, the other goes on unchanged."""
+    from musicrel.generation.decode_batch import generate_batch
+    from musicrel.generation.primer import prepare_primer
+    from musicrel.generation.sampling import SamplingParams
+    from server.jobs import Continue
+    from server.model import LoadedModel
+    from server.worker import SharedBatch
+
+    loaded = LoadedModel.load(band_checkpoint, weights="float32")
+    primers = [prepare_primer(loaded.codec, as_bytes(make())) for make in (quartet, ENSEMBLES["band"])]
+    params = [SamplingParams(seconds=2.0, seed=5, num_samples=2), SamplingParams(seconds=1.0, seed=9)]
+    alone = [
+        generate_batch(loaded.model, loaded.codec, [(p, q)])[0] for p, q in zip(primers, params, strict=True)
+    ]
+
+    shared = SharedBatch(loaded, max_rows=3)
+    jobs = [Continue(p, q, model="instruments").steps(shared) for p, q in zip(primers, params, strict=True)]
+    results: dict[int, object] = {}
+    while len(results) < 2:
+        for k, steps in enumerate(jobs):
+            if k not in results:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    results[k] = done.value
+    for k in range(2):
+        assert [t.tolist() for t in results[k].tokens] == [t.tolist() for t in alone[k].tokens]
+    assert shared.rows == 0
+
+    jobs = [Continue(p, q, model="instruments").steps(shared) for p, q in zip(primers, params, strict=True)]
+    for _ in range(3):
+        for steps in jobs:
+            next(steps)
+    assert shared.rows == 3
+    jobs[0].close()  # the client left
+    assert shared.rows == 1
+    while True:
+        try:
+            next(jobs[1])
+        except StopIteration as done:
+            last = done.value
+            break
+    assert [t.tolist() for t in last.tokens] == [t.tolist() for t in alone[1].tokens]
+    assert shared.rows == 0

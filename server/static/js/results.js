@@ -128,3 +128,8 @@ export function stop() {
   roll.draw();
   $("stop").disabled = true;
 }
+
+// The server's instruments model wrote the answer (an upload with drums or several instruments): the modes'
+// closing line says so.
+export const byInstrumentsModel = (body) =>
+  body.model === "instruments" ? " Written by the instruments model, each instrument on its track." : "";

@@ -6,6 +6,7 @@ import { fetchJson, postJson, StreamFailed } from "../api.js";
 import { $, app, fmt, num } from "../dom.js";
 import { CONTROL_FIELDS } from "../fields.js";
 import { defineMode, drawInput } from "../modes.js";
+import { byInstrumentsModel } from "../results.js";
 import { state, synth } from "../state.js";
 import { LIVE_LEAD_S, streamContinuation } from "./live.js";
 
@@ -162,7 +163,8 @@ defineMode({
         ? ` (batched with ${body.batch.requests - 1} other request${body.batch.requests > 2 ? "s" : ""})` : "")];
   },
   done: (body, samples) => `${samples.length} sample${samples.length > 1 ? "s" : ""}, ` +
-    `${samples[0].contNotes.length} new notes in the first${body.stopped ? " (stopped early at the deadline)" : ""}.`,
+    `${samples[0].contNotes.length} new notes in the first${body.stopped ? " (stopped early at the deadline)" : ""}.` +
+    byInstrumentsModel(body),
 });
 
 export function wireContinue() {

@@ -5,7 +5,7 @@
 import { $, app, clearFieldError, fmt, showFieldError } from "../dom.js";
 import { CONTROL_FIELDS } from "../fields.js";
 import { defineMode, drawInput } from "../modes.js";
-import { play } from "../results.js";
+import { byInstrumentsModel, play } from "../results.js";
 import { state, synth } from "../state.js";
 import { submit } from "../task.js";
 import { fillTrackPicker, nothingPicked, picked, pickedTracks } from "./pick.js";
@@ -106,7 +106,8 @@ const fillMode = defineMode({
   stages: [["generation_ms", "generation"]],
   summary: (body) => ["Span", `${fmt(body.start, 2)}–${fmt(body.end, 2)} s: ${body.removed} notes replaced`],
   done: (body, samples) => `${samples.length} filling${samples.length > 1 ? "s" : ""}, ` +
-    `${samples[0].contNotes.length} new notes in ${fmt(body.start, 2)}–${fmt(body.end, 2)} s.`,
+    `${samples[0].contNotes.length} new notes in ${fmt(body.start, 2)}–${fmt(body.end, 2)} s.` +
+    byInstrumentsModel(body),
   // Original: the file as uploaded; the span in place and "all": the answer's notes where there is one.
   play(which) {
     const s = state.kind === "fill" ? state.samples[state.current] : null;

@@ -137,8 +137,8 @@ class SharedBatch:
     """The instruments model's continuations in one running DecodeBatch (continuous batching, as the piano
     model's): each job's generator (`Continue.steps`) steps it once in its turn beside the piano batch, and
     every row draws a token at each step, so N jobs in turn decode N tokens each a round, not one each as N
-    batch-1 decodes would. A job's tokens do not depend on its companions (each row has its own random
-    stream). Results wait here for their job's next turn."""
+    batch-1 decodes would. Each row has its own random stream (its tokens are its own as far as the
+    batch's floating point allows: DecodeBatch). Results wait here for their job's next turn."""
 
     def __init__(self, loaded: LoadedModel, max_rows: int, primer_cache: int = 0) -> None:
         self.loaded, self.max_rows, self.primer_cache = loaded, max_rows, primer_cache

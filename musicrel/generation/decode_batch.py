@@ -67,8 +67,11 @@ class DecodeBatch:
       only when it is a quarter of the length or more, as that copies every row;
     - when the shared length reaches the window, rows whose context fills it slide (the last half window is
       prefilled again, as `generate` does) and the others shift left.
-    Each row samples from its own stream (`RowRandom`) seeded by row_seed(job seed, sample index): a job's
-    tokens are the same whatever it shares the batch with and whenever it is admitted.
+    Each row samples from its own stream (`RowRandom`) seeded by row_seed(job seed, sample index): a job draws
+    the same random numbers whatever it shares the batch with and whenever it is admitted, and its tokens are
+    the same up to the floating point of the batch's size (the CPU's GEMM sums a row in another order when
+    the batch has more rows, about 1e-6 on a logit; int8 weights' bfloat16 activations magnify it, so int8
+    rows do drift into other tokens: docs/API.md "How it runs").
 
     A step is the model's forward and a fixed few batched tensor operations (the grammar, the sampler, the
     stopping test); it asks the device one thing (whether a row is done) and runs no Python per row: the

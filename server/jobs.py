@@ -11,7 +11,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -94,7 +94,7 @@ class Accompany:
     midi: Any  # pretty_midi.PrettyMIDI
     track: int
     params: AccompanimentParams
-    model: ClassVar[str] = "accompaniment"  # the engine's model it runs on
+    model: str = "accompaniment"  # the engine's model it runs on; "instruments" when the controls ask others
 
     def steps(self, loaded: Any) -> Generator[Any, None, Any]:
         """The job as a generator of one token a step, on `loaded` (server.model.LoadedModel)."""

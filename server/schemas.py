@@ -266,6 +266,11 @@ class AccompanimentResponse(BaseModel):
     real_time_factor: float = Field(description="seconds of music per second of generation")
     samples: list[AccompanimentSample]
     instrument: str = Field(description="General MIDI name of the accompaniment's program")
+    model: Literal["accompaniment", "instruments"] = Field(
+        "accompaniment",
+        description="the server's model that wrote it: `accompaniment`, or `instruments` when the "
+        "`instruments` control asked for instruments the accompaniment model cannot write",
+    )
     controls: dict[str, Any] | None = Field(
         None, description="what the controls applied (the key `auto` found, ...); null when none was set"
     )

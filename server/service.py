@@ -140,7 +140,12 @@ class Service:
 
     def view_of(self, model: str) -> CheckpointView:
         """The view of the engine's model `model` (a job request's `model`) that the server has."""
-        view = {"continuation": self.view, "infill": self.infill, "instruments": self.instruments}[model]
+        view = {
+            "continuation": self.view,
+            "accompaniment": self.accompaniment,
+            "infill": self.infill,
+            "instruments": self.instruments,
+        }[model]
         assert view is not None  # a request names only a model the server has
         return view
 

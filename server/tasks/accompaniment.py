@@ -17,6 +17,7 @@ from musicrel.errors import InvalidMidiError
 from musicrel.generation.controls import gm_program_name
 from server.errors import ApiError
 from server.jobs import Accompany, Job
+from server.model import asked_instruments
 from server.schemas import AccompanimentParams, AccompanimentResponse, AccompanimentSample
 from server.service import Service
 from server.submit import parse_on_thread
@@ -71,13 +72,18 @@ class AccompanimentTask(Task):
     async def parse(self, service: Service, data: bytes, form: Any) -> tuple[Any, Accompany, int]:
         """The melody of the upload: 422 for a file that cannot be accompanied, the track's errors naming
         the field the page shows them beside."""
-        codec, seconds = self.codec(service), service.settings.max_melody_seconds
+        codec, model, seconds = self.codec(service), Accompany.model, service.settings.max_melody_seconds
+        params = form.library_params()
+        if service.instruments is not None and asked_instruments(params.controls):
+            # instruments the accompaniment model cannot write (it writes one piano stream): the instruments
+            # model accompanies, a track per instrument
+            codec, model = service.instruments.codec, "instruments"
         try:
             pm, track, notes = await parse_on_thread(service, parse_melody, codec, data, form.track, seconds)
         except InvalidMidiError as exc:
             field = "track" if exc.code in TRACK_CODES else None
             raise ApiError(422, exc.code, str(exc), field=field) from exc
-        return form, Accompany(pm, track, form.library_params()), notes
+        return form, Accompany(pm, track, params, model), notes
 
     async def answer(self, service: Service, request: Parsed, job: Job, result: Any) -> AccompanimentResponse:
         what = f"melody={request.found} notes, {result.seconds:.1f} s,"
@@ -85,7 +91,7 @@ class AccompanimentTask(Task):
         form = request.form
         program = form.program if form.program is not None else 0
         instrument = gm_program_name(program)
-        if self.codec(service).instrument_offset is not None:  # a track per instrument, after the melody's
+        if service.view_of(request.job.model).instruments:  # a track per instrument, after the melody's
             instrument = ", ".join(t.name for t in result.midis[0].instruments[1:] if t.notes) or "none"
         return AccompanimentResponse(
             seed=int(result.seed),
@@ -104,6 +110,7 @@ class AccompanimentTask(Task):
                 for i, (data, part, midi) in enumerate(zip(rendered, result.notes, result.midis, strict=True))
             ],
             instrument=instrument,
+            model=request.job.model,
             controls=result.controls,
             warnings=list(result.warnings),
             timings=timings,
@@ -116,6 +123,7 @@ class AccompanimentTask(Task):
             "X-Musicrel-Samples": str(len(answer.samples)),
             "X-Musicrel-Seconds": str(answer.seconds),
             "X-Musicrel-Real-Time-Factor": str(answer.real_time_factor),
+            "X-Musicrel-Model": answer.model,
         }
 
 

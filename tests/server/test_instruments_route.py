@@ -49,11 +49,12 @@ def band_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoint, tiny_infill_checkpoint, band_checkpoint):
-    """Piano continuation and infill models, and the instruments model beside them (float32: the library's
-    run of the same weights gives the same notes)."""
+def served(tiny_checkpoint, tiny_accompany_checkpoint, tiny_infill_checkpoint, band_checkpoint):
+    """Piano continuation, accompaniment and infill models, and the instruments model beside them (float32:
+    the library's run of the same weights gives the same notes)."""
     with serve(
         tiny_checkpoint,
+        accompany_checkpoint=tiny_accompany_checkpoint,
         infill_checkpoint=tiny_infill_checkpoint,
         instruments_checkpoint=band_checkpoint,
         weights="float32",
@@ -177,6 +178,28 @@ def test_an_ensembles_span_is_filled_by_the_instruments_model_and_the_rest_kept(
     piano = post(client, as_bytes(three_tracks()), "/v1/infills", **SPAN)
     assert piano.status_code == 200, piano.text
     assert piano.json()["model"] == "infill"
+
+
+def test_an_accompaniment_that_asks_for_instruments_is_written_by_the_instruments_model(served):
+    client, _ = served
+    melody = pretty_midi.PrettyMIDI(initial_tempo=100)
+    tune = pretty_midi.Instrument(73, name="Flute")
+    tune.notes = [pretty_midi.Note(90, 67 + (k * 5) % 12, 0.5 * k, 0.5 * k + 0.45) for k in range(12)]
+    melody.instruments.append(tune)
+    data = as_bytes(melody)
+    path = "/v1/accompaniments"
+    asked = post(client, data, path, seed="2", instruments="Violin, Cello")
+    assert asked.status_code == 200, asked.text
+    assert asked.json()["model"] == "instruments"
+    out = midi_of(asked.json()["samples"][0])
+    assert (out.instruments[0].name, out.instruments[0].program) == ("Flute", 73)
+    assert [(n.pitch, n.start) for n in out.instruments[0].notes] == [
+        (n.pitch, n.start) for n in as_file(melody).instruments[0].notes
+    ]
+    assert {t.program for t in out.instruments[1:] if t.notes} <= {40, 42}
+    plain = post(client, data, path, seed="2")
+    assert plain.status_code == 200 and plain.json()["model"] == "accompaniment"
+    assert post(client, data, path, seed="2", program="40").json()["model"] == "accompaniment"
 
 
 def test_v1_model_describes_the_instruments_model(served, band_checkpoint):

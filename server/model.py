@@ -84,7 +84,7 @@ def view_infiller(folder: str | Path) -> tuple[CheckpointView | None, str]:
 
 def view_instruments(folder: str | Path, continuation: CheckpointView) -> tuple[CheckpointView | None, str]:
     """The instruments model in `folder`, which serves the uploads the `continuation` model would flatten
-    into one piano stream (server.tasks.continuation.route), or None and why the server has none: also when
+    into one piano stream (`wants_instruments`), or None and why the server has none: also when
     the continuation model hears every instrument itself."""
     if continuation.instruments:
         return None, f"the continuation model ({continuation.folder}) hears every instrument itself"

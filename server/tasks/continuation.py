@@ -184,15 +184,15 @@ class ContinuationTask(Task):
         self, service: Service, request: Parsed, job: Job, result: ContinuationResult
     ) -> ContinuationResponse:
         primer, model = request.found, request.job.model
+        # the novelty index is of the continuation model's training data
+        novelty = service.novelty if model == Continue.model else None
         samples = await anyio.to_thread.run_sync(
             write_samples,
             service.view_of(model).codec,
             primer,
             request.job.params,
             result,
-            service.novelty
-            if model == Continue.model
-            else None,  # the index of the continuation model's data
+            novelty,
             limiter=service.render_limiter,
         )
         timings = ContinuationTimings(
@@ -269,9 +269,9 @@ async def prepare_motif(
     primer, model = await parse_motif(service, data, params)
     parsed = time.monotonic()
     prefill_ms = None
-    if not cached and model == Continue.model:  # the instruments model's jobs keep no primer's K/V
+    if not cached:  # prefilled in the batch of the model that will continue it (its primer cache)
         deadline = start + service.settings.request_timeout_s
-        job = submit(service, Continue(primer, PREPARE_SAMPLING), deadline, ticket)
+        job = submit(service, Continue(primer, PREPARE_SAMPLING, model), deadline, ticket)
         result = await wait_for_result(job, is_disconnected, service.settings.disconnect_poll_s)
         if result is None:
             return None

@@ -202,6 +202,23 @@ def test_an_accompaniment_that_asks_for_instruments_is_written_by_the_instrument
     assert post(client, data, path, seed="2", program="40").json()["model"] == "accompaniment"
 
 
+def test_a_prepared_ensemble_motif_is_prefilled_by_the_instruments_model(served):
+    client, service = served
+    shared = service.worker.beside_models["instruments"]
+    kept = lambda: 0 if shared._batch is None else len(shared._batch._primers)  # noqa: E731
+    lied = ENSEMBLES["lied"]()
+    lied.instruments[0].notes[0].velocity = 99  # a motif no other test parsed
+    data = as_bytes(lied)
+    before = kept()
+    prepared = client.post("/v1/motifs", files={"file": ("lied.mid", data, "audio/midi")})
+    assert prepared.status_code == 200, prepared.text
+    assert prepared.json()["cached"] is False and prepared.json()["prefill_ms"] is not None
+    assert kept() == before + 1  # its K/V kept in the batch the continuation joins
+    response = post(client, data, **FIELDS)
+    assert response.status_code == 200 and response.json()["model"] == "instruments"
+    assert kept() == before + 1  # found there: no second prefill of it
+
+
 def test_v1_model_describes_the_instruments_model(served, band_checkpoint):
     client, _ = served
     info = client.get("/v1/model").json()

@@ -143,7 +143,8 @@ class SharedBatch:
     def __init__(self, loaded: LoadedModel, max_rows: int, primer_cache: int = 0) -> None:
         self.loaded, self.max_rows, self.primer_cache = loaded, max_rows, primer_cache
         self._batch: Any = None  # made on the first admission, in the worker thread
-        self._done: dict[int, Any] = {}  # finished jobs' results, until their generator takes them
+        self._epoch = 0  # batches made so far: a job is (epoch, its id in that batch)
+        self._done: dict[int, Any] = {}  # finished jobs' results by id, until their generator takes them
         self._stopped: set[int] = set()  # jobs whose generator was closed: their rows leave at the next step
 
     @property
@@ -154,39 +155,56 @@ class SharedBatch:
     def codec(self) -> Any:
         return self.loaded.codec
 
-    def admit(self, primer: Any, params: Any) -> int:
+    def admit(self, primer: Any, params: Any) -> tuple[int, int]:
         if self._batch is None:
             from musicrel.generation.decode_batch import DecodeBatch
 
             self._batch = DecodeBatch(
                 self.loaded.model, self.loaded.codec, self.max_rows, primer_cache=self.primer_cache
             )
+            self._epoch += 1
         (job,) = self._batch.admit([(primer, params)])
-        return job
+        return self._epoch, job
 
     def step(self) -> None:
-        """One token for every live row; results kept for their jobs, a stopped job's dropped."""
+        """One token for every live row; results kept for their jobs, a stopped job's dropped. A step that
+        raises (a bug, not a request: admission checked those) takes the batch with it, as the piano batch's
+        does (`GenerationThread._step`): its jobs fail at their next turn, the next job starts a new one."""
         if self._batch is None:
             return
-        for job, result in self._batch.step(should_stop=self._stopped.__contains__):
+        try:
+            finished = self._batch.step(should_stop=self._stopped.__contains__)
+        except Exception:
+            self._batch, self._done, self._stopped = None, {}, set()
+            raise
+        for job, result in finished:
             if job in self._stopped:
                 self._stopped.discard(job)
             else:
                 self._done[job] = result
 
-    def result(self, job: int) -> Any:
+    def _live(self, job: tuple[int, int]) -> bool:
+        return self._batch is not None and job[0] == self._epoch
+
+    def result(self, job: tuple[int, int]) -> Any:
         """The job's ContinuationResult once it has finished (taken: asked once), else None."""
-        return self._done.pop(job, None)
+        return self._done.pop(job[1], None) if self._live(job) else None
 
-    def generated(self, job: int) -> Any:
-        return self._batch.generated(job)
+    def generated(self, job: tuple[int, int]) -> Any:
+        rows = self._batch.generated(job[1]) if self._live(job) else None
+        if rows is None:
+            raise RuntimeError("the instruments model's batch failed while this job decoded")
+        return rows
 
-    def stop(self, job: int) -> None:
+    def stop(self, job: tuple[int, int]) -> None:
         """The job's generator was closed (the client left, the deadline passed): its rows leave now, so the
         rows the worker counts free are free here too (the other rows draw their next token meanwhile)."""
-        if self._done.pop(job, None) is None:
-            self._stopped.add(job)
-            self.step()
+        if self._live(job) and self._done.pop(job[1], None) is None:
+            self._stopped.add(job[1])
+            try:
+                self.step()
+            except Exception:  # the batch is gone (`step`): its other jobs fail at their turn, not this close
+                log.exception("the instruments model's batch failed while a job left it")
 
     @property
     def rows(self) -> int:

@@ -303,3 +303,34 @@ def test_the_instruments_models_jobs_share_one_batch_and_keep_their_own_tokens(b
             break
     assert [t.tolist() for t in last.tokens] == [t.tolist() for t in alone[1].tokens]
     assert shared.rows == 0
+
+
+def test_a_shared_batch_that_fails_fails_its_jobs_and_starts_afresh(band_checkpoint, monkeypatch):
+    from musicrel.generation.decode_batch import DecodeBatch
+    from musicrel.generation.primer import prepare_primer
+    from musicrel.generation.sampling import SamplingParams
+    from server.jobs import Continue
+    from server.model import LoadedModel
+    from server.worker import SharedBatch
+
+    loaded = LoadedModel.load(band_checkpoint, weights="float32")
+    primer = prepare_primer(loaded.codec, as_bytes(quartet()))
+    params = SamplingParams(seconds=1.0, seed=1)
+    shared = SharedBatch(loaded, max_rows=2)
+    first, second = (Continue(primer, params, model="instruments").steps(shared) for _ in range(2))
+    next(first), next(second)
+    real = DecodeBatch.step
+    monkeypatch.setattr(DecodeBatch, "step", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        next(first)
+    with pytest.raises(RuntimeError, match="batch failed"):
+        next(second)
+    monkeypatch.setattr(DecodeBatch, "step", real)
+    again = Continue(primer, params, model="instruments").steps(shared)
+    while True:
+        try:
+            next(again)
+        except StopIteration as done:
+            assert len(done.value.tokens[0]) > 0
+            break
+    assert shared.rows == 0

@@ -20,6 +20,7 @@ from musicrel.generation.join import cut_steps
 from musicrel.generation.streaming import NoteStream
 from musicrel.midi.codec import CodecConfig, EventCodec, open_pitches, shift_steps
 from musicrel.midi.decode import decode_tokens
+from musicrel.midi.instruments import DRUMS, is_ensemble, played
 from musicrel.midi.tracks import Tracks, read_tracks
 
 PRIMER_SECONDS = 30.0  # how much of the motif's end the model reads, by default
@@ -184,12 +185,29 @@ def prepare_primer(
         codec, notes, end_time, primer_seconds, max_tokens, tempo=tempo, instruments=instruments
     )
     program, reason = motif_program(pm, tracks, primer.start_time, primer.end_time)
+    if instruments is None:
+        reason += flattened(played(pm, tracks))
     primer = replace(primer, program=program, program_reason=reason)
     if instruments is not None:
         selection = codec.config.tracks
         found, places = read_tracks(pm, selection, primer.motif_notes, primer.motif_instruments, end_time)
         primer = replace(primer, tracks=found, motif_tracks=places, program_reason=TRACKS_REASON)
     return primer
+
+
+def flattened(heard: set[int]) -> str:
+    """What a codec without instruments did to an upload whose tracks read hold `heard` (instruments), in
+    words to add to the program's reason: nothing for one instrument; else how many it merged into one stream
+    and that it dropped the drums."""
+    if not is_ensemble(heard):
+        return ""
+    pitched = len(heard - {DRUMS})
+    merged = [f"{pitched} instruments merged into one stream"] if pitched > 1 else []
+    return (
+        "; "
+        + " and ".join(merged + (["drums dropped"] if DRUMS in heard else []))
+        + " (a model with instruments keeps them)"
+    )
 
 
 # What a continuation with instruments is written with, in the answers' words.

@@ -200,6 +200,27 @@ def test_real_merged_songs_are_read_as_their_main_instrument_or_piano(real_midi_
         assert share > 0.5 or (primer.program == 0 and "piano" in primer.program_reason), path.name
 
 
+def test_a_piano_codec_says_what_it_flattened():
+    """A codec without instruments merges a band's instruments and drops its drums: the program's reason says
+    so (the answers' `program_reason`, the command's summary); one instrument on many tracks is no band."""
+    from tests.musicrel.generation.test_continuation_tracks import band, quartet
+    from tests.musicrel.generation.test_infill_tracks import three_tracks
+
+    assert prepare_primer(CODEC, quartet()).program_reason.endswith(
+        "; 3 instruments merged into one stream (a model with instruments keeps them)"
+    )
+    assert (
+        "2 instruments merged into one stream and drums dropped"
+        in prepare_primer(CODEC, band()).program_reason
+    )
+    assert (
+        prepare_primer(CODEC, three_tracks()).program_reason
+        == "Acoustic Grand Piano plays every note of the motif"
+    )
+    # the tracks read decide: one violin of the quartet is one instrument
+    assert "merged" not in prepare_primer(CODEC, quartet(), tracks=[0]).program_reason
+
+
 def test_motif_end_cuts_the_motif_there():
     """Issue 23: a whole piece was continued after its final cadence; the user says where the motif ends."""
     pm = make_motif(16, drums=False)  # notes every 0.25 s, each 0.35 s long: 0.0 .. 4.1 s

@@ -1,6 +1,6 @@
 """The bundled example motifs of the web page, made by code: the repo carries no binaries of unknown origin.
 
-Two come from the music21 corpus (public-domain scores), two are written note by note with pretty_midi.
+Two come from the music21 corpus (public-domain scores), three are written note by note with pretty_midi.
 Regenerate with `python -m server.examples` (needs the `corpus` extra for music21); the .mid files and the
 index.json it writes under server/static/examples/ are committed.
 """
@@ -94,6 +94,37 @@ def _blues_riff(path: Path) -> None:
     _write(pm, path)
 
 
+def _band_groove(path: Path) -> None:
+    """Four bars of a band at 100 bpm: a drum kit (kick, snare, closed hi-hat in eighths, a crash on the
+    first beat), a bass on the roots and fifths, a muted guitar's offbeat chords. Drums and two pitched
+    instruments: what a server with an instruments model continues track by track."""
+    beat = 60.0 / 100
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    drums = pretty_midi.Instrument(program=0, is_drum=True, name="Drums")
+    bass = pretty_midi.Instrument(program=33, name="Bass")
+    guitar = pretty_midi.Instrument(program=28, name="Guitar")
+    for bar, (root, chord) in enumerate(
+        ((40, (64, 67, 71)), (40, (64, 67, 71)), (45, (64, 69, 72)), (47, (63, 66, 71)))
+    ):
+        t = bar * 4
+        if bar == 0:
+            drums.notes.append(pretty_midi.Note(100, 49, 0.0, 0.5 * beat))  # crash
+        for eighth in range(8):
+            start = (t + eighth / 2) * beat
+            drums.notes.append(pretty_midi.Note(70 if eighth % 2 else 85, 42, start, start + 0.1))  # hi-hat
+        for b in (0, 2, 2.5):
+            drums.notes.append(pretty_midi.Note(100, 36, (t + b) * beat, (t + b) * beat + 0.1))  # kick
+        for b in (1, 3):
+            drums.notes.append(pretty_midi.Note(95, 38, (t + b) * beat, (t + b) * beat + 0.1))  # snare
+        for b, pitch in ((0, root), (1.5, root), (2, root + 7), (3, root + 12), (3.5, root + 7)):
+            bass.notes.append(pretty_midi.Note(90, pitch, (t + b) * beat, (t + b + 0.45) * beat))
+        for b in (0.5, 1.5, 2.5, 3.5):
+            for pitch in chord:
+                guitar.notes.append(pretty_midi.Note(72, pitch, (t + b) * beat, (t + b + 0.3) * beat))
+    pm.instruments.extend([drums, bass, guitar])
+    _write(pm, path)
+
+
 EXAMPLES: tuple[Example, ...] = (
     Example(
         "Bach chorale (BWV 66.6)",
@@ -120,6 +151,13 @@ EXAMPLES: tuple[Example, ...] = (
         "blues_riff_a.mid",
         "A swung electric-piano riff with a walking bass (two tracks), written with pretty_midi.",
         _blues_riff,
+    ),
+    Example(
+        "Band groove in E",
+        "band_groove_e.mid",
+        "Drums, bass and a muted guitar, four bars (three tracks, drums on channel 10), written with "
+        "pretty_midi: a server with an instruments model continues each on its track.",
+        _band_groove,
     ),
 )
 

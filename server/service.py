@@ -138,27 +138,25 @@ class Service:
                 folder, self.view.folder, weights=self.settings.weights
             )
 
-    def view_of(self, model: str) -> CheckpointView:
-        """The view of the engine's model `model` (a job request's `model`) that the server has."""
-        view = {
+    def _views(self) -> dict[str, CheckpointView | None]:
+        """Each of MODELS as this process reads it (None: the server has no such model)."""
+        return {
             "continuation": self.view,
             "accompaniment": self.accompaniment,
             "infill": self.infill,
             "instruments": self.instruments,
-        }[model]
+        }
+
+    def view_of(self, model: str) -> CheckpointView:
+        """The view of the engine's model `model` (a job request's `model`) that the server has."""
+        view = self._views()[model]
         assert view is not None  # a request names only a model the server has
         return view
 
     def model_card(self, name: str) -> ModelCard | None:
         """The card of model `name` (one of MODELS): from the model loaded here, or from the engine once it
         is ready; None before, and when the server has no such model."""
-        views = {
-            "continuation": self.view,
-            "accompaniment": self.accompaniment,
-            "infill": self.infill,
-            "instruments": self.instruments,
-        }
-        if views[name] is None:
+        if self._views()[name] is None:
             return None
         here = {
             "continuation": self.loaded,

@@ -59,8 +59,8 @@ OnProgress = Callable[[list[list[int]]], None] | None
 class Continue:
     """What a continuation job is: the parsed primer, the library's parameters and the engine's model it runs
     on. On the continuation model it joins the running batch (DecodeBatch) with the other continuations; on
-    the instruments model (an upload the piano model would flatten: server.model.wants_instruments) it runs
-    beside that batch, in turns, as an infill does, in that model's own running batch (`steps`)."""
+    the instruments model (an upload the piano model would flatten: midi.instruments.wants_instruments) it
+    runs beside that batch, in turns, as an infill does, in that model's own running batch (`steps`)."""
 
     primer: Primer
     params: SamplingParams

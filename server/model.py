@@ -84,29 +84,11 @@ def view_infiller(folder: str | Path) -> tuple[CheckpointView | None, str]:
 
 def view_instruments(folder: str | Path, continuation: CheckpointView) -> tuple[CheckpointView | None, str]:
     """The instruments model in `folder`, which serves the uploads the `continuation` model would flatten
-    into one piano stream (`wants_instruments`), or None and why the server has none: also when
-    the continuation model hears every instrument itself."""
+    into one piano stream (`musicrel.midi.instruments.wants_instruments`), or None and why the server has
+    none: also when the continuation model hears every instrument itself."""
     if continuation.instruments:
         return None, f"the continuation model ({continuation.folder}) hears every instrument itself"
     return _view(folder, "instruments", "instruments", "its codec has no instruments")
-
-
-def asked_instruments(controls) -> bool | None:
-    """What a request's controls say of the instruments model: False when `program` asks one instrument for
-    every note (what a piano model writes), True when `instruments` asks for others than the motif's (what
-    only the instruments model can), None when they leave it to the upload."""
-    if controls is None or (controls.program is None and controls.instruments in (None, "motif")):
-        return None
-    return controls.program is None
-
-
-def wants_instruments(pm, tracks="merge", asked: bool | None = None) -> bool:
-    """Whether an upload (a PrettyMIDI) goes to the server's instruments model: as the controls ask
-    (`asked_instruments`), else when the tracks read hold drums or more than one instrument, which one
-    piano stream would flatten (`musicrel.midi.instruments.is_ensemble`)."""
-    from musicrel.midi.instruments import is_ensemble, played
-
-    return asked if asked is not None else is_ensemble(played(pm, tracks))
 
 
 def infill_folder(chosen: str | Path | None, checkpoint: str | Path) -> Path:

@@ -384,7 +384,7 @@ class InfillSample(SampleFile):
     new_notes: list[NewNote] = Field(description="the new notes, by onset")
 
 
-# Which of the server's models wrote an answer (server.model.wants_instruments routes them).
+# Which of the server's models wrote an answer (musicrel.midi.instruments.wants_instruments routes them).
 SERVED_BY = (
     "the server's model that wrote it: `continuation` (or `infill`), or `instruments` for an upload the "
     "piano model would flatten (drums, or more than one instrument) on a server with an instruments model"

@@ -103,11 +103,11 @@ class Settings(BaseSettings):
         "checkpoint when it has them, else checkpoints/infill",
     )
 
-    # The instruments model (server.model.wants_instruments routes to it): when the continuation model hears
-    # one piano stream, an upload it would flatten (drums, or more than one instrument in the tracks read: a
-    # quartet, a band) is continued by this one, each instrument on its own track, and filled by it too when
-    # it fills gaps; a piano upload stays on the piano models. Loaded at start-up when the folder holds a
-    # checkpoint whose codec has instruments; a folder without one turns the routing off.
+    # The instruments model (musicrel.midi.instruments.wants_instruments routes to it): when the continuation
+    # model hears one piano stream, an upload it would flatten (drums, or more than one instrument in the
+    # tracks read: a quartet, a band) is continued by this one, each instrument on its own track, and filled
+    # by it too when it fills gaps; a piano upload stays on the piano models. Loaded at start-up when the
+    # folder holds a checkpoint whose codec has instruments; a folder without one turns the routing off.
     instruments_checkpoint: Path = Field(
         Path("checkpoints/multi"),
         description="folder of the model for uploads with drums or several instruments (instruments codec)",

@@ -45,6 +45,24 @@ def is_ensemble(instruments: set[int]) -> bool:
     return DRUMS in instruments or len(instruments) > 1
 
 
+def asked_instruments(controls) -> bool | None:
+    """What a request's controls (generation.controls.Controls, or None) say of a model with instruments:
+    False when `program` asks one instrument for every note (what a piano model writes), True when
+    `instruments` asks for others than the motif's (what only a model with instruments can), None when they
+    leave it to the upload."""
+    if controls is None or (controls.program is None and controls.instruments in (None, "motif")):
+        return None
+    return controls.program is None
+
+
+def wants_instruments(pm: pretty_midi.PrettyMIDI, tracks="merge", asked: bool | None = None) -> bool:
+    """Whether an upload goes to a model with instruments rather than a piano model beside it (the server's
+    instruments model, `musicrel generate --instruments-checkpoint`): as the controls ask
+    (`asked_instruments`), else when the tracks read hold drums or more than one instrument, which one piano
+    stream would flatten."""
+    return asked if asked is not None else is_ensemble(played(pm, tracks))
+
+
 @dataclass
 class InstrumentNotes:
     """Notes (pretty_midi.Note, sorted by (start, instrument, pitch)) and the instrument of each, parallel."""

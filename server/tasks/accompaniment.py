@@ -15,9 +15,9 @@ from typing import Any
 
 from musicrel.errors import InvalidMidiError
 from musicrel.generation.controls import gm_program_name
+from musicrel.midi.instruments import asked_instruments
 from server.errors import ApiError
 from server.jobs import Accompany, Job
-from server.model import asked_instruments
 from server.schemas import AccompanimentParams, AccompanimentResponse, AccompanimentSample
 from server.service import Service
 from server.submit import parse_on_thread

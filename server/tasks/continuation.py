@@ -26,9 +26,9 @@ from musicrel.generation.controls import gm_program_name
 from musicrel.generation.primer import Primer, prepare_primer, refuse_program, render_result
 from musicrel.generation.sampling import SamplingParams
 from musicrel.generation.streaming import NoteStream
+from musicrel.midi.instruments import asked_instruments, wants_instruments
 from server.admission import Ticket
 from server.jobs import Continue, Job
-from server.model import asked_instruments, wants_instruments
 from server.openapi import form_limits
 from server.schemas import (
     BatchInfo,
@@ -63,8 +63,8 @@ def _motif(
     service: Service, data: bytes, params: ContinuationParams, asked: bool | None
 ) -> tuple[Primer, str]:
     """(the primer, the engine's model that continues it): the upload read once, routed (the instruments
-    model takes what the continuation model would flatten: server.model.wants_instruments) and cut by that
-    model's codec."""
+    model takes what the continuation model would flatten: `wants_instruments`) and cut by that model's
+    codec."""
     assert service.view is not None  # admitted only once loaded
     view, model, tracks = service.view, Continue.model, params.track_selection()
     pm = view.codec.read(data)

@@ -29,9 +29,9 @@ from musicrel.generation.span import (
     struck_under,
 )
 from musicrel.generation.streaming import NoteStream
+from musicrel.midi.instruments import asked_instruments, wants_instruments
 from server.errors import ApiError, in_bars
 from server.jobs import Infill, Job
-from server.model import asked_instruments, wants_instruments
 from server.schemas import InfillParams, InfillResponse, InfillSample, NewNote
 from server.service import Service
 from server.submit import parse_on_thread
@@ -44,7 +44,7 @@ def _cut(
     """The upload cut at the span, the span in seconds (as given, or its bars read against the file:
     `bar_span`, the downbeats' own times, so a note struck on one is in or out exactly) and the engine's
     model that fills it: the instruments model, when it fills gaps, for what the infill model would flatten
-    (server.model.wants_instruments: every track is heard), else the infill model."""
+    (musicrel.midi.instruments.wants_instruments: every track is heard), else the infill model."""
     assert service.infill is not None  # the route is refused without an infill model
     codec, model = service.infill.codec, Infill.model
     pm = codec.read(data)

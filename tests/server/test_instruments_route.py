@@ -1,9 +1,9 @@
-"""A piano server with an instruments model (MUSICREL_INSTRUMENTS_CHECKPOINT, server.model.wants_instruments):
-an upload the piano models would flatten (drums, or more than one instrument in the tracks read) is continued
-and filled by the instruments model, each instrument on its own track, the same notes as the library's run of
-that model; a piano upload stays on the piano models; the controls decide where they ask (`program`: one
-instrument, the piano model; `instruments`: others, the instruments model); /v1/model describes it; without
-one, every upload goes to the continuation model as before."""
+"""A piano server with an instruments model (MUSICREL_INSTRUMENTS_CHECKPOINT; the rule: `wants_instruments`
+of musicrel.midi.instruments): an upload the piano models would flatten (drums, or more than one instrument in
+the tracks read) is continued and filled by the instruments model, each instrument on its own track, the same
+notes as the library's run of that model; a piano upload stays on the piano models; the controls decide where
+they ask (`program`: one instrument, the piano model; `instruments`: others, the instruments model);
+/v1/model describes it; without one, every upload goes to the continuation model as before."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import pytest
 from musicrel.generation.continuation import continue_midi
 from musicrel.generation.infill import infill
 from musicrel.generation.span import InfillParams
-from musicrel.midi.instruments import DRUMS, is_ensemble, played
 from tests.musicrel.generation.test_continuation_tracks import (
     ENSEMBLES,
     as_bytes,
@@ -83,14 +82,6 @@ def notes_of(pm: pretty_midi.PrettyMIDI) -> list[list[tuple]]:
 def as_file(pm: pretty_midi.PrettyMIDI) -> pretty_midi.PrettyMIDI:
     """A PrettyMIDI made in memory as a file of it reads back (the server answers with files)."""
     return pretty_midi.PrettyMIDI(io.BytesIO(as_bytes(pm)))
-
-
-def test_what_one_piano_stream_would_flatten():
-    assert played(quartet()) == {40, 41, 42} and is_ensemble({40, 41, 42})
-    assert is_ensemble({DRUMS}) and not is_ensemble({0}) and not is_ensemble(set())
-    # POP909's three piano tracks are one instrument; a selection of one track of a quartet is one too
-    assert not is_ensemble(played(three_tracks()))
-    assert played(quartet(), [2]) == {41} and played(quartet(), [0, 1]) == {40}
 
 
 @pytest.mark.parametrize("name", sorted(ENSEMBLES))

@@ -438,3 +438,22 @@ def test_multi_corpus_round_trip(case):
     assert [(i.program, i.is_drum, len(i.notes)) for i in again.instruments] == [
         (i.program, i.is_drum, len(i.notes)) for i in pm.instruments
     ]
+
+
+def test_what_one_piano_stream_would_flatten_goes_to_a_model_with_instruments():
+    from musicrel.generation.controls import Controls
+    from musicrel.midi.instruments import asked_instruments, is_ensemble, played, wants_instruments
+    from tests.musicrel.generation.test_continuation_tracks import drums_only, quartet
+    from tests.musicrel.generation.test_infill_tracks import three_tracks
+
+    assert played(quartet()) == {40, 41, 42} and is_ensemble({40, 41, 42})
+    assert is_ensemble({DRUMS}) and not is_ensemble({0}) and not is_ensemble(set())
+    # POP909's three piano tracks are one instrument; a selection of one instrument of a quartet is one too
+    assert not wants_instruments(three_tracks()) and wants_instruments(drums_only())
+    assert played(quartet(), [2]) == {41} and not wants_instruments(quartet(), [0, 1])
+    assert wants_instruments(quartet()) and not wants_instruments(quartet(), asked=False)
+    # the controls: one program asks for a piano model, other instruments for a model with them
+    assert asked_instruments(None) is None and asked_instruments(Controls(instruments="motif")) is None
+    assert asked_instruments(Controls(program=40)) is False
+    assert asked_instruments(Controls(instruments="Violin, Cello")) is True
+    assert asked_instruments(Controls(instruments="any")) is True

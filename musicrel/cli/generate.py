@@ -157,6 +157,40 @@ def _novelty_index(args):
     return load_index(args.checkpoint) if (Path(args.checkpoint) / INDEX_FILE).is_file() else None
 
 
+def _instruments_model(args, codec):
+    """(model, codec) of --instruments-checkpoint, None without one; ConfigError `bad_instruments_checkpoint`
+    when --checkpoint hears every instrument itself, when its codec has none, or with --devices/--accelerator
+    (the Lightning path decodes one model)."""
+    if args.instruments_checkpoint is None:
+        return None
+    from musicrel.errors import ConfigError
+    from musicrel.model.checkpoint import load_codec, load_model
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"--instruments-checkpoint: {why}", code="bad_instruments_checkpoint")
+
+    if codec.instrument_offset is not None:
+        raise refuse("--checkpoint hears every instrument itself")
+    if args.devices is not None or args.accelerator is not None:
+        raise refuse("it decodes in this process: leave out --devices and --accelerator")
+    beside = load_codec(args.instruments_checkpoint)
+    if beside.instrument_offset is None:
+        raise refuse(f"{args.instruments_checkpoint}'s codec has no instruments")
+    return load_model(args.instruments_checkpoint, weights=args.weights), beside
+
+
+def _is_ensemble(codec, motif, tracks, controls) -> bool:
+    """Whether `motif` goes to the instruments model (`wants_instruments`); a file that cannot be read stays
+    with --checkpoint, whose run reports it."""
+    from musicrel.errors import MusicrelError
+    from musicrel.midi.instruments import asked_instruments, wants_instruments
+
+    try:
+        return wants_instruments(codec.read(motif), tracks, asked_instruments(controls))
+    except (MusicrelError, OSError):
+        return False
+
+
 def _generate(args) -> int:
     from tqdm import tqdm
 
@@ -181,6 +215,7 @@ def _generate(args) -> int:
         args.weights = "float32"  # int8 is a CPU's; Lightning moves the model to the accelerator after this
     model = load_model(args.checkpoint, weights=args.weights)
     codec = load_codec(args.checkpoint)
+    beside = _instruments_model(args, codec)
     novelty = _novelty_index(args)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -200,13 +235,24 @@ def _generate(args) -> int:
             return 0  # a non-zero rank: rank 0 writes the summary
     else:
         done = []
+        groups = [(model, codec, novelty, todo)]
+        if beside is not None:  # the motifs the --checkpoint model would flatten go to the instruments model
+            flat, rest = [], []
+            for item in todo:
+                (flat if _is_ensemble(codec, item[0], args.tracks, params.controls) else rest).append(item)
+            groups = [(model, codec, novelty, rest), (*beside, None, flat)]
         with tqdm(total=len(todo), unit="motif", disable=args.quiet, file=sys.stderr) as bar:
-            for i in range(0, len(todo), args.batch_size):
-                batch = todo[i : i + args.batch_size]
-                done += run_jobs(
-                    model, codec, batch, params, args.primer_seconds, args.tracks, novelty, args.motif_end
-                )
-                bar.update(len(batch))
+            for m, c, index, items in groups:
+                for i in range(0, len(items), args.batch_size):
+                    batch = items[i : i + args.batch_size]
+                    part = run_jobs(
+                        m, c, batch, params, args.primer_seconds, args.tracks, index, args.motif_end
+                    )
+                    if beside is not None:  # which of the two wrote it
+                        for r in part:
+                            r["model"] = "instruments" if m is not model else "checkpoint"
+                    done += part
+                    bar.update(len(batch))
     records += done
 
     for r in records:
@@ -216,6 +262,7 @@ def _generate(args) -> int:
     counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "exists", "error")}
     summary = {
         "checkpoint": str(args.checkpoint),
+        "instruments_checkpoint": None if beside is None else str(args.instruments_checkpoint),
         "weights": held_weights(model),  # what the model holds ("auto": the probe's choice)
         "input": str(root),
         "settings": {
@@ -249,6 +296,12 @@ def register(subparsers) -> None:
         "summary.json to --out. Outputs that already exist are skipped, so an interrupted run resumes.",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + model.safetensors)")
+    p.add_argument(
+        "--instruments-checkpoint",
+        default=None,
+        help="a model with instruments (checkpoints/multi) for the motifs a piano --checkpoint would flatten "
+        "(drums, or more than one instrument in the tracks read), as `make run` routes uploads",
+    )
     add_weights_argument(p)
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
     p.add_argument("--out", required=True, help="output folder")

@@ -198,3 +198,38 @@ def test_generate_bad_control_is_one_line_with_its_code(setup, capsys, flags, co
     assert run(tmp_path, motifs, tmp_path / "bad", *flags) == 2
     err = capsys.readouterr().err
     assert f"[{code}]" in err and "Traceback" not in err
+
+
+def test_an_instruments_checkpoint_takes_the_motifs_a_piano_model_would_flatten(setup, capsys):
+    """--instruments-checkpoint: a quartet goes to the model with instruments and keeps its four tracks, a
+    piano motif stays with --checkpoint; the summary says which model wrote each; a bad pair is one line."""
+    from musicrel.midi.codec import CodecConfig
+    from tests.musicrel.generation.test_continuation_tracks import quartet
+
+    tmp_path, motifs = setup
+    codec = EventCodec(CodecConfig(instruments=True))
+    torch.manual_seed(1)
+    cfg = ModelConfig(
+        vocab_size=codec.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=256
+    )
+    save_model(MusicTransformer(cfg), tmp_path / "band", codec=codec)
+    quartet().write(str(motifs / "quartet.mid"))
+    out = tmp_path / "out"
+    assert (
+        run(tmp_path, motifs, out, "--instruments-checkpoint", str(tmp_path / "band"), "--include-primer")
+        == 0
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    by_name = {r["input"].rsplit("/", 1)[-1]: r for r in summary["files"]}
+    assert by_name["quartet.mid"]["model"] == "instruments" and by_name["good.mid"]["model"] == "checkpoint"
+    assert summary["instruments_checkpoint"] == str(tmp_path / "band")
+    assert [t["name"] for t in by_name["quartet.mid"]["primer"]["tracks"]] == [
+        "Violin I", "Violin II", "Viola", "Violoncello"
+    ]  # fmt: skip
+    written = pretty_midi.PrettyMIDI(str(out / "quartet.sample0.mid"))
+    assert [i.name for i in written.instruments][:4] == ["Violin I", "Violin II", "Viola", "Violoncello"]
+    assert pretty_midi.PrettyMIDI(str(out / "sub" / "good.sample0.mid")).instruments[0].program == 11
+    capsys.readouterr()
+    assert run(tmp_path, motifs, tmp_path / "o2", "--instruments-checkpoint", str(tmp_path / "ckpt")) == 2
+    err = capsys.readouterr().err
+    assert "[bad_instruments_checkpoint]" in err and "no instruments" in err and "Traceback" not in err

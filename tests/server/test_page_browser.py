@@ -50,6 +50,7 @@ def test_upload_continue_draws_the_roll_and_downloads_a_midi_file(page, motif_fi
     assert page.is_enabled("#continue"), "the button must be usable again after a result"
     assert page.inner_text("#info-seed").strip() == "7"
     assert "decode" in page.inner_text("#info-timings")
+    assert "Done in" in page.inner_text("#status") and "instruments model" not in page.inner_text("#status")
     label = page.get_attribute("#roll", "aria-label")
     assert "motif of" in label and "continuation" in label
     drawn = page.evaluate(

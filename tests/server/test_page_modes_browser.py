@@ -516,7 +516,7 @@ def test_a_streamed_continuation_colours_each_note_by_the_track_the_stream_names
         {"type": "note_on", "sample": 0, "id": 3, "pitch": 60, "velocity": 80, "time": 0.2, "track": 3,
          "instrument": 48},
         {"type": "result", "seed": 3, "settings": {}, "primer": primer, "tracks": tracks, "new_tokens": 4,
-         "samples": [sample], "timings": {}},
+         "samples": [sample], "timings": {}, "model": "instruments"},
     ]  # fmt: skip
     body = "".join(json.dumps(e) + "\n" for e in events)
     page.route(
@@ -528,6 +528,8 @@ def test_a_streamed_continuation_colours_each_note_by_the_track_the_stream_names
     page.wait_for_selector("#app[data-state=done]", timeout=GENERATION_TIMEOUT_MS)
     live = page.evaluate("window.musicrel.state.stream.liveNotes.map((n) => [n.slot, n.drum, n.program])")
     assert live == [[1, False, 33], [2, True, 0], [3, False, 48]], live
+    # a server's instruments model wrote it (the answer's `model`): the closing line says so
+    assert "Written by the instruments model" in page.inner_text("#status")
     # The result's tracks in the upload's colours, and the strings in the colour they had live.
     legend = page.evaluate(LEGEND)
     assert legend[:3] == uploaded and [text for text, _, _ in legend[3:]] == ["Strings · String Ensemble 1"]

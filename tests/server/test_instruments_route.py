@@ -21,6 +21,8 @@ from tests.musicrel.generation.test_continuation_tracks import (
     ENSEMBLES,
     as_bytes,
     layout,
+    many_instruments,
+    program_change_inside_a_track,
     quartet,
 )
 from tests.musicrel.generation.test_infill_tracks import (
@@ -102,6 +104,18 @@ def test_an_ensemble_is_continued_by_the_instruments_model_as_the_library_does(s
         pm = midi_of(sample)
         assert layout(pm)[: len(upload.instruments)] == layout(upload)
         assert notes_of(pm) == notes_of(as_file(expected))
+
+
+def test_seventeen_instruments_and_a_program_change_inside_a_track_go_to_the_instruments_model(served):
+    client, _ = served
+    many = post(client, as_bytes(many_instruments(17)), **FIELDS)
+    assert many.status_code == 200, many.text
+    assert many.json()["model"] == "instruments" and len(many.json()["tracks"]) == 18
+    # one track, two programs: two instruments, as pretty_midi reads it
+    winds = post(client, program_change_inside_a_track(), **FIELDS)
+    assert winds.status_code == 200, winds.text
+    assert winds.json()["model"] == "instruments"
+    assert [(t["name"], t["program"]) for t in winds.json()["tracks"]] == [("Winds", 73), ("Winds", 68)]
 
 
 def test_a_piano_upload_stays_on_the_piano_model(served):

@@ -563,6 +563,9 @@ class GenerationThread:
         except StopIteration as done:
             job.finished_at = time.monotonic()
             job.generation_s = job.finished_at - (job.started_at or job.finished_at)
+            if isinstance(job.request, Continue):  # counted as the batch's continuations are (`_step`)
+                self.metrics.generation_seconds.observe(job.generation_s)
+                self.metrics.tokens_generated.inc(done.value.new_tokens)
             job._deliver(done.value)
         except Exception as exc:  # the library's own refusals (a control the melody cannot take) included
             job._deliver(error=exc)

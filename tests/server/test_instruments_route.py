@@ -33,7 +33,7 @@ from tests.musicrel.generation.test_infill_tracks import (
     three_tracks,
     tiny,
 )
-from tests.server.conftest import MOTIF, error_of, serve
+from tests.server.conftest import MOTIF, error_of, metric, serve
 
 FIELDS = {"seconds": "1.5", "seed": "3", "num_samples": "2"}
 SPAN = {"start": str(START), "end": str(END), "seed": "6", "num_samples": "2"}
@@ -116,6 +116,14 @@ def test_seventeen_instruments_and_a_program_change_inside_a_track_go_to_the_ins
     assert winds.status_code == 200, winds.text
     assert winds.json()["model"] == "instruments"
     assert [(t["name"], t["program"]) for t in winds.json()["tracks"]] == [("Winds", 73), ("Winds", 68)]
+
+
+def test_the_instruments_models_tokens_are_counted_in_the_metrics(served):
+    client, service = served
+    before = metric(service, "musicrel_tokens_generated_total")
+    response = post(client, as_bytes(quartet()), **FIELDS)
+    assert response.status_code == 200 and response.json()["model"] == "instruments"
+    assert metric(service, "musicrel_tokens_generated_total") == before + response.json()["new_tokens"]
 
 
 def test_a_piano_upload_stays_on_the_piano_model(served):

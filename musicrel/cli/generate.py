@@ -29,12 +29,21 @@ from musicrel.midi.files import find_midi_files
 
 
 def run_jobs(
-    model, codec, items, params, primer_seconds: float, tracks, novelty=None, motif_end: float | None = None
+    model,
+    codec,
+    items,
+    params,
+    primer_seconds: float,
+    tracks,
+    novelty=None,
+    motif_end: float | None = None,
+    read: dict | None = None,
 ) -> list[dict]:
     """Continue the motifs of `items` ((motif path, output paths) pairs) in ONE batch; write the outputs and
     return one record per motif. Unreadable motifs get an error record and do not stop the others. With a
     novelty index, each sample's longest stretch shared with the training data is in the record. A model
-    with instruments writes the motif's tracks (the record lists them) and refuses --program per motif."""
+    with instruments writes the motif's tracks (the record lists them) and refuses --program per motif.
+    `read`: motifs already read (path -> PrettyMIDI), not parsed again."""
     from musicrel.errors import MusicrelError
     from musicrel.evaluation.novelty import longest_copy
     from musicrel.generation.decode_batch import generate_batch
@@ -51,7 +60,7 @@ def run_jobs(
         try:
             primer = prepare_primer(
                 codec,
-                motif,
+                (read or {}).get(motif, motif),
                 primer_seconds,
                 tracks,
                 max_tokens=default_max_primer_tokens(model),
@@ -179,16 +188,23 @@ def _instruments_model(args, codec):
     return load_model(args.instruments_checkpoint, weights=args.weights), beside
 
 
-def _is_ensemble(codec, motif, tracks, controls) -> bool:
-    """Whether `motif` goes to the instruments model (`wants_instruments`); a file that cannot be read stays
-    with --checkpoint, whose run reports it."""
+def _route(codec, todo, tracks, controls) -> tuple[list, list, dict]:
+    """(the motifs of `todo` that stay with --checkpoint, those that go to the instruments model
+    (`wants_instruments`), each motif read: path -> PrettyMIDI, so its run does not parse it again); a file
+    that cannot be read stays with --checkpoint, whose run reports it."""
     from musicrel.errors import MusicrelError
     from musicrel.midi.instruments import asked_instruments, wants_instruments
 
-    try:
-        return wants_instruments(codec.read(motif), tracks, asked_instruments(controls))
-    except (MusicrelError, OSError):
-        return False
+    rest, flat, read = [], [], {}
+    for item in todo:
+        try:
+            read[item[0]] = codec.read(item[0])
+        except (MusicrelError, OSError):
+            rest.append(item)
+            continue
+        ensemble = wants_instruments(read[item[0]], tracks, asked_instruments(controls))
+        (flat if ensemble else rest).append(item)
+    return rest, flat, read
 
 
 def _generate(args) -> int:
@@ -235,24 +251,24 @@ def _generate(args) -> int:
             return 0  # a non-zero rank: rank 0 writes the summary
     else:
         done = []
-        groups = [(model, codec, novelty, todo)]
-        if beside is not None:  # the motifs the --checkpoint model would flatten go to the instruments model
-            flat, rest = [], []
-            for item in todo:
-                (flat if _is_ensemble(codec, item[0], args.tracks, params.controls) else rest).append(item)
-            groups = [(model, codec, novelty, rest), (*beside, None, flat)]
         with tqdm(total=len(todo), unit="motif", disable=args.quiet, file=sys.stderr) as bar:
-            for m, c, index, items in groups:
-                for i in range(0, len(items), args.batch_size):
-                    batch = items[i : i + args.batch_size]
+            for i in range(0, len(todo), args.batch_size):
+                batch, read = todo[i : i + args.batch_size], None
+                groups = [(model, codec, novelty, batch)]
+                if beside is not None:  # what the --checkpoint model would flatten: the instruments model
+                    rest, flat, read = _route(codec, batch, args.tracks, params.controls)
+                    groups = [(model, codec, novelty, rest), (*beside, None, flat)]
+                for m, c, index, items in groups:
+                    if not items:
+                        continue
                     part = run_jobs(
-                        m, c, batch, params, args.primer_seconds, args.tracks, index, args.motif_end
+                        m, c, items, params, args.primer_seconds, args.tracks, index, args.motif_end, read
                     )
                     if beside is not None:  # which of the two wrote it
                         for r in part:
                             r["model"] = "instruments" if m is not model else "checkpoint"
                     done += part
-                    bar.update(len(batch))
+                bar.update(len(batch))
     records += done
 
     for r in records:

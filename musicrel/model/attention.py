@@ -53,17 +53,18 @@ def relative_logits_skew(q: Tensor, E_r: Tensor) -> Tensor:
     return skew(q @ E_pad.transpose(-1, -2))  # (B, H, t, T + 1) -> (B, H, t, T)
 
 
-def relative_logits_one(q: Tensor, E_r: Tensor, T: int) -> Tensor:
-    """S_rel of one query per row after T - 1 keys: q (B, H, D), E_r (H, k + 1, D) -> (B, H, 1, T).
+def relative_logits_one(q: Tensor, E_rT: Tensor, T: int) -> Tensor:
+    """S_rel of one query per row after T - 1 keys: q (B, H, D), E_rT (H, D, k + 1), E_r transposed (a
+    view) -> (B, H, 1, T).
 
     Pad-and-skew is pointless for a single query: its relative logit for key j is q · E_r[distance T - 1 - j],
     i.e. q against the table's last T rows in order. So it is one (B, D) x (D, k + 1) product per head
     against E_r itself (never copied per row), and distances past k share one column (row k, E_r's first)."""
     B, H, _ = q.shape
-    rows = E_r.size(-2)
-    E = E_r[:, rows - T :] if rows >= T else E_r  # (H, min(T, k + 1), D)
+    rows = E_rT.size(-1)
+    E = E_rT.narrow(2, rows - T, T) if rows >= T else E_rT  # (H, D, min(T, k + 1))
     # Heads as the bmm batch and rows as its M: a broadcast q @ Eᵀ would copy E once per row.
-    S_rel = torch.bmm(q.transpose(0, 1), E.transpose(1, 2)).transpose(0, 1).unsqueeze(2)  # (B, H, 1, <= T)
+    S_rel = torch.bmm(q.transpose(0, 1), E).transpose(0, 1).unsqueeze(2)  # (B, H, 1, <= T)
     if rows < T:
         S_rel = torch.cat([S_rel[..., :1].expand(B, H, 1, T - rows), S_rel], dim=-1)  # (B, H, 1, T)
     return S_rel

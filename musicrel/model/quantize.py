@@ -106,7 +106,7 @@ def dequantize(weight: Tensor, scales: Tensor, dtype: torch.dtype = torch.float3
 def int8_linear(x: Tensor, weight: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
     """x (N, in) -> (N, out): x times int8 `weight` (out, in) and its `scales`, plus `bias` (Int8Linear)."""
     if x.is_cpu and x.size(0) < DEQUANTIZE_ROWS:
-        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), weight, scales)  # bfloat16
+        y = torch._weight_int8pack_mm(x.to(torch.bfloat16), weight, scales)  # bfloat16 (aten's kernel)
         # bias + y promotes y to float32 first: the same sums as casting and adding, one call fewer
         return y.to(x.dtype) if bias is None else bias + y
     y = F.linear(x, dequantize(weight, scales, x.dtype))  # a prefill, or off the CPU: dequantized

@@ -66,6 +66,15 @@ class KVCache:
         left_pad = None if self.left_pad is None else self.left_pad[rows]
         return KVCache(self.k[:, rows].clone(), self.v[:, rows].clone(), left_pad, self.length)
 
+    def layers(self) -> list[tuple[Tensor, Tensor]]:
+        """Each layer's (K, V), (B, H, max_len, D) views of `k` and `v`, made once for these buffers: a
+        decoding step reads every layer's, and indexing them anew cost two calls a layer per step."""
+        views = self.__dict__.get("_layers")
+        if views is None or views[0] is not self.k or views[1] is not self.v:
+            layers = list(zip(self.k.unbind(0), self.v.unbind(0), strict=True))
+            views = self._layers = (self.k, self.v, layers)
+        return views[2]
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -394,7 +403,9 @@ class DecodeStep:
 
         self.layers = []  # per block, in the order a step reads them
         for b in model.blocks:
-            attention = (norm(b.ln_1), _as_function(b.attn.qkv), b.attn.E_r, _as_function(b.attn.proj))
+            # E_r as (H, D, k + 1), a view made once: a step reads its last T columns
+            E_rT = b.attn.E_r.transpose(1, 2)
+            attention = (norm(b.ln_1), _as_function(b.attn.qkv), E_rT, _as_function(b.attn.proj))
             self.layers.append((*attention, norm(b.ln_2), _as_function(b.mlp[0]), _as_function(b.mlp[2])))
         self.embedding, self.ln_f = model.tok_emb.weight, norm(model.ln_f)
         self.head = _as_function(model.head)
@@ -409,22 +420,23 @@ class DecodeStep:
             # One query sees every key but the padding: the mask is shared by all layers, so built once.
             j = torch.arange(T, device=tokens.device)
             hidden = ((j[None] < left_pad[:, None]) & (j < t0)[None])[:, None, None]  # (B, 1, 1, T)
-        x = F.embedding(tokens, self.embedding)  # (B, C)
+        # Methods and torch.* ops, not indexing and F.*: at a few microseconds a call, a step's Python is
+        # a share of it (the same ops, the same arithmetic).
+        x = torch.embedding(self.embedding, tokens)  # (B, C)
         B = x.size(0)
-        for layer, (ln_1, qkv, E_r, proj, ln_2, fc, out) in enumerate(self.layers):
-            q_k_v = qkv(F.layer_norm(x, shape, *ln_1)).view(B, 3, H, D)
-            k, v = cache.k[layer], cache.v[layer]  # (B, H, max_len, D)
-            k[:, :, t0] = q_k_v[:, 1]
-            v[:, :, t0] = q_k_v[:, 2]
+        for (ln_1, qkv, E_rT, proj, ln_2, fc, out), (k, v) in zip(self.layers, cache.layers(), strict=True):
+            q_k_v = qkv(torch.layer_norm(x, shape, *ln_1)).view(B, 3, H, D)
+            k.select(2, t0).copy_(q_k_v.select(1, 1))  # k, v: (B, H, max_len, D)
+            v.select(2, t0).copy_(q_k_v.select(1, 2))
             # Both terms share the 1/sqrt(D) scale: scale q once and tell SDPA not to scale again.
-            q = q_k_v[:, 0] * self.scale  # (B, H, D)
-            S_rel = relative_logits_one(q, E_r, T)  # (B, H, 1, T)
+            q = q_k_v.select(1, 0) * self.scale  # (B, H, D)
+            S_rel = relative_logits_one(q, E_rT, T)  # (B, H, 1, T)
             if hidden is not None:
                 S_rel = S_rel.masked_fill(hidden, float("-inf"))
             y = F.scaled_dot_product_attention(
-                q[:, :, None], k[:, :, :T], v[:, :, :T], attn_mask=S_rel, scale=1.0
+                q.unsqueeze(2), k.narrow(2, 0, T), v.narrow(2, 0, T), attn_mask=S_rel, scale=1.0
             )  # (B, H, 1, D)
             x = x + proj(y.view(B, H * D))  # one query: (B, H, 1, D) is (B, C) in memory
-            x = x + out(F.gelu(fc(F.layer_norm(x, shape, *ln_2))))
+            x = x + out(F.gelu(fc(torch.layer_norm(x, shape, *ln_2))))
         cache.length = T
-        return self.head(F.layer_norm(x, shape, *self.ln_f))  # (B, vocab)
+        return self.head(torch.layer_norm(x, shape, *self.ln_f))  # (B, vocab)

@@ -61,6 +61,7 @@ def sample(
     *,
     truncate: bool | None = None,
     reshape: bool | None = None,
+    scale: bool | None = None,
 ) -> Tensor:
     """Draw one token per row: logits (B, V); temperature, top_p (B,) float; top_k (B,) long (V = off);
     `random`: the rows' streams (RowRandom: a row's draws never depend on the other rows), or one
@@ -68,14 +69,21 @@ def sample(
     float: a temperature within the time shifts (`shifts`, the codec's slice of them) alone, their block
     keeping its mass (`flatten_block`). Returns (B,) long.
 
-    `truncate` (any row with top-k or top-p on) and `reshape` (any row with a shift temperature other than
-    1) skip work no row needs; None finds them from the tensors (a device sync each). Either way a row
-    draws the same token: rows without them go through that work unchanged."""
+    `truncate` (any row with top-k or top-p on), `reshape` (any row with a shift temperature other than 1)
+    and `scale` (any row with a temperature other than 1) skip work no row needs; None finds them from the
+    tensors (a device sync each). Either way a row draws the same token: rows without them go through that
+    work unchanged (a division by 1 is exact)."""
     B, V = logits.shape
-    # Below MIN_TEMPERATURE sampling is greedy anyway; any positive temperature is valid, but one under
-    # float32's range (1e-45) divided logits into inf/NaN, no token kept its probability, and the index -1
-    # failed the decoding step of every request in the batch (500s, found by schemathesis; top_p too, below).
-    logits = logits.float() / temperature.float().clamp_min(MIN_TEMPERATURE)[:, None]
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    if scale is None:
+        scale = bool((temperature != 1).any())
+    if scale:
+        # Below MIN_TEMPERATURE sampling is greedy anyway; any positive temperature is valid, but one under
+        # float32's range (1e-45) divided logits into inf/NaN, no token kept its probability, and the index
+        # -1 failed the decoding step of every request in the batch (500s, found by schemathesis; top_p
+        # too, below).
+        logits = logits / temperature.float().clamp_min(MIN_TEMPERATURE).unsqueeze(1)
     if shift_temperature is not None and shifts is not None:
         if reshape is None:
             reshape = bool((shift_temperature != 1).any())
@@ -90,7 +98,9 @@ def sample(
     # probability, whatever the masks left.
     cdf = logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
     if isinstance(random, RowRandom):
-        u = random.uniform().to(cdf.device)
+        u = random.uniform()
+        if u.device != cdf.device:
+            u = u.to(cdf.device)
     else:
         u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in random]).to(cdf.device)
         u = u.float().clamp(max=1 - 2**-24)
@@ -179,6 +189,7 @@ def generate(
     # the sampler's work no row needs, skipped (rows leaving never make it needed)
     truncate = bool(((top_k < V) | (top_p < 1)).any())
     reshape = bool((shift_temperature != 1).any())
+    scale = bool((temperature != 1).any())
 
     seq = torch.empty(B, P + max_new_tokens, dtype=torch.long, device=device)  # all tokens, no torch.cat
     seq[:, :P] = prompt
@@ -194,7 +205,7 @@ def generate(
                 logits = grammar.constrain(logits)
             token = sample(
                 logits, temperature, top_k, top_p, random, shift_temperature, shifts,
-                truncate=truncate, reshape=reshape,
+                truncate=truncate, reshape=reshape, scale=scale,
             )  # fmt: skip
             if grammar is not None:
                 token = grammar.advance(token)

@@ -115,7 +115,7 @@ def signature(live) -> tuple:
     none: with no control rule on, `Grammar._steer` runs no operation, so rows given empty controls share
     the graph of rows given none.)"""
     g = live.grammar
-    flags = (live.truncate, live.reshape, g.any_density, g.any_pitch, g.any_chords, g.any_cap)
+    flags = (live.truncate, live.reshape, live.scale, g.any_density, g.any_pitch, g.any_chords, g.any_cap)
     shapes = tuple((tuple(getattr(o, n).shape[1:]), getattr(o, n).dtype) for o, n in slots(live))
     return (type(g), flags, shapes)
 

@@ -62,10 +62,11 @@ class LiveRows:
     max_new: Tensor  # (n,) long: the most a row draws
     random: RowRandom
     grammar: Grammar
-    # The sampler's work that some row needs (top-k/top-p; a shift temperature): Python flags, refreshed
-    # only as rows join and leave, so a step asks the device nothing.
+    # The sampler's work that some row needs (top-k/top-p; a shift temperature; a temperature): Python
+    # flags, refreshed only as rows join and leave, so a step asks the device nothing.
     truncate: bool = field(init=False, default=False)
     reshape: bool = field(init=False, default=False)
+    scale: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self._flags()
@@ -98,6 +99,7 @@ class LiveRows:
         specs = [row.job.spec for row in self.rows]
         self.truncate = any(spec.top_k is not None or spec.top_p < 1 for spec in specs)
         self.reshape = any(spec.shift_temperature != 1 for spec in specs)
+        self.scale = any(spec.temperature != 1 for spec in specs)
 
     def draw(self, logits: Tensor, shifts: slice) -> Tensor:
         """Each row's next token (B,), drawn under its grammar with its own settings and random stream (the
@@ -112,6 +114,7 @@ class LiveRows:
             shifts,
             truncate=self.truncate,
             reshape=self.reshape,
+            scale=self.scale,
         )
 
     def select(self, order: list[int]) -> None:

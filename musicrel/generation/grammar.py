@@ -200,7 +200,7 @@ class Grammar:
     def deadline(self) -> Tensor:
         """(B, 128) long: the step at which each note would reach its row's max_hold, never before the cut
         (`first_due`'s rule, per pitch)."""
-        return (self.onset + self.max_hold[:, None]).clamp(min=0)
+        return (self.onset + self.max_hold.unsqueeze(1)).clamp(min=0)
 
     def finished(self) -> Tensor:
         """(B,) bool: rows whose stream is complete (the time limit reached): the decode loop lets them go."""
@@ -208,7 +208,7 @@ class Grammar:
 
     def overdue(self) -> Tensor:
         """(B, 128) bool: sounding notes that have reached their row's max_hold."""
-        return self.open & (self.elapsed[:, None] >= self.deadline())
+        return self.open & (self.elapsed.unsqueeze(1) >= self.deadline())
 
     def constrain(self, logits: Tensor) -> Tensor:
         """Logits (B, V) -> the log-probabilities the rules leave (-inf: not allowed).
@@ -224,9 +224,9 @@ class Grammar:
         allowed = self.allowed & join_mask(self.steps_per_token, self.elapsed, self.max_shift)  # (B, V)
         overdue = self.overdue()
         forced = overdue.any(dim=1, keepdim=True)  # (B, 1) these rows must close a note now, and only that
-        off = allowed[:, self.off0 : self.off0 + 128]
+        off = allowed.narrow(1, self.off0, 128)  # a view: written through
         allowed &= ~forced
-        allowed[:, self.off0 : self.off0 + 128] = torch.where(forced, overdue, off & self.open)
+        off.copy_(torch.where(forced, overdue, off & self.open))
         if self.inst is not None:
             self.inst.constrain(allowed, forced.squeeze(1), self.elapsed)
         return (probs * allowed).log()
@@ -277,11 +277,11 @@ class Grammar:
         to the other note-ons, in the proportions the model (and the controls) gave them (`probs` is this
         step's own tensor). A row where no other pitch may sound (the controls masked them all) keeps its
         note-ons: the rule never forces a rest."""
-        counts = (self.recent_pitches[:, :, None] == self._constants().pitch).sum(dim=1)  # (B, 128)
+        counts = (self.recent_pitches.unsqueeze(2) == self._constants().pitch).sum(dim=1)  # (B, 128)
         worn = counts >= MAX_REPEATS  # (B, 128); no early return: `any` would cost a device sync per step
         if self.inst is not None:
             worn &= (self.inst.current != DRUMS)[:, None]  # a drum pattern repeats its pitches
-        block = probs[:, self.on0 : self.on0 + 128]
+        block = probs.narrow(1, self.on0, 128)
         varied = block.masked_fill(worn, 0.0)
         left = varied.sum(dim=1, keepdim=True)  # (B, 1)
         moved = varied * (block.sum(dim=1, keepdim=True) / left.clamp_min(_TINY))
@@ -297,13 +297,13 @@ class Grammar:
         time), so notes the model meant to end ring on and pile up. On real piano/pop this took mean
         polyphony from 8.5 to 3.8 (the pieces: 3.6). Only the sounding pitches' note-offs mean anything
         after this (a sounding pitch is its own nearest: it keeps its mass); `constrain` masks the others."""
-        probs = logits.float().softmax(dim=-1)  # (B, V)
+        probs = (logits if logits.dtype == torch.float32 else logits.float()).softmax(dim=-1)  # (B, V)
         # nearest sounding pitch at or below / at or above each pitch (far off where there is none)
         k = self._constants()
         below = torch.where(self.open, k.pitch, k.far_below).cummax(dim=1).values
         above = torch.where(self.open, k.pitch, k.far_above).flip(1).cummin(dim=1).values.flip(1)
         nearest = torch.where(below + above >= k.twice_pitch, below, above).clamp(0, 127)  # (B, 128)
-        off = probs[:, self.off0 : self.off0 + 128]
+        off = probs.narrow(1, self.off0, 128)
         off.copy_(torch.zeros_like(off).scatter_add_(1, nearest, off))
         return probs
 
@@ -335,7 +335,7 @@ class Grammar:
     def advance(self, tokens: Tensor) -> Tensor:
         """Record the sampled tokens (B,); returns them with shifts that cross the row's time limit or a
         note's max_hold cut short to land on it."""
-        deadline = first_due(self.open, self.onset, self.max_hold[:, None])  # (B,)
+        deadline = first_due(self.open, self.onset, self.max_hold.unsqueeze(1))  # (B,)
         if self.inst is not None:  # the other instruments' notes too
             deadline = torch.minimum(deadline, self.inst.deadline())
         remaining = torch.minimum(self.limit, deadline) - self.elapsed
@@ -345,21 +345,21 @@ class Grammar:
         dt = torch.where(cut, remaining, steps)
         # what each token is, looked up: (B, 1) each; pitch 0 for a token that is no note event
         kind, pitch = self._constants().kinds[tokens].unbind(dim=1)
-        is_on, pitch = (kind == 1)[:, None], pitch[:, None]
+        is_on, pitch = (kind == 1).unsqueeze(1), pitch.unsqueeze(1)
         if self.any_density:  # the loop measures the continuation: time before the cut is not its own
             music = (self.elapsed + dt).clamp(min=0) - self.elapsed.clamp(min=0)
             self.density.update(is_on.squeeze(1), music * self.step_s)
         self.elapsed += dt
         # a note-on opens its pitch, a note-off closes it, any other token writes back what was there
-        now = torch.where(kind[:, None] > 0, is_on, self.open.gather(1, pitch))
+        now = torch.where(kind.unsqueeze(1) > 0, is_on, self.open.gather(1, pitch))
         self.open.scatter_(1, pitch, now)
         # a note-on (a re-strike too) starts the note's clock
-        onset = torch.where(is_on, self.elapsed[:, None], self.onset.gather(1, pitch))
+        onset = torch.where(is_on, self.elapsed.unsqueeze(1), self.onset.gather(1, pitch))
         self.onset.scatter_(1, pitch, onset)
         is_on = is_on.squeeze(1)
-        shifted = torch.cat([self.recent_pitches[:, 1:], pitch], dim=1)
+        shifted = torch.cat([self.recent_pitches.narrow(1, 1, self.recent_pitches.size(1) - 1), pitch], dim=1)
         pitched = is_on if self.inst is None else is_on & (self.inst.current != DRUMS)
-        self.recent_pitches = torch.where(pitched[:, None], shifted, self.recent_pitches)
+        self.recent_pitches = torch.where(pitched.unsqueeze(1), shifted, self.recent_pitches)
         if self.inst is not None:
             self.open, self.onset = self.inst.switch(tokens, self.open, self.onset, self.max_hold)
         return tokens

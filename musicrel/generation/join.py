@@ -37,7 +37,7 @@ def join_mask(steps_per_token: Tensor, elapsed: Tensor, max_shift: int) -> Tenso
     max_shift) long. steps_per_token (V,): steps each token advances (0 for every non-shift token); max_shift:
     the longest shift's steps."""
     need = (-elapsed).clamp(min=0, max=max_shift)  # (B,) 0 once at the cut
-    return steps_per_token[None, :] >= need[:, None]
+    return steps_per_token >= need.unsqueeze(1)  # (V,) against (B, 1)
 
 
 def cut_steps(codec, primer_tokens, tail_steps: int = 0) -> int:

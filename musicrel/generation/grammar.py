@@ -344,22 +344,22 @@ class Grammar:
         tokens = torch.where(cut, remaining.clamp(1, self.max_shift) + (self.shift0 - 1), tokens)
         dt = torch.where(cut, remaining, steps)
         # what each token is, looked up: (B, 1) each; pitch 0 for a token that is no note event
-        kind, pitch = self._constants().kinds[tokens].unbind(dim=1)
-        is_on, pitch = (kind == 1).unsqueeze(1), pitch.unsqueeze(1)
+        k = self._constants()
+        kind, pitch = k.kind[tokens], k.pitch_of[tokens]
+        is_on = kind == 1  # (B, 1)
         if self.any_density:  # the loop measures the continuation: time before the cut is not its own
             music = (self.elapsed + dt).clamp(min=0) - self.elapsed.clamp(min=0)
             self.density.update(is_on.squeeze(1), music * self.step_s)
         self.elapsed += dt
         # a note-on opens its pitch, a note-off closes it, any other token writes back what was there
-        now = torch.where(kind.unsqueeze(1) > 0, is_on, self.open.gather(1, pitch))
+        now = torch.where(kind > 0, is_on, self.open.gather(1, pitch))
         self.open.scatter_(1, pitch, now)
         # a note-on (a re-strike too) starts the note's clock
         onset = torch.where(is_on, self.elapsed.unsqueeze(1), self.onset.gather(1, pitch))
         self.onset.scatter_(1, pitch, onset)
-        is_on = is_on.squeeze(1)
         shifted = torch.cat([self.recent_pitches.narrow(1, 1, self.recent_pitches.size(1) - 1), pitch], dim=1)
-        pitched = is_on if self.inst is None else is_on & (self.inst.current != DRUMS)
-        self.recent_pitches = torch.where(pitched.unsqueeze(1), shifted, self.recent_pitches)
+        pitched = is_on if self.inst is None else is_on & (self.inst.current != DRUMS).unsqueeze(1)  # (B, 1)
+        self.recent_pitches = torch.where(pitched, shifted, self.recent_pitches)
         if self.inst is not None:
             self.open, self.onset = self.inst.switch(tokens, self.open, self.onset, self.max_hold)
         return tokens
@@ -383,12 +383,13 @@ class _Constants:
         self.far_below = torch.full((128,), -_FAR, device=device)
         self.far_above = torch.full((128,), _FAR, device=device)
         self.shift_tilt = -DENSITY_SHIFT_TILT * grammar.shift_seconds  # (max_shift,) nats per nat of bias
-        # (V, 2) per token: its kind (1 note-on, 2 note-off, 0 any other) and its pitch (0 for the others)
+        # (V, 1) per token: its kind (1 note-on, 2 note-off, 0 any other) and its pitch (0 for the others),
+        # so that tokens (B,) look up (B, 1) columns
         ids = torch.arange(len(grammar.steps_per_token), device=device)
         on, off = grammar.codec.is_note_on(ids), grammar.codec.is_note_off(ids)
-        kind = torch.where(on, 1, torch.where(off, 2, 0))
+        self.kind = torch.where(on, 1, torch.where(off, 2, 0)).unsqueeze(1)
         pitch = torch.where(on, ids - grammar.on0, torch.where(off, ids - grammar.off0, 0))
-        self.kinds = torch.stack([kind, pitch], dim=1)
+        self.pitch_of = pitch.unsqueeze(1)
 
 
 _GRAMMAR_ROWS = (

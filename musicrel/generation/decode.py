@@ -55,7 +55,7 @@ def sample(
     temperature: Tensor,
     top_k: Tensor,
     top_p: Tensor,
-    random: RowRandom | Sequence[torch.Generator],
+    random: RowRandom | Tensor | Sequence[torch.Generator],
     shift_temperature: Tensor | None = None,
     shifts: slice | None = None,
     *,
@@ -64,8 +64,9 @@ def sample(
     scale: bool | None = None,
 ) -> Tensor:
     """Draw one token per row: logits (B, V); temperature, top_p (B,) float; top_k (B,) long (V = off);
-    `random`: the rows' streams (RowRandom: a row's draws never depend on the other rows), or one
-    torch.Generator per row (a loop over them: tests that pin a distribution); shift_temperature (B,)
+    `random`: the rows' streams (RowRandom: a row's draws never depend on the other rows), their draws for
+    this step ((B,) float32 in [0, 1), `RowRandom.ahead`), or one torch.Generator per row (a loop over them:
+    tests that pin a distribution); shift_temperature (B,)
     float: a temperature within the time shifts (`shifts`, the codec's slice of them) alone, their block
     keeping its mass (`flatten_block`). Returns (B,) long.
 
@@ -97,8 +98,8 @@ def sample(
     # stays under the total (float32 rounds it down): the first token whose cumulative mass passes it has
     # probability, whatever the masks left.
     cdf = logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
-    if isinstance(random, RowRandom):
-        u = random.uniform()
+    if isinstance(random, (RowRandom, Tensor)):
+        u = random.uniform() if isinstance(random, RowRandom) else random
         if u.device != cdf.device:
             u = u.to(cdf.device)
     else:

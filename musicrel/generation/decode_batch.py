@@ -278,7 +278,7 @@ class DecodeBatch:
             logits = self._decode(self.live.pending, self._cache_view())
         self.length += 1
         live, grammar = self.live, self.live.grammar
-        token = live.draw(logits, self.shifts)
+        token = live.draw(logits, self.shifts, ahead=True)
         live.pending = token = grammar.advance(token)
         self._steps.append(token)
         live.drawn += 1

@@ -93,7 +93,9 @@ def resolve_mode(mode: str, model, device: torch.device) -> str:
 
 
 def slots(live) -> list[tuple[object, str]]:
-    """(object, attribute) of every per-row tensor a step reads or writes, in a fixed order."""
+    """(object, attribute) of every per-row tensor a step reads or writes, in a fixed order. The random
+    streams' state is brought up to date first (an eager step's `RowRandom.ahead` leaves it behind)."""
+    live.random.flush()
     grammar = live.grammar
     return (
         [(live, name) for name in ROW_FIELDS]

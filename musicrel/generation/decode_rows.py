@@ -101,15 +101,16 @@ class LiveRows:
         self.reshape = any(spec.shift_temperature != 1 for spec in specs)
         self.scale = any(spec.temperature != 1 for spec in specs)
 
-    def draw(self, logits: Tensor, shifts: slice) -> Tensor:
+    def draw(self, logits: Tensor, shifts: slice, ahead: bool = False) -> Tensor:
         """Each row's next token (B,), drawn under its grammar with its own settings and random stream (the
-        eager and the static step alike)."""
+        eager and the static step alike; `ahead`: the eager step's, the streams' draws made many steps at
+        once, the same numbers)."""
         return sample(
             self.grammar.constrain(logits),
             self.temperature,
             self.top_k,
             self.top_p,
-            self.random,
+            self.random.ahead() if ahead else self.random,
             self.shift_temperature,
             shifts,
             truncate=self.truncate,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from musicrel.generation.decode import flatten_block, generate, sample
 from musicrel.generation.grammar import Grammar
 from musicrel.generation.primer import prepare_primer
-from musicrel.generation.row_random import RowRandom
+from musicrel.generation.row_random import AHEAD, RowRandom
 from tests.musicrel.conftest import (
     CODEC,
     make_motif,
@@ -130,6 +130,24 @@ def test_row_streams_depend_on_their_own_seed_alone():
     assert torch.equal(rest[0], expected[20:])
     late = RowRandom([7])
     assert torch.equal(rest[1], torch.stack([late.uniform() for _ in range(30)], dim=1)[0])
+
+
+def test_draws_made_ahead_are_the_streams_own():
+    """`ahead()` (the eager step's: AHEAD draws made at once) gives each row the numbers `uniform()` gives,
+    across its blocks' ends, rows leaving and joining mid-block, and `uniform()` after it (a static step
+    after eager ones) going on where it stopped."""
+    plain, blocked = RowRandom([3, 5, 2**40 + 1]), RowRandom([3, 5, 2**40 + 1])
+    for n in (AHEAD + 7, 2 * AHEAD + 1):  # past a block's end and mid-block when rows change
+        expected = torch.stack([plain.uniform() for _ in range(n)], dim=1)
+        assert torch.equal(torch.stack([blocked.ahead() for _ in range(n)], dim=1), expected)
+        for random in (plain, blocked):
+            random.select(torch.tensor([2, 0]))
+            random.extend(RowRandom([11]))
+    assert torch.equal(
+        torch.stack([blocked.ahead() for _ in range(5)], dim=1),
+        torch.stack([plain.uniform() for _ in range(5)], dim=1),
+    )
+    assert torch.equal(blocked.uniform(), plain.uniform())
 
 
 def test_row_streams_are_uniform():

@@ -136,6 +136,45 @@ def add_weights_argument(p) -> None:
     )
 
 
+def add_instruments_checkpoint_argument(p, what: str) -> None:
+    """--instruments-checkpoint: the model with instruments that takes the files --checkpoint would flatten
+    (`instruments_model`), as `make run` routes uploads."""
+    p.add_argument(
+        "--instruments-checkpoint",
+        default=None,
+        help=f"a model with instruments (checkpoints/multi) for the {what} a piano --checkpoint would "
+        "flatten (drums, or more than one instrument in the tracks read), as `make run` routes uploads",
+    )
+
+
+def instruments_model(args, codec, check=None):
+    """(model, codec) of --instruments-checkpoint, None without one. ConfigError `bad_instruments_checkpoint`
+    when --checkpoint hears every instrument itself, when its codec has none, when `check(model, codec)` (the
+    task's) refuses it, or with --devices/--accelerator (the Lightning path decodes one model)."""
+    if getattr(args, "instruments_checkpoint", None) is None:
+        return None
+    from musicrel.errors import ConfigError, MusicrelError
+    from musicrel.model.checkpoint import load_codec, load_model
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"--instruments-checkpoint: {why}", code="bad_instruments_checkpoint")
+
+    if codec.instrument_offset is not None:
+        raise refuse("--checkpoint hears every instrument itself")
+    if getattr(args, "devices", None) is not None or getattr(args, "accelerator", None) is not None:
+        raise refuse("it decodes in this process: leave out --devices and --accelerator")
+    beside = load_codec(args.instruments_checkpoint)
+    if beside.instrument_offset is None:
+        raise refuse(f"{args.instruments_checkpoint}'s codec has no instruments")
+    model = load_model(args.instruments_checkpoint, weights=args.weights)
+    if check is not None:
+        try:
+            check(model, beside)
+        except MusicrelError as exc:
+            raise refuse(str(exc)) from exc
+    return model, beside
+
+
 def positive_int(value: str) -> int:
     n = int(value)
     if n < 1:

@@ -13,10 +13,12 @@ from pathlib import Path
 
 from musicrel.cli.args import (
     add_control_arguments,
+    add_instruments_checkpoint_argument,
     add_run_arguments,
     add_sample_arguments,
     add_sampling_arguments,
     add_weights_argument,
+    instruments_model,
     output_paths,
     params_options,
     positive_int,
@@ -166,28 +168,6 @@ def _novelty_index(args):
     return load_index(args.checkpoint) if (Path(args.checkpoint) / INDEX_FILE).is_file() else None
 
 
-def _instruments_model(args, codec):
-    """(model, codec) of --instruments-checkpoint, None without one; ConfigError `bad_instruments_checkpoint`
-    when --checkpoint hears every instrument itself, when its codec has none, or with --devices/--accelerator
-    (the Lightning path decodes one model)."""
-    if args.instruments_checkpoint is None:
-        return None
-    from musicrel.errors import ConfigError
-    from musicrel.model.checkpoint import load_codec, load_model
-
-    def refuse(why: str) -> ConfigError:
-        return ConfigError(f"--instruments-checkpoint: {why}", code="bad_instruments_checkpoint")
-
-    if codec.instrument_offset is not None:
-        raise refuse("--checkpoint hears every instrument itself")
-    if args.devices is not None or args.accelerator is not None:
-        raise refuse("it decodes in this process: leave out --devices and --accelerator")
-    beside = load_codec(args.instruments_checkpoint)
-    if beside.instrument_offset is None:
-        raise refuse(f"{args.instruments_checkpoint}'s codec has no instruments")
-    return load_model(args.instruments_checkpoint, weights=args.weights), beside
-
-
 def _route(codec, todo, tracks, controls) -> tuple[list, list, dict]:
     """(the motifs of `todo` that stay with --checkpoint, those that go to the instruments model
     (`wants_instruments`), each motif read: path -> PrettyMIDI, so its run does not parse it again); a file
@@ -231,7 +211,7 @@ def _generate(args) -> int:
         args.weights = "float32"  # int8 is a CPU's; Lightning moves the model to the accelerator after this
     model = load_model(args.checkpoint, weights=args.weights)
     codec = load_codec(args.checkpoint)
-    beside = _instruments_model(args, codec)
+    beside = instruments_model(args, codec)
     novelty = _novelty_index(args)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -312,12 +292,7 @@ def register(subparsers) -> None:
         "summary.json to --out. Outputs that already exist are skipped, so an interrupted run resumes.",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + model.safetensors)")
-    p.add_argument(
-        "--instruments-checkpoint",
-        default=None,
-        help="a model with instruments (checkpoints/multi) for the motifs a piano --checkpoint would flatten "
-        "(drums, or more than one instrument in the tracks read), as `make run` routes uploads",
-    )
+    add_instruments_checkpoint_argument(p, "motifs")
     add_weights_argument(p)
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
     p.add_argument("--out", required=True, help="output folder")

@@ -12,6 +12,7 @@ import sys
 
 from musicrel.cli.args import (
     add_control_arguments,
+    add_instruments_checkpoint_argument,
     add_run_arguments,
     add_sample_arguments,
     add_sampling_arguments,
@@ -52,6 +53,7 @@ def _refuse(message: str) -> int:
 
 def _infill(args) -> int:
     from musicrel.generation.infill import InfillParams, bar_span, check_bars, check_model, check_span, infill
+    from musicrel.midi.instruments import asked_instruments, wants_instruments
 
     seconds = args.start is not None or args.end is not None
     if args.bars is None and (args.start is None or args.end is None):
@@ -89,7 +91,12 @@ def _infill(args) -> int:
     def done(n: int, total: int) -> str:
         return f"filled {span} in {n} of {total} files"
 
-    return run_files(args, FileTask(InfillParams, run, fields, done, check=check_model, record=record))
+    def route(codec, path, params) -> bool:
+        # as the server routes an upload: every track heard, the controls' instruments asked for
+        return wants_instruments(codec.read(path), asked=asked_instruments(params.controls))
+
+    task = FileTask(InfillParams, run, fields, done, check=check_model, record=record, route=route)
+    return run_files(args, task)
 
 
 def register(subparsers) -> None:
@@ -105,6 +112,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("input", help="a MIDI file or a folder of them")
     p.add_argument("--checkpoint", required=True, help="an infill model folder")
+    add_instruments_checkpoint_argument(p, "files")
     add_weights_argument(p)
     p.add_argument("--start", type=float, default=None, help="start of the span, seconds")
     p.add_argument("--end", type=float, default=None, help="end of the span, seconds (at most 30 s later)")

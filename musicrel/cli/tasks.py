@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from musicrel.cli.args import given, output_paths, params_options, torch_setup, write_midi
+from musicrel.cli.args import given, instruments_model, output_paths, params_options, torch_setup, write_midi
 from musicrel.midi.files import find_midi_files
 
 SUMMARY_FILE = "summary.json"
@@ -32,7 +32,8 @@ class FileTask:
     `.decode_seconds`, `.controls`, `.warnings` (`record`, the file's summary record, takes what the task
     learns before it runs). fields(result): what the record keeps of the result besides. done(done, total):
     the last line. check(model, codec): refuses a model that cannot do the task. record: what every file's
-    record starts with (after its input and outputs)."""
+    record starts with (after its input and outputs). route(codec, path, params): whether the file goes to
+    --instruments-checkpoint's model (a command that takes one), the codec --checkpoint's."""
 
     params: type
     run: Callable
@@ -40,6 +41,7 @@ class FileTask:
     done: Callable[[int, int], str]
     check: Callable | None = None
     record: dict = dataclasses.field(default_factory=dict)
+    route: Callable | None = None
 
 
 def run_files(args, task: FileTask) -> int:
@@ -60,6 +62,7 @@ def run_files(args, task: FileTask) -> int:
     model, codec = load_model(args.checkpoint, weights=args.weights), load_codec(args.checkpoint)
     if task.check is not None:
         task.check(model, codec)
+    beside = instruments_model(args, codec, task.check) if task.route is not None else None
     records, failed = [], 0
     for i, path in enumerate(files):
         paths = output_paths(path, root, out, params.num_samples)
@@ -70,7 +73,12 @@ def run_files(args, task: FileTask) -> int:
             continue
         seed = None if params.seed is None else (params.seed + i) % SEED_RANGE
         try:
-            result = task.run(model, codec, path, task.params(**{**options, "seed": seed}), record)
+            file_params = task.params(**{**options, "seed": seed})
+            chosen = (model, codec)
+            if beside is not None:  # what --checkpoint would flatten: the instruments model
+                chosen = beside if task.route(codec, path, file_params) else chosen
+                record["model"] = "instruments" if chosen is beside else "checkpoint"
+            result = task.run(*chosen, path, file_params, record)
         except MusicrelError as exc:
             record["error"] = {"code": exc.code, "message": str(exc)}
             failed += 1

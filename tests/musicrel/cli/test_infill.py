@@ -198,3 +198,34 @@ def test_tracks_regenerates_only_those_tracks_and_the_summary_says_where_the_not
     with pytest.raises(SystemExit) as exit_:
         run(tmp_path, song, tmp_path / "t3", "--tracks", "a")
     assert exit_.value.code == 2
+
+
+def test_an_instruments_checkpoint_fills_the_files_a_piano_infill_model_would_flatten(setup, capsys):
+    """--instruments-checkpoint: a three-instrument song goes to the model with instruments (as the server
+    routes an upload), comes back with its tracks and every note outside the span; a one-instrument file
+    stays with --checkpoint; the summary says which wrote each; a model that cannot fill is one line."""
+    from tests.musicrel.generation.test_infill_tracks import check_only_chosen_changed, three_tracks
+
+    tmp_path, songs = setup
+    _model(tmp_path / "band", EventCodec(CodecConfig(infill=True, instruments=True)))
+    _model(tmp_path / "band-no-infill", EventCodec(CodecConfig(instruments=True)))
+    song = three_tracks(programs=(0, 33, 40), seconds=12.0)  # piano, bass, violin
+    song.write(str(songs / "song.mid"))
+    song = pretty_midi.PrettyMIDI(str(songs / "song.mid"))  # as the command reads it
+    out = tmp_path / "out"
+    assert run(tmp_path, songs, out, "--instruments-checkpoint", str(tmp_path / "band")) == 0
+    by_name = {
+        r["input"].rsplit("/", 1)[-1]: r for r in json.loads((out / "summary.json").read_text())["files"]
+    }
+    assert by_name["song.mid"]["model"] == "instruments" and by_name["good.mid"]["model"] == "checkpoint"
+    for k in range(2):
+        filled = pretty_midi.PrettyMIDI(str(out / f"song.sample{k}.mid"))
+        # a note written at 2.999997 s (ticks) starts at 3.00 s, the span's first 10 ms step
+        check_only_chosen_changed(song, filled, {0, 1, 2}, 2.995, 6.0)
+    capsys.readouterr()
+    assert (
+        run(tmp_path, songs, tmp_path / "o2", "--instruments-checkpoint", str(tmp_path / "band-no-infill"))
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "[bad_instruments_checkpoint]" in err and "infill" in err and "Traceback" not in err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from musicrel.cli.args import (
     add_control_arguments,
+    add_instruments_checkpoint_argument,
     add_run_arguments,
     add_sample_arguments,
     add_sampling_arguments,
@@ -17,6 +18,7 @@ from musicrel.cli.tasks import FileTask, run_files
 
 def _accompany(args) -> int:
     from musicrel.generation.accompaniment import AccompanimentParams, accompany_midi
+    from musicrel.midi.instruments import asked_instruments
 
     def run(model, codec, melody, params, record):
         return accompany_midi(model, codec, melody, track=args.track, params=params)
@@ -27,7 +29,11 @@ def _accompany(args) -> int:
     def done(n: int, total: int) -> str:
         return f"accompanied {n} of {total} melodies"
 
-    return run_files(args, FileTask(AccompanimentParams, run, fields, done))
+    def route(codec, path, params) -> bool:
+        # as the server routes an accompaniment: instruments named, which a piano accompaniment cannot write
+        return asked_instruments(params.controls) is True
+
+    return run_files(args, FileTask(AccompanimentParams, run, fields, done, route=route))
 
 
 def register(subparsers) -> None:
@@ -43,6 +49,9 @@ def register(subparsers) -> None:
         "--checkpoint",
         required=True,
         help="an accompaniment model folder (checkpoints/accompany), or a model with instruments",
+    )
+    add_instruments_checkpoint_argument(
+        p, "the melodies whose --instruments name instruments (a piano accompaniment model writes one stream)"
     )
     add_weights_argument(p)
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")

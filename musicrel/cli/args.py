@@ -136,14 +136,17 @@ def add_weights_argument(p) -> None:
     )
 
 
-def add_instruments_checkpoint_argument(p, what: str) -> None:
-    """--instruments-checkpoint: the model with instruments that takes the files --checkpoint would flatten
-    (`instruments_model`), as `make run` routes uploads."""
+# What --instruments-checkpoint takes, by default: what a piano model would flatten
+FLATTENED = "a piano --checkpoint would flatten (drums, or more than one instrument in the tracks read)"
+
+
+def add_instruments_checkpoint_argument(p, which: str) -> None:
+    """--instruments-checkpoint: the model with instruments that takes `which` files (`instruments_model`),
+    as `make run` routes uploads."""
     p.add_argument(
         "--instruments-checkpoint",
         default=None,
-        help=f"a model with instruments (checkpoints/multi) for the {what} a piano --checkpoint would "
-        "flatten (drums, or more than one instrument in the tracks read), as `make run` routes uploads",
+        help=f"a model with instruments (checkpoints/multi) for {which}, as `make run` routes uploads",
     )
 
 

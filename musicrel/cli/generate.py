@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from musicrel.cli.args import (
+    FLATTENED,
     add_control_arguments,
     add_instruments_checkpoint_argument,
     add_run_arguments,
@@ -292,7 +293,7 @@ def register(subparsers) -> None:
         "summary.json to --out. Outputs that already exist are skipped, so an interrupted run resumes.",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + model.safetensors)")
-    add_instruments_checkpoint_argument(p, "motifs")
+    add_instruments_checkpoint_argument(p, f"the motifs {FLATTENED}")
     add_weights_argument(p)
     p.add_argument("--input", required=True, help="a MIDI file or a folder of them")
     p.add_argument("--out", required=True, help="output folder")

@@ -11,6 +11,7 @@ import dataclasses
 import sys
 
 from musicrel.cli.args import (
+    FLATTENED,
     add_control_arguments,
     add_instruments_checkpoint_argument,
     add_run_arguments,
@@ -112,7 +113,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("input", help="a MIDI file or a folder of them")
     p.add_argument("--checkpoint", required=True, help="an infill model folder")
-    add_instruments_checkpoint_argument(p, "files")
+    add_instruments_checkpoint_argument(p, f"the files {FLATTENED}")
     add_weights_argument(p)
     p.add_argument("--start", type=float, default=None, help="start of the span, seconds")
     p.add_argument("--end", type=float, default=None, help="end of the span, seconds (at most 30 s later)")

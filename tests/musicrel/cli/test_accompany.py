@@ -44,3 +44,41 @@ def test_a_model_with_instruments_accompanies_on_tracks_of_their_own(tmp_path, c
         assert "error [program_with_instruments]" in capsys.readouterr().err
     finally:
         torch.set_num_threads(threads)
+
+
+def test_an_instruments_checkpoint_accompanies_the_melodies_asking_for_instruments(tmp_path, capsys):
+    """--instruments-checkpoint: a melody whose --instruments name instruments goes to the model with them
+    (as the server routes an accompaniment), one without stays with the piano accompaniment model; the
+    summary says which wrote each."""
+    from musicrel.midi.codec import CodecConfig, EventCodec
+    from musicrel.model.config import ModelConfig
+    from musicrel.model.transformer import MusicTransformer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        save_model(instruments_model(max_seq_len=128), tmp_path / "band", codec=CODEC)
+        piano = EventCodec(CodecConfig(melody=True, tracks=[0, 1]))
+        torch.manual_seed(0)
+        cfg = ModelConfig(
+            vocab_size=piano.vocab_size, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_seq_len=128
+        )
+        save_model(MusicTransformer(cfg), tmp_path / "piano", codec=piano)
+        pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+        voice = pretty_midi.Instrument(program=68, name="Voice")
+        voice.notes = [pretty_midi.Note(90, 67 + k % 5, 0.5 * k, 0.5 * k + 0.4) for k in range(8)]
+        pm.instruments.append(voice)
+        pm.write(str(tmp_path / "tune.mid"))
+        argv = ["accompany", "--checkpoint", str(tmp_path / "piano"), "--instruments-checkpoint",
+                str(tmp_path / "band"), "--input", str(tmp_path / "tune.mid"), "--seed", "2",
+                "--quiet"]  # fmt: skip
+        assert main([*argv, "--out", str(tmp_path / "cello"), "--instruments", "Cello"]) == 0
+        assert main([*argv, "--out", str(tmp_path / "plain")]) == 0
+        for out, model in (("cello", "instruments"), ("plain", "checkpoint")):
+            (record,) = json.loads((tmp_path / out / "summary.json").read_text())["files"]
+            assert record["model"] == model
+        cello = pretty_midi.PrettyMIDI(str(tmp_path / "cello" / "tune.sample0.mid")).instruments
+        assert cello[0].name == "Voice" and all((t.name, t.program) == ("Cello", 42) for t in cello[1:])
+        assert len(pretty_midi.PrettyMIDI(str(tmp_path / "plain" / "tune.sample0.mid")).instruments) == 2
+    finally:
+        torch.set_num_threads(threads)

@@ -29,7 +29,7 @@ from musicrel.generation.controls import (
 )
 from musicrel.generation.join import join_mask
 from musicrel.midi.codec import open_pitches, shift_steps
-from musicrel.midi.instruments import DRUMS, current_instrument
+from musicrel.midi.instruments import DRUMS, current_instrument, playable
 
 # A note the model never closes is closed by the grammar after the motif's longest note times HOLD_FACTOR,
 # within these bounds. Measured note lengths (codec.to_notes, sustain pedal applied): 99.9th percentile 8.0 s
@@ -220,6 +220,8 @@ class Grammar:
         if self.any_control:
             probs = self._steer(probs)
         probs = self._vary(probs)
+        if self.inst is not None:  # an orchestral instrument strikes within its range
+            self.inst.keep_in_range(probs.narrow(1, self.on0, 128))
         # Before its cut a row only covers the silence already heard (no overdue note there: `deadline`).
         allowed = self.allowed & join_mask(self.steps_per_token, self.elapsed, self.max_shift)  # (B, V)
         overdue = self.overdue()
@@ -452,15 +454,21 @@ class _Instruments:
         current = np.zeros(B, np.int64)
         bank = np.full((B, self.count, 128), _SILENT, np.int64)
         may = np.ones((B, self.count), bool)
+        ranges = np.ones((B, self.count, 128), bool)
         for r, p in enumerate(prompts):
             current[r], bank[r] = instrument_onsets(codec, p)
             may[r] = motif_instruments(codec, p) if permitted[r] is None else permitted[r]
+            ranges[r] = playable(instrument_pitches(codec, p))
         # (B, I) bool: the instruments a row may strike notes of (the instruments control; the motif's by
         # default, so a band goes on as itself). Another instrument's sounding notes may still be closed.
         self.permitted = torch.as_tensor(may, device=device)
         self.current = torch.as_tensor(current, device=device)  # (B,) long
         self.onset = torch.as_tensor(bank, device=device)  # (B, I, 128) long: steps from the cut, or _SILENT
         self.switched = torch.zeros(B, dtype=torch.bool, device=device)  # the last token was an INSTRUMENT
+        # (B, I, 128) bool: the pitches each instrument may strike (`instruments.playable`: an orchestral
+        # instrument's range, widened to what the prompt gives it); `in_range` the current one's (B, 128)
+        self.ranges = torch.as_tensor(ranges, device=device)
+        self.in_range = self._row(self.ranges)
         # (V,) bool: what may follow an INSTRUMENT token: a note event (of a sounding pitch, for a note-off:
         # the grammar's own mask) or SET_VELOCITY
         self.after_switch = torch.zeros(codec.vocab_size, dtype=torch.bool, device=device)
@@ -511,6 +519,14 @@ class _Instruments:
             allowed[other] = False
             allowed[other, block] = late[other]
 
+    def keep_in_range(self, block: Tensor) -> None:
+        """The current instrument's note-on mass (`block`, (B, 128), written in place) moved to the pitches
+        in its range (`ranges`), in the proportions it had there, as the range control moves it: the range
+        chooses which pitches, not how many notes. A row with none of its mass in range strikes nothing."""
+        mass = block.sum(dim=1, keepdim=True)  # (B, 1)
+        block.mul_(self.in_range)
+        block.mul_(mass / block.sum(dim=1, keepdim=True).clamp_min(_TINY))
+
     def switch(self, tokens: Tensor, open_: Tensor, onset: Tensor, max_hold: Tensor) -> tuple[Tensor, Tensor]:
         """After `tokens`: rows that drew an INSTRUMENT take it up (its notes become `open`/`onset`, those of
         the one it leaves go into the bank)."""
@@ -520,11 +536,12 @@ class _Instruments:
             return open_, onset
         self.store(open_, onset, max_hold)
         self.current = torch.where(is_inst, tokens - self.first, self.current)
+        self.in_range = self._row(self.ranges)
         row = self._row(self.onset)
         # rows that did not switch keep theirs (a closed note keeps its onset there, `open` says it is closed)
         return torch.where(is_inst[:, None], row > _SILENT, open_), torch.where(is_inst[:, None], row, onset)
 
-    ROWS = ("permitted", "current", "onset", "switched", "sounding", "due")
+    ROWS = ("permitted", "current", "onset", "switched", "sounding", "due", "ranges", "in_range")
 
     def select(self, rows: Tensor) -> None:
         for name in self.ROWS:
@@ -545,6 +562,16 @@ def motif_instruments(codec, tokens) -> np.ndarray:
     plays = np.zeros(int(codec.num_instruments), bool)
     plays[inst[events]] = True
     return plays if plays.any() else ~plays
+
+
+def instrument_pitches(codec, tokens) -> dict[int, np.ndarray]:
+    """{instrument: the pitches of its note-ons in `tokens`} (notes before any INSTRUMENT token are the
+    piano's)."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    inst = current_instrument(tokens, codec.is_instrument(tokens), int(codec.instrument_offset))
+    on = codec.is_note_on(tokens)
+    pitches = tokens[on] - codec.note_on_offset
+    return {int(i): pitches[inst[on] == i] for i in np.unique(inst[on])}
 
 
 def instrument_onsets(codec, tokens) -> tuple[int, np.ndarray]:

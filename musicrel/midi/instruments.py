@@ -15,6 +15,52 @@ NUM_INSTRUMENTS = 129
 DRUMS_NAME = "Drums"
 
 
+# The sounding range (lowest, highest MIDI pitch) of the General MIDI programs that stand for one orchestral
+# instrument or voice, as orchestration texts give them (Adler, *The Study of Orchestration*; a few semitones
+# of room at the top, where players reach): a model with instruments strikes no note of such an instrument
+# outside it, nor outside the notes the upload gives that instrument (`playable`). Ensembles, keyboards,
+# guitars, basses, synthesizers and percussion are left free: their "range" is the patch's, not a player's.
+RANGES = {
+    40: (55, 103),  # violin: G3 up
+    41: (48, 93),  # viola: C3
+    42: (36, 88),  # cello: C2
+    43: (24, 67),  # contrabass: sounding C1 (with the extension) to G4
+    46: (23, 103),  # harp
+    47: (38, 60),  # timpani
+    52: (36, 86),  # choir aahs (one part)
+    53: (36, 86),  # voice oohs
+    56: (52, 86),  # trumpet
+    57: (34, 77),  # trombone
+    58: (24, 65),  # tuba
+    59: (52, 86),  # muted trumpet
+    60: (34, 79),  # French horn
+    64: (56, 88),  # soprano sax
+    65: (49, 81),  # alto sax
+    66: (44, 76),  # tenor sax
+    67: (36, 69),  # baritone sax
+    68: (58, 93),  # oboe
+    69: (52, 84),  # English horn
+    70: (34, 77),  # bassoon
+    71: (50, 94),  # clarinet
+    72: (74, 108),  # piccolo
+    73: (59, 98),  # flute
+}
+
+
+def playable(instruments_pitches: dict[int, np.ndarray]) -> np.ndarray:
+    """(NUM_INSTRUMENTS, 128) bool: the pitches each instrument may strike: its RANGES (every pitch for one
+    without), widened to the lowest and highest of `instruments_pitches` (instrument -> the pitches an
+    upload gives it), so that music the upload plays is never refused its own register."""
+    may = np.ones((NUM_INSTRUMENTS, 128), bool)
+    pitch = np.arange(128)
+    for program, (low, high) in RANGES.items():
+        given = instruments_pitches.get(program)
+        if given is not None and len(given):
+            low, high = min(low, int(np.min(given))), max(high, int(np.max(given)))
+        may[program] = (pitch >= low) & (pitch <= high)
+    return may
+
+
 def instrument_of(program: int, is_drum: bool) -> int:
     """The instrument index of a pretty_midi instrument: its program, or DRUMS (a drum kit's program
     chooses the kit, not an instrument: all kits are one instrument here)."""

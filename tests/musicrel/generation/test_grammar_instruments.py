@@ -14,7 +14,7 @@ from musicrel.generation.grammar import MAX_REPEATS, Grammar, instrument_onsets
 from musicrel.generation.primer import Primer, prepare_primer
 from musicrel.generation.sampling import SamplingParams
 from musicrel.midi.codec import CodecConfig, EventCodec
-from musicrel.midi.instruments import DRUMS
+from musicrel.midi.instruments import DRUMS, RANGES
 from musicrel.model.config import ModelConfig
 from musicrel.model.transformer import MusicTransformer
 from tests.musicrel.conftest import CODEC, make_motif, tiny_model
@@ -104,7 +104,9 @@ def test_after_an_instrument_a_note_event_comes():
     grammar = Grammar(BAND, [np.array([VIOLIN, ON + 60, SHIFT + 9])], [1000], controls=_any())
     grammar.advance(torch.tensor([CELLO]))
     allowed = _allowed(grammar)
-    assert allowed[ON : ON + 128].all() and allowed[VEL : VEL + 32].all()
+    low, high = RANGES[42]  # the cello strikes within its range
+    assert allowed[ON + low : ON + high + 1].all() and not allowed[ON : ON + low].any()
+    assert allowed[VEL : VEL + 32].all()
     assert not allowed[SHIFT : SHIFT + 100].any() and not allowed[BAND.instrument_offset :].any()
     assert not allowed[OFF : OFF + 128].any()  # the cello has nothing sounding
     grammar.advance(torch.tensor([VEL + 20]))
@@ -183,7 +185,8 @@ def test_the_motifs_instruments_play_by_default():
     allowed = _allowed(grammar)
     insts = allowed[BAND.instrument_offset :].nonzero().flatten() + BAND.instrument_offset
     assert insts.tolist() == [VIOLIN]  # the cello is current; nothing else
-    assert allowed[ON : ON + 128].all()  # the cello strikes
+    low, high = RANGES[42]
+    assert allowed[ON + low : ON + high + 1].all()  # the cello strikes (within its range)
 
 
 def test_the_instruments_control_chooses_who_plays_and_closes_the_others_notes():
@@ -196,7 +199,8 @@ def test_the_instruments_control_chooses_who_plays_and_closes_the_others_notes()
     grammar.advance(torch.tensor([OFF + 48]))
     grammar.advance(torch.tensor([VIOLIN]))
     assert not _allowed(grammar)[CELLO]  # nothing of the cello's left to close
-    assert _allowed(grammar)[ON : ON + 128].all()
+    low, high = RANGES[40]
+    assert _allowed(grammar)[ON + low : ON + high + 1].all()  # the violin strikes (within its range)
 
 
 def test_the_instruments_control_is_refused_by_a_piano_model_and_checked():
@@ -262,7 +266,7 @@ def test_the_uploads_tracks_may_all_play_even_those_silent_in_the_motif():
     job = continuation_job(model, BAND, primer, SamplingParams(seconds=4.0, seed=2))
     assert job.grammar.inst.permitted[0].nonzero().flatten().tolist() == [40, 42, DRUMS]
     heard, switched = set(), False
-    (res,) = generate_batch(model, BAND, [(primer, SamplingParams(seconds=4.0, seed=2, num_samples=4))])
+    (res,) = generate_batch(model, BAND, [(primer, SamplingParams(seconds=4.0, seed=2, num_samples=8))])
     for tokens in res.tokens:
         switched |= CELLO in np.asarray(tokens).tolist()
         notes = BAND.decode_instrument_notes(np.concatenate([primer.tokens, tokens]))
@@ -270,3 +274,20 @@ def test_the_uploads_tracks_may_all_play_even_those_silent_in_the_motif():
         assert played <= {40, 42, DRUMS}
         heard |= played
     assert switched  # the cello comes in (without the tracks it could not: the test above)
+
+
+def test_an_orchestral_instrument_strikes_within_its_range_or_the_prompt_s():
+    """A violin strikes nothing under G3 (55) nor over its top, unless the prompt gives the violin such notes
+    (then down to them); the piano and the drums strike anything; the rule reads each row's own prompt and
+    follows a switch of instrument."""
+    low, high = RANGES[40]
+    plain = np.array([VIOLIN, ON + 67, SHIFT + 9, OFF + 67])
+    low_violin = np.array([VIOLIN, ON + 48, SHIFT + 9, OFF + 48])
+    grammar = Grammar(BAND, [plain, low_violin], [1000, 1000], controls=_any(2))
+    allowed = grammar.constrain(torch.zeros(2, BAND.vocab_size)).isfinite()
+    assert allowed[0, ON + low : ON + high + 1].all()
+    assert not allowed[0, ON : ON + low].any() and not allowed[0, ON + high + 1 : ON + 128].any()
+    assert allowed[1, ON + 48 : ON + high + 1].all() and not allowed[1, ON : ON + 48].any()
+    grammar.advance(torch.tensor([BAND.instrument_offset + 0, KIT]))  # a piano, the drums: anything
+    allowed = grammar.constrain(torch.zeros(2, BAND.vocab_size)).isfinite()
+    assert allowed[:, ON : ON + 128].all()

@@ -220,7 +220,7 @@ class Grammar:
         if self.any_control:
             probs = self._steer(probs)
         probs = self._vary(probs)
-        if self.inst is not None:  # an orchestral instrument strikes within its range
+        if self.inst is not None and self.inst.any_range:  # an orchestral instrument strikes within its range
             self.inst.keep_in_range(probs.narrow(1, self.on0, 128))
         # Before its cut a row only covers the silence already heard (no overdue note there: `deadline`).
         allowed = self.allowed & join_mask(self.steps_per_token, self.elapsed, self.max_shift)  # (B, V)
@@ -475,6 +475,12 @@ class _Instruments:
         self.after_switch[self.on0 : self.on0 + 128] = True
         self.after_switch[codec.note_off_offset : codec.note_off_offset + 128] = True
         self.after_switch[codec.velocity_offset : codec.velocity_offset + codec.config.velocity_bins] = True
+        self._flags()
+
+    def _flags(self) -> None:
+        # a Python flag, refreshed as rows join and leave: a batch whose instruments all strike anything (a
+        # band of synths, guitars, bass and drums) skips the range rule's operations every step
+        self.any_range = not bool(self.ranges.all())
 
     def start(self, tail: np.ndarray, max_hold: Tensor) -> Tensor:
         """Move the bank's onsets to the rows' clocks (from the cut); the current instrument's (B, 128)."""
@@ -546,10 +552,12 @@ class _Instruments:
     def select(self, rows: Tensor) -> None:
         for name in self.ROWS:
             setattr(self, name, getattr(self, name)[rows])
+        self._flags()
 
     def extend(self, other: _Instruments) -> None:
         for name in self.ROWS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self._flags()
 
 
 def motif_instruments(codec, tokens) -> np.ndarray:

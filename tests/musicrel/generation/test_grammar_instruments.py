@@ -291,3 +291,14 @@ def test_an_orchestral_instrument_strikes_within_its_range_or_the_prompt_s():
     grammar.advance(torch.tensor([BAND.instrument_offset + 0, KIT]))  # a piano, the drums: anything
     allowed = grammar.constrain(torch.zeros(2, BAND.vocab_size)).isfinite()
     assert allowed[:, ON : ON + 128].all()
+
+
+def test_a_batch_without_a_ranged_instrument_skips_the_range_rule():
+    """Drums and a piano strike anything: their batch skips the rule (`any_range`); a violin joining turns
+    it on, and its leaving turns it off again."""
+    band = Grammar(BAND, [np.array([KIT, ON + 36, SHIFT + 9, BAND.instrument_offset, ON + 60])], [1000])
+    assert not band.inst.any_range
+    band.extend(Grammar(BAND, [np.array([VIOLIN, ON + 67, SHIFT + 9])], [1000]))
+    assert band.inst.any_range
+    band.select(torch.tensor([0]))
+    assert not band.inst.any_range

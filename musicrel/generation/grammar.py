@@ -478,9 +478,10 @@ class _Instruments:
         self._flags()
 
     def _flags(self) -> None:
-        # a Python flag, refreshed as rows join and leave: a batch whose instruments all strike anything (a
-        # band of synths, guitars, bass and drums) skips the range rule's operations every step
-        self.any_range = not bool(self.ranges.all())
+        # a Python flag, refreshed as rows join and leave: a batch whose permitted instruments all strike
+        # anything (a band of synths, guitars, bass and drums) skips the range rule's operations every step
+        # (another instrument's note-ons are masked whatever their range)
+        self.any_range = bool((self.permitted & ~self.ranges.all(dim=2)).any())
 
     def start(self, tail: np.ndarray, max_hold: Tensor) -> Tensor:
         """Move the bank's onsets to the rows' clocks (from the cut); the current instrument's (B, 128)."""

@@ -84,13 +84,50 @@ def read(config: CodecConfig, midi) -> pretty_midi.PrettyMIDI:
         mf.tracks = [t for t in mf.tracks if len(t)]
         if not mf.tracks:
             raise InvalidMidiError("the file has no events", code="no_notes")
+        signatures = _later_tracks_signatures(mf)  # before pretty_midi makes the tracks' times absolute
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tempo on non-zero tracks: pretty_midi's choice is documented
-            return pretty_midi.PrettyMIDI(mido_object=mf)
+            pm = pretty_midi.PrettyMIDI(mido_object=mf)
+        _add_signatures(pm, signatures)
+        return pm
     except InvalidMidiError:
         raise
     except Exception as exc:  # the parser stack raises OSError/ValueError/KeyError/...: one typed error
         raise InvalidMidiError(f"MIDI parser rejected the file: {exc}", code="not_midi") from None
+
+
+def _later_tracks_signatures(mf) -> dict[str, dict[int, object]]:
+    """The key and time signatures of tracks after the first, by type and absolute tick (the first at a
+    tick kept)."""
+    found: dict[str, dict[int, object]] = {"key_signature": {}, "time_signature": {}}
+    for track in mf.tracks[1:]:
+        tick = 0
+        for msg in track:
+            tick += msg.time
+            if msg.type in found:
+                found[msg.type].setdefault(tick, msg)
+    return found
+
+
+def _add_signatures(pm: pretty_midi.PrettyMIDI, found: dict[str, dict[int, object]]) -> None:
+    """Add to `pm` the signatures only later tracks carry (pretty_midi reads track 0's alone, and MuseScore
+    writes a key signature on every staff): an infill or an accompaniment writes the upload back, and a
+    score view would lose its keys. Track 0's signature wins at a tick; the tempo map stays pretty_midi's
+    (the times every note was read with)."""
+    if not any(found.values()):
+        return
+    have = {pm.time_to_tick(k.time) for k in pm.key_signature_changes}
+    for tick, msg in found["key_signature"].items():
+        if tick not in have:
+            number = pretty_midi.key_name_to_key_number(msg.key)
+            pm.key_signature_changes.append(pretty_midi.KeySignature(number, pm.tick_to_time(tick)))
+    have = {pm.time_to_tick(t.time) for t in pm.time_signature_changes}
+    for tick, msg in found["time_signature"].items():
+        if tick not in have:
+            meter = pretty_midi.TimeSignature(msg.numerator, msg.denominator, pm.tick_to_time(tick))
+            pm.time_signature_changes.append(meter)
+    pm.key_signature_changes.sort(key=lambda k: k.time)
+    pm.time_signature_changes.sort(key=lambda t: t.time)
 
 
 def raw_instruments(config: CodecConfig, midi) -> list[RawInstrument]:

@@ -253,3 +253,13 @@ def test_the_music_around_a_gap_says_which_notes_are_drum_hits():
     assert hits == sum(START - 10 <= n.start < START or END <= n.start < END + 10 for n in kit.notes)
     assert len(_pitched(around)) == len(around.motif_notes) - hits
     assert around_gap(PIANO, infill_segments(PIANO, pm, START, END)).motif_instruments is None
+
+
+def test_an_infill_writes_back_the_key_signatures_every_staff_carries():
+    """MuseScore writes a key signature on each staff, not on track 0: the filled file keeps them."""
+    from tests.musicrel.midi.test_notes import musescore_like
+
+    result = infill(tiny(BAND), musescore_like(), 2.0, 5.0, codec=BAND, params=InfillParams(seed=0))
+    out = result.midis[0]
+    assert [(k.key_number, round(k.time, 6)) for k in out.key_signature_changes] == [(2, 0.0), (5, 4.0)]
+    assert [(t.numerator, round(t.time, 6)) for t in out.time_signature_changes] == [(4, 0.0), (3, 8.0)]

@@ -383,7 +383,8 @@ def _render_tracks(
     by_track: list[list[pretty_midi.Note]] = [[] for _ in placer.tracks]
     if include_primer:
         for n, k in zip(primer.motif_notes, primer.motif_tracks, strict=True):
-            by_track[k].append(pretty_midi.Note(n.velocity, n.pitch, n.start, n.end))
+            for d in (k, *placer.copies(k)):  # the codec heard a unison double once: both tracks get it
+                by_track[d].append(pretty_midi.Note(n.velocity, n.pitch, n.start, n.end))
     for start, end, pitch, velocity, k in struck.values():
         by_track[k].append(pretty_midi.Note(velocity, pitch, start + offset, end + offset))
     pedal = []

@@ -348,12 +348,14 @@ def merge(
         removed += len(inst.notes) - len(kept)
         inst.notes = kept
     sounding = sounding_into(codec, pm, start)
+    copies = (lambda t: []) if instruments is None else gap_placer(pm, tracks, start, end).copies
     fitted, where = [], []
     for g, t in zip(new_notes, route(pm, tracks, start, end, new_notes, instruments), strict=True):
         if t is None or g.end <= g.start or struck_under(sounding, g.pitch, g.start):
             continue
-        note = pretty_midi.Note(g.velocity, g.pitch, g.start, g.end)
-        out.instruments[t].notes.append(note)
-        fitted.append(note)
-        where.append(t)
+        for k in (t, *copies(t)):  # the chosen tracks that double t in unison get a copy (midi.tracks)
+            note = pretty_midi.Note(g.velocity, g.pitch, g.start, g.end)
+            out.instruments[k].notes.append(note)
+            fitted.append(note)
+            where.append(k)
     return out, removed, fitted, where

@@ -19,7 +19,8 @@ With a codec that has instruments the notes are keyed by (instrument, pitch), as
 each `on` says its instrument and, given a `Placer` (`musicrel.midi.tracks`), its track: placed in the
 order the onsets come, which is the order `render` places them in, since it reads the same events. A note
 the placer puts on no track (an infill's note of an instrument no chosen track plays, `span.gap_placer`) is
-not the answer's and is never reported.
+not the answer's and is never reported. A track that doubles the note's track in unison (`Placer.copies`)
+gets a copy: a note of its own, with the next id, reported with the note it copies (`on`, `off`, `drop`).
 
 Why onsets and not whole notes: tokens come in time order, so onsets arrive in the order they are to be
 played, a few tokens after generation reaches them. A whole note is known only at its note-off, and a long
@@ -68,6 +69,7 @@ class NoteStream:
         self._base = 0  # the instrument in effect x 128: notes are keyed by voice = instrument x 128 + pitch
         self.placer = placer
         self._tracks: dict[int, int] = {}  # note id -> its track
+        self._copies: dict[int, list[int]] = {}  # note id -> the ids of its copies on the tracks doubling it
         self.t = 0  # steps, primer included
         self.velocity = 64
         self._open: dict[int, tuple[int, int, int | None]] = {}  # voice -> (start step, velocity, id or None)
@@ -87,9 +89,9 @@ class NoteStream:
         if note_id is None:
             return
         instrument = voice // 128 if self._inst_lo >= 0 else None
-        track = self._tracks.get(note_id)
-        event = NoteEvent(kind, note_id, voice % 128, self._seconds(step), velocity, instrument, track)
-        self._events.append(event)
+        pitch, time = voice % 128, self._seconds(step)
+        for i in (note_id, *self._copies.get(note_id, ())):
+            self._events.append(NoteEvent(kind, i, pitch, time, velocity, instrument, self._tracks.get(i)))
 
     def feed(self, tokens) -> list[NoteEvent]:
         """The events the new tokens complete, in order."""
@@ -147,7 +149,11 @@ class NoteStream:
             if track is None:
                 return None
             self._tracks[note_id] = track
-        self._ids += 1
+            copies = self.placer.copies(track)
+            if copies:
+                self._copies[note_id] = list(range(note_id + 1, note_id + 1 + len(copies)))
+                self._tracks.update(zip(self._copies[note_id], copies, strict=True))
+        self._ids += 1 + len(self._copies.get(note_id, ()))
         self._emit("on", note_id, voice, self.t, velocity)
         return note_id
 

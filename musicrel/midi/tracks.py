@@ -18,6 +18,11 @@ more often (POP909's three tracks 77 % against 52 %). An instrument the upload d
 track, after the upload's, named by its General MIDI name ("Drums": is_drum), in the order the instruments
 first sound.
 
+A track that doubles another of its instrument in unison (`doublings`: nearly every note it strikes near the
+music being written, the other strikes at the same time and pitch: a Mass's Flute II on Flute I) takes no
+note of its own, since the codec hears the two as one part: it gets a copy of each note placed on the track
+it doubles (`Placer.copies`), so it keeps playing where nearest voice left it silent.
+
 The output (`Tracks.write`): the tracks in their order with their names, programs and is_drum (pretty_midi
 writes drums on channel 10; with more than 15 pitched tracks it reuses channels 0, 1, ... but every track
 keeps its program), every track written even when it has no notes, so a track's index in the answer is its
@@ -36,6 +41,10 @@ from musicrel.midi.instruments import DRUMS, NUM_INSTRUMENTS, instrument_name, i
 _EPS = 1e-6  # seconds: times on the codec's 10 ms grid, read on two paths, compare within this
 # A track's voice: the median pitch of its notes that start this near the music being written (`voices`).
 VOICE_WINDOW_SECONDS = 10.0
+# A track doubles another of its instrument when at least this share of its notes near the music being
+# written (DOUBLING_MIN_NOTES or more) are struck by the other at the same time and pitch (`doublings`).
+DOUBLING_SHARE = 0.9
+DOUBLING_MIN_NOTES = 4
 
 
 @dataclass(frozen=True)
@@ -74,14 +83,51 @@ def voices(
     notes, the part being rewritten; a continuation (`end` None) only what starts before the cut `start`."""
     out = {}
     for t in indices:
-        notes = pm.instruments[t].notes
-        if end is None:
-            notes = [n for n in notes if n.start < start - _EPS]
-        stop = start if end is None else end + VOICE_WINDOW_SECONDS
-        near = [n.pitch for n in notes if start - VOICE_WINDOW_SECONDS <= n.start < stop]
-        pitches = near or [n.pitch for n in notes]
+        notes = _heard(pm, t, start, end)
+        pitches = [n.pitch for n in _near(notes, start, end)] or [n.pitch for n in notes]
         if pitches:
             out[t] = float(np.median(pitches))
+    return out
+
+
+def _heard(pm: pretty_midi.PrettyMIDI, t: int, start: float, end: float | None) -> list:
+    """Track `t`'s notes a continuation hears (those before the cut `start`) or an infill's (all)."""
+    notes = pm.instruments[t].notes
+    return [n for n in notes if n.start < start - _EPS] if end is None else notes
+
+
+def _near(notes: list, start: float, end: float | None) -> list:
+    """The notes that start within VOICE_WINDOW_SECONDS of [start, end) (`voices`' window)."""
+    stop = start if end is None else end + VOICE_WINDOW_SECONDS
+    return [n for n in notes if start - VOICE_WINDOW_SECONDS <= n.start < stop]
+
+
+def doublings(
+    pm: pretty_midi.PrettyMIDI, indices: Sequence[int], start: float, end: float | None = None
+) -> dict[int, int]:
+    """{track: the track it doubles} among `indices` (pretty_midi instrument indices of `pm`), read in
+    `voices`' window: a track doubles another of its instrument (program, or drums) when DOUBLING_SHARE of
+    its notes there (DOUBLING_MIN_NOTES at least) are struck by the other at the same time and pitch. Of two
+    tracks in unison the later doubles the earlier; a track that others double doubles none."""
+    instrument = {t: instrument_of(pm.instruments[t].program, pm.instruments[t].is_drum) for t in indices}
+    struck = {}
+    for t in indices:
+        near = _near(_heard(pm, t, start, end), start, end)
+        if len(near) >= DOUBLING_MIN_NOTES:
+            struck[t] = {(n.pitch, round(n.start, 4)) for n in near}
+    out: dict[int, int] = {}
+    for k in sorted(struck):
+        if k in out.values():  # doubled by an earlier track: a part of its own
+            continue
+        for j in sorted(struck):
+            if j == k or j in out or instrument[j] != instrument[k]:
+                continue
+            shared = len(struck[k] & struck[j])
+            follows = shared >= DOUBLING_SHARE * len(struck[k])
+            led = shared >= DOUBLING_SHARE * len(struck[j])  # j follows k as closely
+            if follows and not (led and j > k):  # in unison both ways, the later follows the earlier
+                out[k] = j
+                break
     return out
 
 
@@ -102,6 +148,7 @@ class Tracks:
 
     tracks: list[Track]
     voices: dict[int, float] = field(default_factory=dict)
+    doubles: dict[int, int] = field(default_factory=dict)  # {place: the place it doubles} (`doublings`)
 
     def __len__(self) -> int:
         return len(self.tracks)
@@ -165,8 +212,14 @@ class Placer:
         self.tracks = list(tracks.tracks)
         self._voices = tracks.voices
         self._of: dict[int, list[int]] = {}
+        self._copies: dict[int, list[int]] = {}
         for i, t in enumerate(self.tracks):
-            if only is None or i in only:
+            if only is not None and i not in only:
+                continue
+            doubled = tracks.doubles.get(i)
+            if doubled is not None and (only is None or doubled in only):
+                self._copies.setdefault(doubled, []).append(i)  # a double takes copies, no note of its own
+            else:
                 self._of.setdefault(t.instrument, []).append(i)
         self._adds = only is None  # an infill's placer adds no track: its file keeps the upload's
 
@@ -180,6 +233,10 @@ class Placer:
             self.tracks.append(new_track(int(instrument)))
             candidates = self._of[int(instrument)] = [len(self.tracks) - 1]
         return candidates[0] if len(candidates) == 1 else nearest(self._voices, candidates, pitch)
+
+    def copies(self, track: int) -> list[int]:
+        """The tracks that double `track` (`doublings`): each takes a copy of every note placed on it."""
+        return self._copies.get(track, [])
 
 
 def read_tracks(
@@ -205,8 +262,13 @@ def read_tracks(
             )
         )
         strikes.append({(n.pitch, round(n.start, 4)) for n in inst.notes})
-    heard = voices(pm, indices, cut, end)
-    out = Tracks(tracks, {k: heard[i] for k, i in enumerate(indices) if i in heard})
+    heard, doubled = voices(pm, indices, cut, end), doublings(pm, indices, cut, end)
+    place = {i: k for k, i in enumerate(indices)}
+    out = Tracks(
+        tracks,
+        {k: heard[i] for k, i in enumerate(indices) if i in heard},
+        {place[i]: place[j] for i, j in doubled.items()},
+    )
     of: dict[int, list[int]] = {}
     for k, t in enumerate(tracks):
         of.setdefault(t.instrument, []).append(k)

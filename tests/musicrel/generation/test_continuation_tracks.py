@@ -235,6 +235,38 @@ def test_the_stream_reports_each_notes_track_as_the_file_has_it():
         assert instrument == (DRUMS if inst.is_drum else inst.program)
 
 
+def test_a_track_in_unison_with_another_of_its_instrument_keeps_doubling_it_in_file_and_stream():
+    """Flute II doubles Flute I (the codec hears their line once): each new flute note is on both, a note
+    of its own on each (its own id in the stream), and the motif too where it is included."""
+    melody = [72, 74, 76, 77, 79, 77, 76, 74]
+    pm = pretty_midi.PrettyMIDI(initial_tempo=100)
+    pm.instruments = [
+        _track("Flute I", 73, _line(melody)),
+        _track("Flute II", 73, _line(melody)),
+        _track("Violoncello", 42, _line([48, 43, 45, 41], step=1.0, length=0.95)),
+    ]
+    primer = prepare_primer(CODEC, as_bytes(pm))
+    new = tokens(
+        ("inst", 73), ("on", 81), ("inst", 42), ("on", 40), ("shift", 30),
+        ("inst", 73), ("off", 81), ("on", 79), ("shift", 30), ("inst", 42), ("off", 40), ("shift", 5),
+    )  # fmt: skip
+    out = render(CODEC, primer, new)
+    pitches = [[n.pitch for n in i.notes] for i in out.instruments]
+    assert pitches == [[81, 79], [81, 79], [40]]
+    stream = NoteStream(CODEC, primer.tokens, primer.tail_steps, placer=primer.tracks.placer())
+    ons = [e for e in stream.feed(new) + stream.close() if e.kind == "on"]
+    assert [(e.id, e.track, e.pitch) for e in ons] == [
+        (0, 0, 81),
+        (1, 1, 81),
+        (2, 2, 40),
+        (3, 0, 79),
+        (4, 1, 79),
+    ]
+    whole = written(render(CODEC, primer, new, include_primer=True))
+    motif = [sorted(n.pitch for n in i.notes if n.start < primer.end_time - 1e-3) for i in whole.instruments]
+    assert motif[0] == motif[1] == sorted(melody)
+
+
 def test_a_program_change_inside_a_track_is_two_tracks_each_with_its_program():
     data = program_change_inside_a_track()
     primer = prepare_primer(CODEC, data)

@@ -263,3 +263,36 @@ def test_an_infill_writes_back_the_key_signatures_every_staff_carries():
     out = result.midis[0]
     assert [(k.key_number, round(k.time, 6)) for k in out.key_signature_changes] == [(2, 0.0), (5, 4.0)]
     assert [(t.numerator, round(t.time, 6)) for t in out.time_signature_changes] == [(4, 0.0), (3, 8.0)]
+
+
+def unison_flutes(seconds: float = 24.0) -> pretty_midi.PrettyMIDI:
+    """Flute I and Flute II (program 73) in unison over a cello."""
+    pm = pretty_midi.PrettyMIDI(initial_tempo=90.0)
+    line = [pretty_midi.Note(80, 72 + (j * 5) % 9, 0.5 * j, 0.5 * j + 0.45) for j in range(int(seconds * 2))]
+    for name in ("Flute I", "Flute II"):
+        flute = pretty_midi.Instrument(program=73, name=name)
+        flute.notes = [pretty_midi.Note(n.velocity, n.pitch, n.start, n.end) for n in line]
+        pm.instruments.append(flute)
+    cello = pretty_midi.Instrument(program=42, name="Cello")
+    cello.notes = [pretty_midi.Note(70, 40 + j % 5, 1.0 * j, 1.0 * j + 0.9) for j in range(int(seconds))]
+    pm.instruments.append(cello)
+    return pm
+
+
+def test_a_chosen_track_in_unison_with_another_chosen_one_gets_the_same_new_notes():
+    model, source = tiny(BAND), unison_flutes()
+    result = infill(
+        model, source, START, END, codec=BAND, params=InfillParams(seed=0, num_samples=2, tracks=(0, 1))
+    )
+    for out, notes, where in zip(result.midis, result.notes, result.note_tracks, strict=True):
+        check_only_chosen_changed(source, out, (0, 1), START, END)
+        first, second = (
+            [_key(n) for n in out.instruments[t].notes if START <= n.start < END] for t in (0, 1)
+        )
+        assert first == second and first  # Flute II keeps doubling Flute I in the gap
+        assert sorted(where) == [0] * len(first) + [1] * len(first)  # each copy is a note of the answer
+        assert sorted(map(_key, notes)) == sorted(first + second)
+    # chosen alone, Flute II writes notes of its own, and Flute I stays exactly as it was
+    alone = infill(model, source, START, END, codec=BAND, params=InfillParams(seed=0, tracks=(1,)))
+    check_only_chosen_changed(source, alone.midis[0], (1,), START, END)
+    assert set(alone.note_tracks[0]) == {1}

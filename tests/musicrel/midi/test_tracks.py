@@ -10,7 +10,7 @@ import pretty_midi
 
 from musicrel.midi.codec import CodecConfig, EventCodec
 from musicrel.midi.instruments import DRUMS
-from musicrel.midi.tracks import Track, Tracks, nearest, read_tracks, voices
+from musicrel.midi.tracks import Track, Tracks, doublings, nearest, read_tracks, voices
 
 N = pretty_midi.Note
 CODEC = EventCodec(CodecConfig(instruments=True))
@@ -133,6 +133,56 @@ def test_only_the_tracks_given_take_notes_and_none_is_added():
     assert placer.place(42, 40) == 2
     assert placer.place(41, 55) is None and placer.place(DRUMS, 36) is None
     assert len(placer.tracks) == 3
+
+
+def line(pitches, start=0.0, step=0.5):
+    return [(start + step * k, start + step * k + 0.4, p) for k, p in enumerate(pitches)]
+
+
+def flutes(second=None) -> pretty_midi.PrettyMIDI:
+    """Flute I and Flute II (both program 73) and an oboe on Flute I's line; Flute II in unison with Flute I
+    unless given its own line."""
+    melody = [72, 74, 76, 77, 79, 77, 76, 74]
+    pm = pretty_midi.PrettyMIDI()
+    pm.instruments = [
+        track("Flute I", 73, line(melody)),
+        track("Flute II", 73, line(second if second is not None else melody)),
+        track("Oboe", 68, line(melody)),
+    ]
+    return pm
+
+
+def test_a_track_in_unison_with_an_earlier_one_of_its_instrument_doubles_it():
+    pm = flutes()
+    assert doublings(pm, [0, 1, 2], 4.0) == {1: 0}  # the oboe plays the line too, but it is another part
+    assert doublings(pm, [0, 2], 4.0) == {}
+    # a part that doubles only some of the other's notes is its own; one that plays a few of them (a
+    # subset) follows the fuller part, whichever comes first
+    assert doublings(flutes(second=[72, 74, 76, 77, 60, 62, 64, 65]), [0, 1], 4.0) == {}
+    pm = flutes()
+    pm.instruments[0].notes = pm.instruments[0].notes[::2] + [N(80, 60, 4.0, 4.4)]
+    assert doublings(pm, [0, 1], 5.0) == {}  # 4 of Flute I's 5 are Flute II's: 80 % < DOUBLING_SHARE
+    pm.instruments[0].notes = pm.instruments[0].notes[:4]
+    assert doublings(pm, [0, 1], 5.0) == {0: 1}  # Flute I plays every other note of Flute II's line
+    # too few notes to tell, and what the cut has not heard yet, say nothing
+    assert doublings(flutes(), [0, 1], 1.4) == {}  # three notes each before the cut
+    three = flutes()
+    three.instruments.append(track("Flute III", 73, line([72, 74, 76, 77, 79, 77, 76, 74])))
+    assert doublings(three, [0, 1, 2, 3], 4.0) == {1: 0, 3: 0}
+
+
+def test_a_double_takes_a_copy_of_each_note_and_none_of_its_own():
+    (tracks, places), notes = read(flutes())
+    assert tracks.doubles == {1: 0}
+    assert sorted(set(places)) == [0, 2]  # the codec heard the flutes' line once: on Flute I (and the oboe)
+    placer = tracks.placer()
+    assert [placer.place(73, p) for p in (60, 79, 90)] == [0, 0, 0]
+    assert placer.copies(0) == [1] and placer.copies(1) == [] and placer.copies(2) == []
+    # an infill's chosen tracks: a double chosen without its part is a part of its own, and a part chosen
+    # without its double copies to nothing
+    alone = tracks.placer(only={1})
+    assert alone.place(73, 79) == 1 and alone.copies(1) == []
+    assert tracks.placer(only={0}).copies(0) == []
 
 
 def test_write_keeps_every_track_and_drums_on_channel_10():

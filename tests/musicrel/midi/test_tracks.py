@@ -172,7 +172,7 @@ def test_a_track_in_unison_with_an_earlier_one_of_its_instrument_doubles_it():
 
 
 def test_a_double_takes_a_copy_of_each_note_and_none_of_its_own():
-    (tracks, places), notes = read(flutes())
+    (tracks, places), _ = read(flutes())
     assert tracks.doubles == {1: 0}
     assert sorted(set(places)) == [0, 2]  # the codec heard the flutes' line once: on Flute I (and the oboe)
     placer = tracks.placer()

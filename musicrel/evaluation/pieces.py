@@ -186,7 +186,7 @@ def piece_primer(codec, notes, cut: float, motif_seconds: float, model):
     # motif (a Lied's voice after the piano's introduction) may come in
     order = sorted(set(notes) | set(primer.motif_instruments))
     tracks = Tracks([new_track(i) for i in order])
-    return replace(primer, tracks=tracks, motif_tracks=[order.index(i) for i in primer.motif_instruments])
+    return replace(primer, tracks=tracks, motif_tracks=[(order.index(i),) for i in primer.motif_instruments])
 
 
 def load_pieces(model, codec, files, motif_seconds: float, seconds: float, limit: int | None):

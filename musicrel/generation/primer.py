@@ -44,7 +44,8 @@ class Primer:
     # before its first event (musicrel.generation.join), so the continuation starts at end_time
     tail_steps: int = 0
     # A codec with instruments: each motif note's instrument (parallel to motif_notes), the motif's tracks
-    # (the upload's selected tracks) and the track of each motif note; None for a codec without instruments.
+    # (the upload's selected tracks) and the tracks of each motif note (one, or both of a unison double); None
+    # for a codec without instruments.
     motif_instruments: list | None = None
     tracks: Tracks | None = None
     motif_tracks: list | None = None
@@ -382,9 +383,9 @@ def _render_tracks(
             struck.pop(e.id, None)
     by_track: list[list[pretty_midi.Note]] = [[] for _ in placer.tracks]
     if include_primer:
-        for n, k in zip(primer.motif_notes, primer.motif_tracks, strict=True):
-            for d in (k, *placer.copies(k)):  # the codec heard a unison double once: both tracks get it
-                by_track[d].append(pretty_midi.Note(n.velocity, n.pitch, n.start, n.end))
+        for n, own in zip(primer.motif_notes, primer.motif_tracks, strict=True):
+            for k in own:  # a unison double's note, read once, goes back to both its tracks
+                by_track[k].append(pretty_midi.Note(n.velocity, n.pitch, n.start, n.end))
     for start, end, pitch, velocity, k in struck.values():
         by_track[k].append(pretty_midi.Note(velocity, pitch, start + offset, end + offset))
     pedal = []

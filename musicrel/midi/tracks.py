@@ -246,12 +246,12 @@ def read_tracks(
     instruments: Sequence[int],
     cut: float,
     end: float | None = None,
-) -> tuple[Tracks, list[int]]:
+) -> tuple[Tracks, list[tuple[int, ...]]]:
     """The `selection` ("merge": every track, drums included; else pretty_midi instrument indices) of the
     upload's tracks, each one's voice (`voices` of the music before `cut`, or around the gap [cut, `end`)
     of an infill), and the track of each of `notes` (the codec's reading of the upload: `instruments`
-    parallel) by its own track: the track of its instrument that strikes its pitch at its start, else
-    nearest voice."""
+    parallel) by its own tracks: the tracks of its instrument that strike its pitch at its start (both of a
+    unison double, which the codec reads as one note), else nearest voice's one."""
     indices = range(len(pm.instruments)) if selection == "merge" else sorted(set(selection))
     tracks, strikes = [], []
     for i in indices:
@@ -275,8 +275,8 @@ def read_tracks(
     # The motif's own notes: the one track that struck each (a note's start and pitch are the upload's);
     # nearest voice only for what no track of its instrument struck as such.
     placer = out.placer()
-    places = [0] * len(notes)
-    for j, (note, instrument) in enumerate(zip(notes, instruments, strict=True)):
+    places: list[tuple[int, ...]] = []
+    for note, instrument in zip(notes, instruments, strict=True):
         own = [k for k in of.get(int(instrument), []) if (note.pitch, round(note.start, 4)) in strikes[k]]
-        places[j] = own[0] if own else placer.place(int(instrument), note.pitch)
+        places.append(tuple(own) if own else (placer.place(int(instrument), note.pitch),))
     return out, places

@@ -82,3 +82,22 @@ def test_a_file_with_signatures_on_track_0_alone_reads_as_pretty_midi_reads_it()
     pm = CODEC.read(buffer.getvalue())
     assert [(k.key_number, k.time) for k in pm.key_signature_changes] == [(22, 0.0)]
     assert pm.time_signature_changes == []
+
+
+def test_track_0s_signature_wins_at_a_tick_later_tracks_also_mark():
+    mf = mido.MidiFile(ticks_per_beat=480)
+    mf.tracks.append(mido.MidiTrack([mido.MetaMessage("key_signature", key="G", time=0)]))
+    mf.tracks.append(
+        mido.MidiTrack(
+            [
+                mido.MetaMessage("key_signature", key="D", time=0),
+                mido.Message("note_on", note=62, velocity=80, time=0),
+                mido.Message("note_off", note=62, velocity=0, time=480),
+                mido.MetaMessage("key_signature", key="A", time=0),  # at tick 480, where track 0 says nothing
+            ]
+        )
+    )
+    buffer = io.BytesIO()
+    mf.save(file=buffer)
+    pm = CODEC.read(buffer.getvalue())
+    assert [(k.key_number, k.time) for k in pm.key_signature_changes] == [(7, 0.0), (9, pytest.approx(0.5))]

@@ -111,3 +111,33 @@ def test_the_instruments_control_chooses_what_is_written_and_program_is_refused(
     with pytest.raises(MusicrelError) as err:
         accompany_midi(model, CODEC, source, track=2)
     assert err.value.code == "no_such_track"
+
+
+def test_the_tunes_own_instrument_is_never_the_models_and_naming_it_says_so(model):
+    """An oboe's tune under "Oboe, Cello": the model may strike only the cello (its oboe notes would go on
+    with the tune, and the answer would drop them: the mass goes to the others), and a warning says why;
+    "Oboe" alone leaves nothing to write: an error with a code."""
+    from musicrel.generation.decode_batch import DecodeBatch
+
+    source = lied(4.0)
+    params = AccompanimentParams(seed=4, num_samples=2, controls=Controls(instruments="Oboe, Cello"))
+    job = instruments_job(model, CODEC, source, 1, params)
+    assert job.controls.instruments[VOICE] == False and job.controls.instruments[42]  # noqa: E712
+    assert job.grammar.inst.permitted[:, VOICE].any() == False  # noqa: E712
+    batch = DecodeBatch(model, CODEC, max_rows=2)
+    batch.admit([job])
+    while not (finished := batch.step()):
+        pass
+    ((_, raw),) = finished
+    for tokens in raw.tokens:  # the oboe's notes are the tune's, placed: the model struck none of its own
+        heard = CODEC.decode_instrument_notes(np.asarray(tokens))
+        assert sum(i == VOICE for i in heard.instruments) == len(source.instruments[1].notes)
+    result = accompany_midi(model, CODEC, source, track=1, params=params)
+    assert any("Oboe plays the melody" in w for w in result.warnings)
+    for out in result.midis:
+        assert {(t.program, t.name) for t in out.instruments[1:]} <= {(42, "Cello")}
+    with pytest.raises(MusicrelError) as err:
+        accompany_midi(
+            model, CODEC, source, track=1, params=AccompanimentParams(controls=Controls(instruments="Oboe"))
+        )
+    assert err.value.code == "only_the_melodys_instrument"

@@ -407,3 +407,8 @@ def test_a_model_with_instruments_accompanies_on_a_track_per_instrument(tiny_che
         assert body["instrument"] in ("Cello", "none") and body["controls"]["instruments"] == ["Cello"]
         refused = post(c, data, track="1", program="40")
         assert refused.status_code == 422 and error_of(refused)["code"] == "program_with_instruments"
+        alone = post(c, data, track="1", instruments="Oboe")  # the voice's own program: nothing to write
+        assert alone.status_code == 422 and error_of(alone)["code"] == "only_the_melodys_instrument"
+        named = post(c, data, json=True, track="1", seed="3", instruments="Oboe, Cello")
+        assert named.status_code == 200, named.text
+        assert any("Oboe plays the melody" in w for w in named.json()["warnings"])

@@ -303,9 +303,9 @@ def instruments_job(
         anchor = Primer(np.array([codec.bos_id]), 0.0, 0.0, tempo, 0, [], motif_notes=list(notes))
         resolved = params.controls.resolve(anchor, step_ms)
     tune = instrument_of(pm.instruments[track].program, pm.instruments[track].is_drum)
-    named = resolved is not None and resolved.instruments is not None
-    permitted = resolved.instruments.copy() if named else np.ones(NUM_INSTRUMENTS, dtype=bool)
-    if named and resolved.asks_instruments and permitted[tune]:
+    chosen = resolved is not None and resolved.instruments is not None  # "any" or a list
+    permitted = resolved.instruments.copy() if chosen else np.ones(NUM_INSTRUMENTS, dtype=bool)
+    if chosen and resolved.asks_instruments and permitted[tune]:
         if permitted.sum() == 1:
             raise ControlError(
                 f"instruments: {instrument_name(tune)} is the melody's own instrument; name the ones that "
@@ -315,7 +315,7 @@ def instruments_job(
         warning = f"instruments: {instrument_name(tune)} plays the melody; the model writes the others"
         resolved = replace(resolved, warnings=[*resolved.warnings, warning])
     permitted[tune] = False
-    if named:
+    if chosen:
         resolved = replace(resolved, instruments=permitted)
     B = params.num_samples
     grammar = PlacedGrammar(
@@ -355,8 +355,9 @@ def accompany_instruments_steps(
 ) -> Generator[None, None, AccompanimentResult]:
     """`accompany_steps` for a model with instruments (`instruments_job`): the model's own notes (the placed
     melody taken out: `placed.Heard`) go on tracks of their own, one per instrument it wrote, through
-    `midi.tracks` (named by General MIDI name, drums on a drum track); a note of the melody's own instrument
-    is dropped (the melody track stays exact). The answer file: the upload's tempo map, its melody track
+    `midi.tracks` (named by General MIDI name, drums on a drum track); the melody's own instrument is not
+    the model's to strike (`instruments_job`), and a note of it would be dropped (the melody track stays
+    exact). The answer file: the upload's tempo map, its melody track
     unchanged, then the new tracks."""
     from musicrel.generation.decode_batch import DecodeBatch
     from musicrel.generation.placed import Heard

@@ -313,7 +313,9 @@ def instruments_job(
                 code="only_the_melodys_instrument",
             )
         warning = f"instruments: {instrument_name(tune)} plays the melody; the model writes the others"
-        resolved = replace(resolved, warnings=[*resolved.warnings, warning])
+        others = [name for name in resolved.applied["instruments"] if name != instrument_name(tune)]
+        applied = {**resolved.applied, "instruments": others}  # what the model writes
+        resolved = replace(resolved, warnings=[*resolved.warnings, warning], applied=applied)
     permitted[tune] = False
     if chosen:
         resolved = replace(resolved, instruments=permitted)

@@ -412,3 +412,4 @@ def test_a_model_with_instruments_accompanies_on_a_track_per_instrument(tiny_che
         named = post(c, data, json=True, track="1", seed="3", instruments="Oboe, Cello")
         assert named.status_code == 200, named.text
         assert any("Oboe plays the melody" in w for w in named.json()["warnings"])
+        assert named.json()["controls"]["instruments"] == ["Cello"]  # what was written

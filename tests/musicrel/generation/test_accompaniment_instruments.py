@@ -134,6 +134,7 @@ def test_the_tunes_own_instrument_is_never_the_models_and_naming_it_says_so(mode
         assert sum(i == VOICE for i in heard.instruments) == len(source.instruments[1].notes)
     result = accompany_midi(model, CODEC, source, track=1, params=params)
     assert any("Oboe plays the melody" in w for w in result.warnings)
+    assert result.controls["instruments"] == ["Cello"]
     for out in result.midis:
         assert {(t.program, t.name) for t in out.instruments[1:]} <= {(42, "Cello")}
     with pytest.raises(MusicrelError) as err:

@@ -53,6 +53,15 @@ _FAR = 1000  # a pitch further from every pitch than any other (`_repair_orphans
 _TINY = torch.finfo(torch.float32).tiny  # divides a mass that may be 0 (what it scales is 0 then)
 
 
+def reweigh(block: Tensor, weights: Tensor) -> None:
+    """Multiply `block` (B, n), in place, by `weights` (B, n) and scale each row back to the mass it had: a
+    rule that chooses among the note-ons without changing how many notes. Nothing to keep (no mass) or
+    nothing left (every weight 0): the row stays 0."""
+    mass = block.sum(dim=1, keepdim=True)  # (B, 1)
+    block.mul_(weights)
+    block.mul_(mass / block.sum(dim=1, keepdim=True).clamp_min(_TINY))
+
+
 def first_due(open_: Tensor, onset: Tensor, max_hold: Tensor) -> Tensor:
     """The step at which the first sounding note (`open_`, `onset` (..., 128)) reaches max_hold (broadcast
     to them), never before the cut (a note of the primer still open sounds at least until the cut: the motif
@@ -250,10 +259,7 @@ class Grammar:
                 chord = (pos[:, None] >= self.chord_ends).sum(dim=1).clamp(max=self.chord_ends.size(1) - 1)
                 rows = torch.arange(block.size(0), device=block.device)
                 bias = bias + self.chord_bias[rows, chord]  # (B, 128)
-            mass = block.sum(dim=1, keepdim=True)  # (B, 1)
-            block *= bias.exp()
-            # Nothing to keep (no note-on had mass) or nothing left (every pitch masked): the block stays 0.
-            block *= mass / block.sum(dim=1, keepdim=True).clamp_min(_TINY)
+            reweigh(block, bias.exp())
         if self.any_density:
             # Fewer notes: note-ons lose to everything else. More notes: waiting (the time shifts) loses to
             # note events, note-offs as much as note-ons (a bias on note-ons alone struck new notes instead of
@@ -530,9 +536,7 @@ class _Instruments:
         """The current instrument's note-on mass (`block`, (B, 128), written in place) moved to the pitches
         in its range (`ranges`), in the proportions it had there, as the range control moves it: the range
         chooses which pitches, not how many notes. A row with none of its mass in range strikes nothing."""
-        mass = block.sum(dim=1, keepdim=True)  # (B, 1)
-        block.mul_(self.in_range)
-        block.mul_(mass / block.sum(dim=1, keepdim=True).clamp_min(_TINY))
+        reweigh(block, self.in_range)
 
     def switch(self, tokens: Tensor, open_: Tensor, onset: Tensor, max_hold: Tensor) -> tuple[Tensor, Tensor]:
         """After `tokens`: rows that drew an INSTRUMENT take it up (its notes become `open`/`onset`, those of

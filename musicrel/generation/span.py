@@ -304,19 +304,22 @@ def struck_under(sounding: dict, pitch: int, time: float) -> bool:
     return any(s <= time < e for s, e in sounding.get(pitch, ()))
 
 
-def route(pm, tracks: list[int], start: float, end: float, notes: list, instruments: list | None) -> list:
+def route(
+    pm, tracks: list[int], start: float, end: float, notes: list, instruments: list | None, placer=None
+) -> list:
     """The track (instrument index of `pm`) each new note goes to, None for a note that is dropped; the rule
     of docs/INFILL.md, nearest voice as `midi.tracks` has it for every route (`voices`, `nearest`: the median
     pitch of each chosen track around the gap). A model without instruments: with one chosen track, onto
     it; with several, the nearest voice among them. A model with instruments (`gap_placer`): the chosen track
     of the note's instrument (its General MIDI program, or drums), the nearest voice among several of one
-    instrument; a note of an instrument no chosen track plays is dropped (the kept tracks stay exact)."""
+    instrument; a note of an instrument no chosen track plays is dropped (the kept tracks stay exact).
+    `placer`: that `gap_placer`, when the caller has it already."""
     if instruments is None:
         if len(tracks) == 1:
             return [tracks[0]] * len(notes)
         heard, candidates = voices(pm, tracks, start, end), sorted(tracks)
         return [nearest(heard, candidates, n.pitch) for n in notes]
-    placer = gap_placer(pm, tracks, start, end)
+    placer = placer or gap_placer(pm, tracks, start, end)
     return [placer.place(i, n.pitch) for n, i in zip(notes, instruments, strict=True)]
 
 
@@ -348,12 +351,13 @@ def merge(
         removed += len(inst.notes) - len(kept)
         inst.notes = kept
     sounding = sounding_into(codec, pm, start)
-    copies = (lambda t: []) if instruments is None else gap_placer(pm, tracks, start, end).copies
+    placer = None if instruments is None else gap_placer(pm, tracks, start, end)
     fitted, where = [], []
-    for g, t in zip(new_notes, route(pm, tracks, start, end, new_notes, instruments), strict=True):
+    for g, t in zip(new_notes, route(pm, tracks, start, end, new_notes, instruments, placer), strict=True):
         if t is None or g.end <= g.start or struck_under(sounding, g.pitch, g.start):
             continue
-        for k in (t, *copies(t)):  # the chosen tracks that double t in unison get a copy (midi.tracks)
+        copies = () if placer is None else placer.copies(t)  # chosen tracks doubling t in unison
+        for k in (t, *copies):
             note = pretty_midi.Note(g.velocity, g.pitch, g.start, g.end)
             out.instruments[k].notes.append(note)
             fitted.append(note)

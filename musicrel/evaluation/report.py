@@ -90,7 +90,7 @@ def format_report(report: dict) -> str:
     if "two_sample" in report:
         lines += format_two_sample(report["two_sample"])
     timing = ", ".join(f"{n} {s['seconds']:.0f} s" for n, s in report["systems"].items())
-    lines.append(f"time: {timing}")
+    lines.append(f"time: {timing}" + (f" ({report['threads']} torch threads)" if "threads" in report else ""))
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pretty_midi
+import torch
 
 from musicrel.data.compositions import CompositionsUnavailable
 from musicrel.data.prepared import is_prepared
@@ -94,7 +95,8 @@ def report_head(checkpoint, weights: str, input_dir: Path, split: str) -> dict:
 
 def report_settings(options, sampling, fields: Sequence[str], pieces: int) -> dict:
     """The report's settings: the source, the seeds, the sampling's `fields` (of `sampling`), the bootstrap,
-    and a warning when there are too few pieces for narrow intervals."""
+    the torch threads it decoded with (int8 sums, and so a few sampled tokens, differ with the thread count:
+    compare runs at the same threads) and a warning when there are too few pieces for narrow intervals."""
     warnings = []
     if pieces < MIN_PIECES:
         warnings.append(f"only {pieces} pieces (< {MIN_PIECES}): the intervals are wide")
@@ -105,6 +107,7 @@ def report_settings(options, sampling, fields: Sequence[str], pieces: int) -> di
         "sampling": {name: getattr(sampling, name) for name in fields},
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "confidence": CONFIDENCE, "seed": BOOTSTRAP_SEED},
         "pieces": pieces,
+        "threads": torch.get_num_threads(),
         "warnings": warnings,
     }
 

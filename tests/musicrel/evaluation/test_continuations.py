@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from musicrel.cli import main
 from musicrel.evaluation.continuation_systems import SYSTEMS, repeat_motif, system_continuations
@@ -337,6 +338,9 @@ def test_evaluate_continuations_end_to_end(world, tmp_path):
     table = format_report(report)
     assert "repeat-motif" in table and "pitch-class overlap" in table and "truth" in table
     assert "only 3 pieces" in table
+    # the threads it decoded with (a few int8 tokens differ with them): in the JSON and the table
+    assert report["threads"] == torch.get_num_threads()
+    assert f"({report['threads']} torch threads)" in table
 
     paths = write_report(report, tmp_path / "out")
     assert json.loads(paths["json"].read_text()) == report

@@ -191,9 +191,13 @@ def output_paths(source: Path, root: Path, out: Path, num_samples: int) -> list[
     return [out / rel.parent / f"{rel.stem}.sample{i}.mid" for i in range(num_samples)]
 
 
-def write_midi(pm, path: Path) -> None:
-    """Write atomically, so an interrupted run never leaves a half file that a rerun would skip."""
+def write_midi(midi, path: Path) -> None:
+    """A PrettyMIDI or a file's bytes, written atomically, so an interrupted run never leaves a half file
+    that a rerun would skip."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pm.write(str(tmp))
+    if isinstance(midi, bytes):
+        tmp.write_bytes(midi)
+    else:
+        midi.write(str(tmp))
     os.replace(tmp, path)

@@ -53,7 +53,15 @@ def _refuse(message: str) -> int:
 
 
 def _infill(args) -> int:
-    from musicrel.generation.infill import InfillParams, bar_span, check_bars, check_model, check_span, infill
+    from musicrel.generation.infill import (
+        InfillParams,
+        InfillResult,
+        bar_span,
+        check_bars,
+        check_model,
+        check_span,
+        infill,
+    )
     from musicrel.midi.instruments import asked_instruments, wants_instruments
 
     seconds = args.start is not None or args.end is not None
@@ -96,7 +104,8 @@ def _infill(args) -> int:
         # as the server routes an upload: every track heard, the controls' instruments asked for
         return wants_instruments(codec.read(path), asked=asked_instruments(params.controls))
 
-    task = FileTask(InfillParams, run, fields, done, check=check_model, record=record, route=route)
+    # each sample's file: the input's own bytes, edited
+    task = FileTask(InfillParams, run, fields, done, check_model, record, route, files=InfillResult.files)
     return run_files(args, task)
 
 

@@ -33,7 +33,9 @@ class FileTask:
     learns before it runs). fields(result): what the record keeps of the result besides. done(done, total):
     the last line. check(model, codec): refuses a model that cannot do the task. record: what every file's
     record starts with (after its input and outputs). route(codec, path, params): whether the file goes to
-    --instruments-checkpoint's model (a command that takes one), the codec --checkpoint's."""
+    --instruments-checkpoint's model (a command that takes one), the codec --checkpoint's. files(result):
+    each sample's file (bytes) where the result writes its own (an infill edits the input's bytes), else
+    `.midis` are written."""
 
     params: type
     run: Callable
@@ -42,6 +44,7 @@ class FileTask:
     check: Callable | None = None
     record: dict = dataclasses.field(default_factory=dict)
     route: Callable | None = None
+    files: Callable | None = None
 
 
 def run_files(args, task: FileTask) -> int:
@@ -84,8 +87,8 @@ def run_files(args, task: FileTask) -> int:
             failed += 1
             print(f"musicrel {args.command}: {path}: error [{exc.code}]: {exc}", file=sys.stderr)
             continue
-        for pm, p in zip(result.midis, paths, strict=True):
-            write_midi(pm, p)
+        for midi, p in zip(result.midis if task.files is None else task.files(result), paths, strict=True):
+            write_midi(midi, p)
         record.update(
             seed=result.seed,
             **task.fields(result),

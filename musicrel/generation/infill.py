@@ -264,6 +264,8 @@ def infill_steps(
         controls=job.controls.applied if job.controls is not None else None,
         note_tracks=where,
         tracks=list(seg.tracks),
+        source=seg.source,
+        original=None if seg.source is None else seg.pm,
     )
 
 

@@ -18,8 +18,9 @@ from musicrel.generation.controls import ControlError
 from musicrel.generation.fim import split_at
 from musicrel.generation.sampling import Sampling
 from musicrel.midi.codec import shift_steps
+from musicrel.midi.edit import written
 from musicrel.midi.files import copy_midi
-from musicrel.midi.notes import collect, raw_instruments
+from musicrel.midi.notes import collect, midi_bytes, raw_instruments
 from musicrel.midi.tracks import Placer, nearest, read_tracks, voices
 
 MAX_SPAN_SECONDS = 30.0
@@ -72,6 +73,16 @@ class InfillResult:
     controls: dict | None = None  # what the controls applied (the key `auto` found, ...); None: none set
     note_tracks: list = field(default_factory=list)  # per sample, the track (instrument index) of each note
     tracks: list = field(default_factory=list)  # the tracks regenerated (InfillSegments.tracks)
+    # the upload's bytes and the file they read as (InfillSegments.source, .pm), for `files`; None when the
+    # infill was given a PrettyMIDI (the server's engine is: the HTTP side writes with its own copy)
+    source: bytes | None = None
+    original: pretty_midi.PrettyMIDI | None = None
+
+    def files(self) -> list[bytes]:
+        """Each sample's MIDI file: the upload's own bytes with the span's notes edited
+        (`musicrel.midi.edit.written`: markers, SysEx, controllers, ports and the track layout as sent),
+        else pretty_midi's rewrite."""
+        return [written(self.source, self.original, midi) for midi in self.midis]
 
 
 @dataclass
@@ -90,6 +101,7 @@ class InfillSegments:
     # the gap's start, tokens); empty when every track read is regenerated
     kept: tuple = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     instruments: list | None = None  # a codec with instruments: the instrument of each of `notes`
+    source: bytes | None = None  # the file's bytes (None when given a PrettyMIDI): the answer edits them
 
     @property
     def gap_steps(self) -> int:
@@ -171,7 +183,8 @@ def infill_segments(codec, midi, start: float, end: float, tracks=None) -> Infil
     """Read `midi` (path, bytes or PrettyMIDI) and cut its stream at the span (checked against the music);
     `tracks`: the ones regenerated (`chosen_tracks`), None for every track read."""
     start, end = check_span(start, end)
-    pm = codec.read(midi)
+    source = None if isinstance(midi, pretty_midi.PrettyMIDI) else midi_bytes(codec.config, midi)
+    pm = codec.read(midi if source is None else source)
     chosen = chosen_tracks(codec, pm, tracks)
     instruments = None
     if codec.instrument_offset is None:
@@ -199,7 +212,7 @@ def infill_segments(codec, midi, start: float, end: float, tracks=None) -> Infil
     past, gap, future = split_at(codec, codec.encode_notes(notes, instruments), [s_step, e_step])
     kept = [t for t in _read_instruments(codec, pm) if t not in chosen]
     schedule = kept_schedule(codec, pm, kept, s_step, e_step)
-    return InfillSegments(pm, notes, past, gap, future, s_step, e_step, chosen, schedule, instruments)
+    return InfillSegments(pm, notes, past, gap, future, s_step, e_step, chosen, schedule, instruments, source)
 
 
 def kept_schedule(codec, pm, kept: list[int], s_step: int, e_step: int) -> tuple[np.ndarray, np.ndarray]:

@@ -139,19 +139,25 @@ class Task(ABC):
         return {}
 
 
-async def render(service: Service, midis: list) -> list[bytes]:
-    """Each PrettyMIDI's file, written on a render thread (never on the loop, never in the engine)."""
-    return await anyio.to_thread.run_sync(
-        lambda: [midi_bytes(m) for m in midis], limiter=service.render_limiter
-    )
+async def render(service: Service, midis: list, write: Callable[[Any], bytes] | None = None) -> list[bytes]:
+    """Each PrettyMIDI's file (`write`, else pretty_midi's), written on a render thread (never on the loop,
+    never in the engine)."""
+    write = write or midi_bytes
+    return await anyio.to_thread.run_sync(lambda: [write(m) for m in midis], limiter=service.render_limiter)
 
 
 async def finished_files(
-    task: Task, service: Service, request: Parsed, job: Job, result: Any, what: str
+    task: Task,
+    service: Service,
+    request: Parsed,
+    job: Job,
+    result: Any,
+    what: str,
+    write: Callable[[Any], bytes] | None = None,
 ) -> tuple[list[bytes], Timings]:
-    """A finished job's files (rendered off the loop) and timings, logged once with `what` (the task's own
-    figures, e.g. "span=12.00-18.00 s removed=22")."""
-    rendered = await render(service, result.midis)
+    """A finished job's files (rendered off the loop, by `write` where the task writes its own) and
+    timings, logged once with `what` (the task's own figures, e.g. "span=12.00-18.00 s removed=22")."""
+    rendered = await render(service, result.midis, write)
     timings = Timings(**job_timings(request, job, time.monotonic()))
     log.info(
         "%s: seed=%d %s queue=%.0f ms gen=%.0f ms",

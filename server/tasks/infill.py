@@ -13,6 +13,7 @@ in seconds of the file, leaving out those the edge rules drop.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -29,6 +30,7 @@ from musicrel.generation.span import (
     struck_under,
 )
 from musicrel.generation.streaming import NoteStream
+from musicrel.midi.edit import written
 from musicrel.midi.instruments import asked_instruments, wants_instruments
 from server.errors import ApiError, in_bars
 from server.jobs import Infill, Job
@@ -58,7 +60,7 @@ def _cut(
         if params.start is not None
         else bar_span(pm, params.first_bar, params.last_bar)
     )
-    return infill_segments(codec, pm, *span, tracks), span, model
+    return dataclasses.replace(infill_segments(codec, pm, *span, tracks), source=data), span, model
 
 
 class InfillTask(Task):
@@ -141,7 +143,9 @@ class InfillTask(Task):
 
     async def answer(self, service: Service, request: Parsed, job: Job, result: Any) -> InfillResponse:
         what = f"span={result.start:.2f}-{result.end:.2f} s removed={result.removed}"
-        rendered, timings = await finished_files(self, service, request, job, result, what)
+        cut = request.found  # the upload's own bytes, edited: everything outside the span's notes as sent
+        write = functools.partial(written, cut.source, cut.pm)
+        rendered, timings = await finished_files(self, service, request, job, result, what, write)
         samples = []
         for i, (data, notes, midi) in enumerate(zip(rendered, result.notes, result.midis, strict=True)):
             tokens = result.tokens[i] if i < len(result.tokens) else []

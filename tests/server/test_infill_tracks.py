@@ -123,3 +123,33 @@ def test_the_stream_places_a_note_as_the_answer_does():
     written, instruments = gap_notes(BAND, seg.past, np.asarray(tokens), START, END)
     merged = [(n.pitch, n.start) for n, i in zip(written, instruments, strict=True) if i != 42]
     assert sorted(merged) == sorted((p, t) for p, t, _, _ in ons)
+
+
+@pytest.mark.parametrize("route", ["/v1/infills", "/v1/infills/stream"])
+def test_the_answer_is_the_upload_with_the_spans_notes_edited(served, route):
+    """What pretty_midi drops (a copyright, SysEx, a marker, each track's port) comes back as sent: the
+    answer's file is the upload's own bytes with the chosen track's notes in the span edited."""
+    import base64
+
+    import mido
+
+    from tests.musicrel.generation.test_infill_tracks import with_markers
+
+    client, _ = served
+    data = with_markers(three_tracks(programs=(40, 41, 42)))
+    response = client.post(
+        route,
+        files={"file": ("trio.mid", data, "audio/midi")},
+        data={**SPAN, "tracks": "1"},
+        headers={"Accept": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    answer = json.loads(response.text.splitlines()[-1]) if route.endswith("stream") else response.json()
+    sent = mido.MidiFile(file=io.BytesIO(data)).tracks
+    for sample in answer["samples"]:
+        tracks = mido.MidiFile(file=io.BytesIO(base64.b64decode(sample["midi_base64"]))).tracks
+        assert [tracks[t] for t in (0, 1, 3)] == [sent[t] for t in (0, 1, 3)]
+        assert [m for m in tracks[2] if m.type not in ("note_on", "note_off")] == [
+            m for m in sent[2] if m.type not in ("note_on", "note_off")
+        ]
+        assert tracks[2] != sent[2]  # the viola's span was written anew

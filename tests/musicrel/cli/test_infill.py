@@ -167,6 +167,10 @@ def test_control_flags_steer_the_span_and_the_summary_says_what_they_applied(set
 
 
 def test_tracks_regenerates_only_those_tracks_and_the_summary_says_where_the_notes_went(setup, capsys):
+    import mido
+
+    from tests.musicrel.generation.test_infill_tracks import with_markers
+
     tmp_path, _ = setup
     pm = pretty_midi.PrettyMIDI(initial_tempo=110)
     for k, low in enumerate((72, 60, 40)):
@@ -176,7 +180,7 @@ def test_tracks_regenerates_only_those_tracks_and_the_summary_says_where_the_not
         ]
         pm.instruments.append(inst)
     song = tmp_path / "three.mid"
-    pm.write(str(song))
+    song.write_bytes(with_markers(pm))  # a copyright, SysEx, a marker, ports: pretty_midi writes none
     source = pretty_midi.PrettyMIDI(str(song))
     out = tmp_path / "tracks-out"
     assert run(tmp_path, song, out, "--tracks", "1") == 0
@@ -193,6 +197,9 @@ def test_tracks_regenerates_only_those_tracks_and_the_summary_says_where_the_not
             ]
         new = [n for n in got.instruments[1].notes if 2.99 <= n.start < 6]  # 3.0 s reads back a tick early
         assert record["new_notes_by_track"][i] == ({"1": len(new)} if new else {})
+        sent = mido.MidiFile(song).tracks  # the file is the input's own messages, track 1's notes edited
+        tracks = mido.MidiFile(out / f"three.sample{i}.mid").tracks
+        assert [tracks[t] for t in (0, 1, 3)] == [sent[t] for t in (0, 1, 3)]
     assert run(tmp_path, song, tmp_path / "t2", "--tracks", "7") == 1  # this file has no track 7
     assert "error [no_such_track]" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:

@@ -296,3 +296,60 @@ def test_a_chosen_track_in_unison_with_another_chosen_one_gets_the_same_new_note
     alone = infill(model, source, START, END, codec=BAND, params=InfillParams(seed=0, tracks=(1,)))
     check_only_chosen_changed(source, alone.midis[0], (1,), START, END)
     assert set(alone.note_tracks[0]) == {1}
+
+
+def with_markers(pm: pretty_midi.PrettyMIDI) -> bytes:
+    """`pm`'s file with a copyright, a GS reset (SysEx) and a marker on track 0, and a port on each
+    instrument's track: what pretty_midi's own writing drops."""
+    import io
+
+    import mido
+
+    buffer = io.BytesIO()
+    pm.write(buffer)
+    mf = mido.MidiFile(file=io.BytesIO(buffer.getvalue()))
+    extra = [
+        mido.MetaMessage("copyright", text="(c) the band"),
+        mido.Message("sysex", data=[0x41, 0x10, 0x42, 0x12, 0x40, 0x00, 0x7F, 0x00, 0x41]),
+        mido.MetaMessage("marker", text="bridge"),
+    ]
+    mf.tracks[0][0:0] = extra
+    for port, track in enumerate(mf.tracks[1:]):
+        track.insert(0, mido.MetaMessage("midi_port", port=port))
+    buffer = io.BytesIO()
+    mf.save(file=buffer)
+    return buffer.getvalue()
+
+
+def test_an_infill_edits_the_uploads_own_bytes():
+    """The files of an infill given bytes (`InfillResult.files`) are the upload with the span's notes of the
+    chosen track edited: every other message as sent, the notes those of `midis`."""
+    import io
+
+    import mido
+
+    source = with_markers(three_tracks(programs=(40, 41, 42)))
+    result = infill(
+        tiny(BAND), source, START, END, codec=BAND, params=InfillParams(seed=3, num_samples=2, tracks=(1,))
+    )
+    assert result.source == source and any(result.notes)
+    sent = mido.MidiFile(file=io.BytesIO(source)).tracks
+    for data, out in zip(result.files(), result.midis, strict=True):
+        tracks = mido.MidiFile(file=io.BytesIO(data)).tracks
+        assert len(tracks) == len(sent)
+        for t in (0, 1, 3):  # the conductor and the tracks not chosen: byte for byte
+            assert tracks[t] == sent[t], t
+        others = [m for m in tracks[2] if m.type not in ("note_on", "note_off")]
+        assert others[0] == sent[2][0] and others[0].type == "midi_port"
+        back = BAND.read(data)
+        for a, b in zip(back.instruments, out.instruments, strict=True):  # on the file's ticks (3 ms)
+            assert len(a.notes) == len(b.notes)
+            for x, y in zip(sorted(map(_key, a.notes)), sorted(map(_key, b.notes)), strict=True):
+                assert x[:2] == y[:2] and np.allclose(x[2:], y[2:], atol=0.002)
+    # given a PrettyMIDI there are no bytes to edit: pretty_midi writes the file
+    given = infill(
+        tiny(BAND), BAND.read(source), START, END, codec=BAND, params=InfillParams(seed=3, tracks=(1,))
+    )
+    assert given.source is None
+    kinds = {m.type for t in mido.MidiFile(file=io.BytesIO(given.files()[0])).tracks for m in t}
+    assert "marker" not in kinds and "note_on" in kinds

@@ -1,0 +1,166 @@
+"""An edited file written into the upload's own bytes: `edited(source, before, after)` takes the file a user
+sent (`source`, read as `before`) and the same file with some notes removed and others added (`after`: an
+infill's answer), and writes only those notes into the upload's own MIDI messages. Everything pretty_midi
+does not keep stays as it was: markers, copyright, text, SysEx, sequencer events, ports, every controller at
+its tick, the tempo map to the microsecond, the track layout (empty tracks, a track that changes program,
+several channels in one track, a type-0 file). `written` is the file a caller sends back: the edit, or
+pretty_midi's rewrite where the edit cannot be made exactly (checked by reading it back)."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+import mido
+import pretty_midi
+
+
+@dataclass(frozen=True)
+class _Note:
+    """A note as pretty_midi pairs it: its instrument's key (program, channel, track), pitch, ticks and
+    velocity, and where its messages are (the track's message indices)."""
+
+    key: tuple[int, int, int]
+    pitch: int
+    start: int
+    end: int
+    velocity: int
+    on: int
+    off: int
+
+
+def _paired(track, t: int) -> list[_Note]:
+    """The notes of track `t`, paired as pretty_midi pairs them (`PrettyMIDI._load_instruments`): a note-off
+    closes every open note-on of its channel and pitch that began at another tick, and the note's instrument
+    is the program in effect on its channel at the note-off."""
+    notes, program = [], [0] * 16
+    open_ons: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
+    tick = 0
+    for index, msg in enumerate(track):
+        tick += msg.time
+        if msg.type == "program_change":
+            program[msg.channel] = msg.program
+        elif msg.type == "note_on" and msg.velocity > 0:
+            open_ons[(msg.channel, msg.note)].append((tick, msg.velocity, index))
+        elif msg.type in ("note_on", "note_off") and (msg.channel, msg.note) in open_ons:
+            waiting = open_ons[(msg.channel, msg.note)]
+            closed = [w for w in waiting if w[0] != tick]
+            for start, velocity, on in closed:
+                key = (program[msg.channel], msg.channel, t)
+                notes.append(_Note(key, msg.note, start, tick, velocity, on, index))
+            kept = [w for w in waiting if w[0] == tick]
+            if closed and kept:
+                open_ons[(msg.channel, msg.note)] = kept
+            else:
+                del open_ons[(msg.channel, msg.note)]
+    return notes
+
+
+def _instruments(tracks) -> dict[tuple, list[_Note]]:
+    """{(program, channel, track): its notes}, in the order pretty_midi makes its instruments (a key's first
+    note closed), the track counted among the non-empty ones, as `midi.notes.read` hands them over."""
+    found: dict[tuple, list[_Note]] = {}
+    live = [t for t in tracks if len(t)]
+    for t, track in enumerate(live):
+        for note in _paired(track, t):
+            found.setdefault(note.key, []).append(note)
+    return found
+
+
+def _times(inst: pretty_midi.Instrument) -> Counter:
+    return Counter((n.pitch, n.start, n.end, n.velocity) for n in inst.notes)
+
+
+def edited(source: bytes, before: pretty_midi.PrettyMIDI, after: pretty_midi.PrettyMIDI) -> bytes | None:
+    """`source` with the notes `after` differs from `before` by (the file `source` is, read) removed and
+    added, every other message as it was; None where that cannot be done exactly: `after` has other
+    instruments, `before` is not what `source` reads as, or a new note would be read back as another
+    instrument's or paired with another note (a track that changes program inside the span, say)."""
+    mf = mido.MidiFile(file=io.BytesIO(source))
+    live = [i for i, t in enumerate(mf.tracks) if len(t)]
+    found = _instruments(mf.tracks)
+    if len(found) != len(before.instruments) or len(after.instruments) != len(before.instruments):
+        return None
+    clock = before._PrettyMIDI__tick_to_time  # tick -> seconds, as pretty_midi read the notes
+    if max((n.end for notes in found.values() for n in notes), default=0) >= len(clock):
+        return None  # `before` is another file
+    removed: dict[int, set[int]] = defaultdict(set)  # track (all tracks' index) -> message indices
+    closing: dict[int, set[int]] = defaultdict(set)  # track -> note-offs that close a kept note
+    added: dict[int, list[tuple]] = defaultdict(list)  # track -> (tick, rank, message)
+    expected: dict[tuple, Counter] = {}  # every instrument's notes in ticks, as they must read back
+    for (key, notes), was, now in zip(found.items(), before.instruments, after.instruments, strict=True):
+        program, channel, t = key
+        mine = Counter((n.pitch, clock[n.start], clock[n.end], n.velocity) for n in notes)
+        if (
+            mine != _times(was)
+            or (now.program, now.is_drum, was.program, was.is_drum) != (program, channel == 9) * 2
+        ):
+            return None
+        wanted = _times(now)
+        gone, new = mine - wanted, wanted - mine
+        track = live[t]
+        ticks = expected[key] = Counter()
+        for n in notes:
+            heard = (n.pitch, clock[n.start], clock[n.end], n.velocity)
+            if gone[heard] > 0:
+                gone[heard] -= 1
+                removed[track] |= {n.on, n.off}
+            else:
+                closing[track].add(n.off)
+                ticks[(n.pitch, n.start, n.end, n.velocity)] += 1
+        for pitch, start, end, velocity in new.elements():
+            a, b = after.time_to_tick(start), after.time_to_tick(end)
+            if b <= a:
+                return None
+            ticks[(pitch, a, b, velocity)] += 1
+            # the note-off first at its tick (a note struck again there closes the old one first), the
+            # note-on after what the tick already holds (a program change there is this note's)
+            on = mido.Message("note_on", channel=channel, note=pitch, velocity=velocity)
+            off = mido.Message("note_off", channel=channel, note=pitch, velocity=0)
+            added[track] += [(b, 0, off), (a, 2, on)]
+    for track in set(removed) | set(added):
+        mf.tracks[track] = _rewritten(mf.tracks[track], removed[track] - closing[track], added[track])
+    # read back as pretty_midi would: the same instruments in the same order, each with exactly the notes
+    # asked for (a removed note-off shared with another instrument's note would show here)
+    again = _instruments(mf.tracks)
+    if list(again) != list(found) or any(
+        Counter((n.pitch, n.start, n.end, n.velocity) for n in again[key]) != ticks
+        for key, ticks in expected.items()
+    ):
+        return None
+    out = io.BytesIO()
+    mf.save(file=out)
+    return out.getvalue()
+
+
+def _rewritten(track, removed: set[int], added: list[tuple]) -> mido.MidiTrack:
+    """`track` without the messages at `removed` and with `added` ((tick, rank, message)) in place, its
+    end-of-track last (moved later if a new note ends after it). A kept message is copied only where its
+    delta time changes."""
+    events, tick, end = [], 0, 0
+    for index, msg in enumerate(track):
+        tick += msg.time
+        if msg.type == "end_of_track":
+            end = max(end, tick)
+        elif index not in removed:
+            events.append((tick, 1, index, msg))
+    events += [(t, rank, -1, msg) for t, rank, msg in added]
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    out, now = mido.MidiTrack(), 0
+    for t, _, _, msg in events:
+        out.append(msg if msg.time == t - now else msg.copy(time=t - now))
+        now = t
+    out.append(mido.MetaMessage("end_of_track", time=max(end, now) - now))
+    return out
+
+
+def written(source: bytes | None, before: pretty_midi.PrettyMIDI, after: pretty_midi.PrettyMIDI) -> bytes:
+    """The file to send back for `after`: `source` edited (`edited`) when it can be, else pretty_midi's
+    rewrite of `after` (also where there is no `source`: a PrettyMIDI given, not a file)."""
+    data = None if source is None else edited(source, before, after)
+    if data is None:
+        out = io.BytesIO()
+        after.write(out)
+        data = out.getvalue()
+    return data

@@ -158,7 +158,10 @@ def _rewritten(track, removed: set[int], added: list[tuple]) -> mido.MidiTrack:
 def written(source: bytes | None, before: pretty_midi.PrettyMIDI, after: pretty_midi.PrettyMIDI) -> bytes:
     """The file to send back for `after`: `source` edited (`edited`) when it can be, else pretty_midi's
     rewrite of `after` (also where there is no `source`: a PrettyMIDI given, not a file)."""
-    data = None if source is None else edited(source, before, after)
+    try:
+        data = None if source is None else edited(source, before, after)
+    except Exception:  # noqa: BLE001  (mido's errors on a file pretty_midi read: the rewrite always serves)
+        data = None
     if data is None:
         out = io.BytesIO()
         after.write(out)

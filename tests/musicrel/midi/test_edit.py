@@ -212,3 +212,9 @@ def test_other_instruments_or_another_file_are_no_edit():
     assert edited(source, before, fewer) is None
     other = CODEC.read(changing_program())
     assert edited(source, other, copy_midi(other)) is None
+
+
+def test_bytes_mido_cannot_read_get_the_rewrite():
+    before = CODEC.read(band())
+    after = refill(before, 0, 2.0, 3.0, [(43, 2.0, 2.25)])
+    assert notes_of(CODEC.read(written(b"MThd\x00\x00", before, after))) == notes_of(after)

@@ -10,7 +10,15 @@ import torch
 from musicrel.errors import GenerationError
 from musicrel.generation.controls import ControlError, Controls
 from musicrel.generation.decode_batch import generate_batch
-from musicrel.generation.grammar import MAX_REPEATS, Grammar, instrument_onsets
+from musicrel.generation.grammar import (
+    _FOREVER,
+    KEEP_MAX_NATS,
+    KEEP_SLOPE,
+    MAX_REPEATS,
+    Grammar,
+    instrument_onsets,
+    strike_gaps,
+)
 from musicrel.generation.primer import Primer, prepare_primer
 from musicrel.generation.sampling import SamplingParams
 from musicrel.midi.codec import CodecConfig, EventCodec
@@ -302,3 +310,68 @@ def test_a_batch_without_a_ranged_instrument_skips_the_range_rule():
     assert band.inst.any_range
     band.select(torch.tensor([0]))
     assert not band.inst.any_range
+
+
+def _ensemble_prompt() -> np.ndarray:
+    """10 s (1,000 steps): the kit strikes at 0 only; the cello at 600 and 800; the violin every 50 steps from
+    850 to the end, its last note still sounding."""
+    rest = [SHIFT + 99] * 6  # 600 steps
+    prompt = [
+        KIT,
+        ON + 36,
+        OFF + 36,
+        *rest,
+        CELLO,
+        ON + 48,
+        OFF + 48,
+        SHIFT + 99,
+        SHIFT + 99,
+        ON + 48,
+        OFF + 48,
+    ]
+    prompt += [SHIFT + 49, VIOLIN, ON + 60, OFF + 60]
+    for _ in range(3):
+        prompt += [SHIFT + 49, ON + 60, OFF + 60]
+    return np.array(prompt[:-1])
+
+
+def test_strike_gaps_read_each_instruments_last_strike_and_the_silence_it_may_keep():
+    last, gap = strike_gaps(BAND, _ensemble_prompt(), 0.01)
+    assert (last[DRUMS], last[42], last[40]) == (-1000, -200, 0)
+    # the kit struck nothing in the last 5 s: never drawn back; the cello 1.5 x its 200-step gap; the
+    # violin's 50-step gaps give the 1 s floor
+    assert (gap[DRUMS], gap[42], gap[40]) == (_FOREVER, 300, 100)
+
+
+def _switch_logprobs(grammar: Grammar) -> dict[str, float]:
+    lp = grammar.constrain(torch.zeros(1, BAND.vocab_size))[0]
+    return {"cello": float(lp[CELLO]), "kit": float(lp[KIT])}
+
+
+def test_an_instrument_silent_past_its_gap_is_drawn_back_until_it_strikes():
+    grammar = Grammar(BAND, [_ensemble_prompt()], [10_000])  # the motif's instruments; the violin plays
+    first = _switch_logprobs(grammar)
+    assert first["cello"] == pytest.approx(first["kit"])  # 200 steps of silence: within its 300
+    grammar.advance(torch.tensor([SHIFT + 99]))
+    grammar.advance(torch.tensor([SHIFT + 99]))  # 400 steps of silence: 1 s past its gap
+    later = _switch_logprobs(grammar)
+    assert later["cello"] - later["kit"] == pytest.approx(KEEP_SLOPE * 1.0, abs=1e-4)
+    for _ in range(20):  # long silence: the pull is capped
+        grammar.advance(torch.tensor([SHIFT + 99]))
+    capped = _switch_logprobs(grammar)
+    assert capped["cello"] - capped["kit"] == pytest.approx(KEEP_MAX_NATS, abs=1e-4)
+    grammar.advance(torch.tensor([CELLO]))
+    grammar.advance(torch.tensor([ON + 50]))  # the cello strikes, still sounding, and the violin takes over
+    grammar.advance(torch.tensor([VIOLIN]))
+    grammar.advance(torch.tensor([SHIFT + 99]))
+    struck = _switch_logprobs(grammar)
+    assert struck["cello"] == pytest.approx(struck["kit"])
+
+
+def test_an_instrument_holding_a_note_is_not_silent():
+    prompt = np.concatenate([_ensemble_prompt()[:-4], [SHIFT + 49, CELLO, ON + 43, VIOLIN, ON + 60]])
+    grammar = Grammar(BAND, [prompt], [10_000])
+    for _ in range(5):  # the cello's 43 rings on under the violin, long past the cello's gap
+        grammar.advance(torch.tensor([SHIFT + 99]))
+    held = _switch_logprobs(grammar)
+    assert bool(grammar.inst.sounding[0, 42]) and held["cello"] == pytest.approx(held["kit"])

@@ -314,7 +314,7 @@ def test_a_batch_without_a_ranged_instrument_skips_the_range_rule():
 
 def _ensemble_prompt() -> np.ndarray:
     """10 s (1,000 steps): the kit strikes at 0 only; the cello at 600 and 800; the violin every 50 steps from
-    850 to the end, its last note still sounding."""
+    850 to the end."""
     rest = [SHIFT + 99] * 6  # 600 steps
     prompt = [
         KIT,
@@ -332,7 +332,7 @@ def _ensemble_prompt() -> np.ndarray:
     prompt += [SHIFT + 49, VIOLIN, ON + 60, OFF + 60]
     for _ in range(3):
         prompt += [SHIFT + 49, ON + 60, OFF + 60]
-    return np.array(prompt[:-1])
+    return np.array(prompt)
 
 
 def test_strike_gaps_read_each_instruments_last_strike_and_the_silence_it_may_keep():
@@ -363,15 +363,15 @@ def test_an_instrument_silent_past_its_gap_is_drawn_back_until_it_strikes():
     grammar.advance(torch.tensor([CELLO]))
     grammar.advance(torch.tensor([ON + 50]))  # the cello strikes, still sounding, and the violin takes over
     grammar.advance(torch.tensor([VIOLIN]))
-    grammar.advance(torch.tensor([SHIFT + 99]))
+    grammar.advance(torch.tensor([SHIFT + 49]))
     struck = _switch_logprobs(grammar)
     assert struck["cello"] == pytest.approx(struck["kit"])
 
 
 def test_an_instrument_holding_a_note_is_not_silent():
-    prompt = np.concatenate([_ensemble_prompt()[:-4], [SHIFT + 49, CELLO, ON + 43, VIOLIN, ON + 60]])
+    # the cello strikes 43 and holds it 4 s to the prompt's end, the violin takes over
+    prompt = np.concatenate([_ensemble_prompt(), [CELLO, ON + 43, *[SHIFT + 99] * 4, VIOLIN]])
     grammar = Grammar(BAND, [prompt], [10_000])
-    for _ in range(5):  # the cello's 43 rings on under the violin, long past the cello's gap
-        grammar.advance(torch.tensor([SHIFT + 99]))
+    grammar.advance(torch.tensor([SHIFT + 99]))  # 500 steps since its strike, past its 300-step gap
     held = _switch_logprobs(grammar)
     assert bool(grammar.inst.sounding[0, 42]) and held["cello"] == pytest.approx(held["kit"])

@@ -82,7 +82,7 @@ class InfillResult:
         """Each sample's MIDI file: the upload's own bytes with the span's notes edited
         (`musicrel.midi.edit.written`: markers, SysEx, controllers, ports and the track layout as sent),
         else pretty_midi's rewrite."""
-        return [written(self.source, self.original, midi) for midi in self.midis]
+        return written(self.source, self.original, self.midis)
 
 
 @dataclass

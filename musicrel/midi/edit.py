@@ -72,66 +72,91 @@ def _times(inst: pretty_midi.Instrument) -> Counter:
     return Counter((n.pitch, n.start, n.end, n.velocity) for n in inst.notes)
 
 
+class _Upload:
+    """The upload's messages parsed and its notes paired once, for the edit of every sample; `valid` False
+    where `before` is not what `source` reads as."""
+
+    def __init__(self, source: bytes, before: pretty_midi.PrettyMIDI):
+        self.mf = mido.MidiFile(file=io.BytesIO(source))
+        self.live = [i for i, t in enumerate(self.mf.tracks) if len(t)]
+        self.found = _instruments(self.mf.tracks)
+        self.before = before
+        clock = before._PrettyMIDI__tick_to_time  # tick -> seconds, as pretty_midi read the notes
+        self.valid = len(self.found) == len(before.instruments) and max(
+            (n.end for notes in self.found.values() for n in notes), default=0
+        ) < len(clock)  # else `before` is another file
+        # each instrument's notes as pretty_midi gave them (seconds), which `before` must hold
+        self.mine = []
+        for (key, notes), was in zip(self.found.items(), before.instruments, strict=False):
+            if not self.valid:
+                break
+            program, channel, _ = key
+            mine = Counter((n.pitch, clock[n.start], clock[n.end], n.velocity) for n in notes)
+            kind = (was.program, was.is_drum) == (program, channel == 9)
+            self.valid = self.valid and kind and mine == _times(was)
+            self.mine.append(mine)
+        self.clock = clock
+
+    def edit(self, after: pretty_midi.PrettyMIDI) -> bytes | None:
+        """The upload with the notes `after` differs from `before` by removed and added (`edited`)."""
+        if not self.valid or len(after.instruments) != len(self.before.instruments):
+            return None
+        clock, tracks = self.clock, list(self.mf.tracks)  # this sample's own list: the upload's stays
+        removed: dict[int, set[int]] = defaultdict(set)  # track (all tracks' index) -> message indices
+        closing: dict[int, set[int]] = defaultdict(set)  # track -> note-offs that close a kept note
+        added: dict[int, list[tuple]] = defaultdict(list)  # track -> (tick, rank, message)
+        expected: dict[tuple, Counter] = {}  # every instrument's notes in ticks, as they must read back
+        for (key, notes), mine, was, now in zip(
+            self.found.items(), self.mine, self.before.instruments, after.instruments, strict=True
+        ):
+            _, channel, t = key
+            if (now.program, now.is_drum) != (was.program, was.is_drum):
+                return None
+            wanted = _times(now)
+            gone, new = mine - wanted, wanted - mine
+            track = self.live[t]
+            ticks = expected[key] = Counter()
+            for n in notes:
+                heard = (n.pitch, clock[n.start], clock[n.end], n.velocity)
+                if gone[heard] > 0:
+                    gone[heard] -= 1
+                    removed[track] |= {n.on, n.off}
+                else:
+                    closing[track].add(n.off)
+                    ticks[(n.pitch, n.start, n.end, n.velocity)] += 1
+            for pitch, start, end, velocity in new.elements():
+                a, b = after.time_to_tick(start), after.time_to_tick(end)
+                if b <= a:
+                    return None
+                ticks[(pitch, a, b, velocity)] += 1
+                # the note-off first at its tick (a note struck again there closes the old one first), the
+                # note-on after what the tick already holds (a program change there is this note's)
+                on = mido.Message("note_on", channel=channel, note=pitch, velocity=velocity)
+                off = mido.Message("note_off", channel=channel, note=pitch, velocity=0)
+                added[track] += [(b, 0, off), (a, 2, on)]
+        for track in set(removed) | set(added):
+            tracks[track] = _rewritten(tracks[track], removed[track] - closing[track], added[track])
+        # read back as pretty_midi would: the same instruments in the same order, each with exactly the notes
+        # asked for (a removed note-off shared with another instrument's note would show here)
+        again = _instruments(tracks)
+        if list(again) != list(self.found) or any(
+            Counter((n.pitch, n.start, n.end, n.velocity) for n in again[key]) != ticks
+            for key, ticks in expected.items()
+        ):
+            return None
+        mf = mido.MidiFile(type=self.mf.type, ticks_per_beat=self.mf.ticks_per_beat, charset=self.mf.charset)
+        mf.tracks = tracks
+        out = io.BytesIO()
+        mf.save(file=out)
+        return out.getvalue()
+
+
 def edited(source: bytes, before: pretty_midi.PrettyMIDI, after: pretty_midi.PrettyMIDI) -> bytes | None:
     """`source` with the notes `after` differs from `before` by (the file `source` is, read) removed and
     added, every other message as it was; None where that cannot be done exactly: `after` has other
     instruments, `before` is not what `source` reads as, or a new note would be read back as another
     instrument's or paired with another note (a track that changes program inside the span, say)."""
-    mf = mido.MidiFile(file=io.BytesIO(source))
-    live = [i for i, t in enumerate(mf.tracks) if len(t)]
-    found = _instruments(mf.tracks)
-    if len(found) != len(before.instruments) or len(after.instruments) != len(before.instruments):
-        return None
-    clock = before._PrettyMIDI__tick_to_time  # tick -> seconds, as pretty_midi read the notes
-    if max((n.end for notes in found.values() for n in notes), default=0) >= len(clock):
-        return None  # `before` is another file
-    removed: dict[int, set[int]] = defaultdict(set)  # track (all tracks' index) -> message indices
-    closing: dict[int, set[int]] = defaultdict(set)  # track -> note-offs that close a kept note
-    added: dict[int, list[tuple]] = defaultdict(list)  # track -> (tick, rank, message)
-    expected: dict[tuple, Counter] = {}  # every instrument's notes in ticks, as they must read back
-    for (key, notes), was, now in zip(found.items(), before.instruments, after.instruments, strict=True):
-        program, channel, t = key
-        mine = Counter((n.pitch, clock[n.start], clock[n.end], n.velocity) for n in notes)
-        if (
-            mine != _times(was)
-            or (now.program, now.is_drum, was.program, was.is_drum) != (program, channel == 9) * 2
-        ):
-            return None
-        wanted = _times(now)
-        gone, new = mine - wanted, wanted - mine
-        track = live[t]
-        ticks = expected[key] = Counter()
-        for n in notes:
-            heard = (n.pitch, clock[n.start], clock[n.end], n.velocity)
-            if gone[heard] > 0:
-                gone[heard] -= 1
-                removed[track] |= {n.on, n.off}
-            else:
-                closing[track].add(n.off)
-                ticks[(n.pitch, n.start, n.end, n.velocity)] += 1
-        for pitch, start, end, velocity in new.elements():
-            a, b = after.time_to_tick(start), after.time_to_tick(end)
-            if b <= a:
-                return None
-            ticks[(pitch, a, b, velocity)] += 1
-            # the note-off first at its tick (a note struck again there closes the old one first), the
-            # note-on after what the tick already holds (a program change there is this note's)
-            on = mido.Message("note_on", channel=channel, note=pitch, velocity=velocity)
-            off = mido.Message("note_off", channel=channel, note=pitch, velocity=0)
-            added[track] += [(b, 0, off), (a, 2, on)]
-    for track in set(removed) | set(added):
-        mf.tracks[track] = _rewritten(mf.tracks[track], removed[track] - closing[track], added[track])
-    # read back as pretty_midi would: the same instruments in the same order, each with exactly the notes
-    # asked for (a removed note-off shared with another instrument's note would show here)
-    again = _instruments(mf.tracks)
-    if list(again) != list(found) or any(
-        Counter((n.pitch, n.start, n.end, n.velocity) for n in again[key]) != ticks
-        for key, ticks in expected.items()
-    ):
-        return None
-    out = io.BytesIO()
-    mf.save(file=out)
-    return out.getvalue()
+    return _Upload(source, before).edit(after)
 
 
 def _rewritten(track, removed: set[int], added: list[tuple]) -> mido.MidiTrack:
@@ -155,15 +180,23 @@ def _rewritten(track, removed: set[int], added: list[tuple]) -> mido.MidiTrack:
     return out
 
 
-def written(source: bytes | None, before: pretty_midi.PrettyMIDI, after: pretty_midi.PrettyMIDI) -> bytes:
-    """The file to send back for `after`: `source` edited (`edited`) when it can be, else pretty_midi's
-    rewrite of `after` (also where there is no `source`: a PrettyMIDI given, not a file)."""
+def written(source: bytes | None, before: pretty_midi.PrettyMIDI, afters: list) -> list[bytes]:
+    """The files to send back for `afters` (each sample's PrettyMIDI): `source` edited (`edited`; the upload
+    parsed once for them all) where it can be, else pretty_midi's rewrite (also where there is no `source`:
+    a PrettyMIDI given, not a file)."""
     try:
-        data = None if source is None else edited(source, before, after)
+        upload = None if source is None else _Upload(source, before)
     except Exception:  # noqa: BLE001  (mido's errors on a file pretty_midi read: the rewrite always serves)
-        data = None
-    if data is None:
-        out = io.BytesIO()
-        after.write(out)
-        data = out.getvalue()
-    return data
+        upload = None
+    files = []
+    for after in afters:
+        try:
+            data = None if upload is None else upload.edit(after)
+        except Exception:  # noqa: BLE001  (as above)
+            data = None
+        if data is None:
+            out = io.BytesIO()
+            after.write(out)
+            data = out.getvalue()
+        files.append(data)
+    return files

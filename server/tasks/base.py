@@ -139,11 +139,13 @@ class Task(ABC):
         return {}
 
 
-async def render(service: Service, midis: list, write: Callable[[Any], bytes] | None = None) -> list[bytes]:
-    """Each PrettyMIDI's file (`write`, else pretty_midi's), written on a render thread (never on the loop,
+async def render(
+    service: Service, midis: list, write: Callable[[list], list[bytes]] | None = None
+) -> list[bytes]:
+    """The PrettyMIDIs' files (`write`, else pretty_midi's), written on a render thread (never on the loop,
     never in the engine)."""
-    write = write or midi_bytes
-    return await anyio.to_thread.run_sync(lambda: [write(m) for m in midis], limiter=service.render_limiter)
+    write = write or (lambda ms: [midi_bytes(m) for m in ms])
+    return await anyio.to_thread.run_sync(lambda: write(midis), limiter=service.render_limiter)
 
 
 async def finished_files(
@@ -153,7 +155,7 @@ async def finished_files(
     job: Job,
     result: Any,
     what: str,
-    write: Callable[[Any], bytes] | None = None,
+    write: Callable[[list], list[bytes]] | None = None,
 ) -> tuple[list[bytes], Timings]:
     """A finished job's files (rendered off the loop, by `write` where the task writes its own) and
     timings, logged once with `what` (the task's own figures, e.g. "span=12.00-18.00 s removed=22")."""

@@ -1,5 +1,5 @@
-"""`musicrel corpus | prepare | train | finetune | export | pack-gpu | evaluate | fit-memory`: the training
-side of the CLI.
+"""`musicrel corpus | prepare | train | finetune | export | pack-gpu | evaluate`: the training side of
+the CLI.
 
 Handlers import numpy/torch/lightning lazily so that `musicrel --help` stays fast.
 """
@@ -24,7 +24,6 @@ def register(subparsers) -> None:
         _add_pack_gpu,
         _add_curves,
         _add_evaluate,
-        _add_fit_memory,
     ):
         add(subparsers)
 
@@ -402,54 +401,6 @@ def _add_evaluate(subparsers) -> None:
         "decode with it (musicrel.model.quantize)",
     )
     p.set_defaults(func=_evaluate)
-
-
-def _fit_memory(args) -> int:
-    import torch
-
-    from musicrel.errors import ConfigError
-    from musicrel.model.checkpoint import load_codec, load_model, write_memory
-    from musicrel.model.config import FEATURES, MemoryConfig
-    from training.memory import fit_gate, score
-
-    if args.max_tokens < 2:
-        raise ConfigError(f"--max-tokens must be >= 2, got {args.max_tokens}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, codec = load_model(args.checkpoint), load_codec(args.checkpoint)
-    say = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    fit_on = score(model, codec, args.data, args.fit_split, args.max_tokens, say)
-    gate = MemoryConfig(gate=fit_gate(fit_on))
-    report = score(model, codec, args.data, args.report_split, args.max_tokens, say)
-    print(f"gate: {', '.join(f'{w:.3f}' for w in gate.gate)} (bias, {', '.join(FEATURES)})")
-    print(f"{'source':24s} {'split':6s} {'tokens':>8s} {'model':>7s} {'+memory':>8s} {'change':>7s}")
-    for split, scored in ((args.fit_split, fit_on), (args.report_split, report)):
-        for name, s in scored.items():
-            base, mixed = s.model_nll, s.mixture_nll(gate.gate)
-            print(f"{name:24s} {split:6s} {len(s.p_model):8d} {base:7.4f} {mixed:8.4f} {mixed - base:+7.4f}")
-    if args.write:
-        write_memory(args.checkpoint, gate)
-        print(f"written to {args.checkpoint}/config.json")
-    return 0
-
-
-def _add_fit_memory(subparsers) -> None:
-    p = subparsers.add_parser(
-        "fit-memory",
-        help="fit a checkpoint's copy memory (the model mixed with what followed earlier matches) on a split",
-        description="Fit the gate of the copy memory on --fit-split and print NLL per source with and "
-        "without it on both splits (docs/INSTRUMENTS.md). --write puts the gate in the checkpoint's "
-        "config.json, so that every route decodes with it.",
-    )
-    p.add_argument("--checkpoint", required=True, help="model folder (config.json + model.safetensors)")
-    p.add_argument("--data", required=True, help="data folder written by `musicrel prepare`")
-    p.add_argument("--fit-split", default="val", choices=["train", "val", "test"])
-    p.add_argument("--report-split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--max-tokens", type=int, default=100_000, help="tokens read per source and split")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--write", action="store_true", help="write the fitted gate into the checkpoint")
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=_fit_memory)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -246,9 +246,7 @@ class DecodeBatch:
         grammar = specs[0].grammar
         for spec in specs[1:]:
             grammar.extend(spec.grammar)
-        new = LiveRows.start(
-            rows, seeds, grammar, self.model.cfg.vocab_size, self.device, self.model.memory, self.window - 1
-        )
+        new = LiveRows.start(rows, seeds, grammar, self.model.cfg.vocab_size, self.device)
         if n == 0:
             self.live = new  # the batch's grammar is its first job's (its class: the batch's kind)
         else:
@@ -281,7 +279,7 @@ class DecodeBatch:
         self.length += 1
         live, grammar = self.live, self.live.grammar
         token = live.draw(logits, self.shifts, ahead=True)
-        live.pending = token = live.took(token)
+        live.pending = token = grammar.advance(token)
         self._steps.append(token)
         live.drawn += 1
         done = grammar.finished() | (live.drawn >= live.max_new)

@@ -107,8 +107,8 @@ def slots(live) -> list[tuple[object, str]]:
 
 def supported(live) -> bool:
     """Whether a static step takes these rows: the continuation grammar itself (a subclass may carry state
-    per row that `slots` does not name), without instruments (whose step asks the device) or a copy memory."""
-    return type(live.grammar) is Grammar and live.grammar.inst is None and live.memory is None
+    per row that `slots` does not name), without instruments (whose step asks the device)."""
+    return type(live.grammar) is Grammar and live.grammar.inst is None
 
 
 def signature(live) -> tuple:
@@ -183,7 +183,7 @@ class StaticStep:
         logits = batch.model.decode_static(live.pending, self.cache, self.pos)
         token = live.draw(logits, batch.shifts)
         # a padding row must never index past the vocabulary (on a GPU that is a device-side assert)
-        live.pending = live.took(token.clamp_(max=self.vocab - 1))
+        live.pending = grammar.advance(token.clamp_(max=self.vocab - 1))
         live.drawn += 1
         done = grammar.finished() | (live.drawn >= live.max_new)
         self.pos += 1

@@ -15,7 +15,6 @@ from torch import Tensor
 from musicrel.generation.decode import sample
 from musicrel.generation.decode_job import DecodeJob
 from musicrel.generation.grammar import Grammar
-from musicrel.generation.memory import CopyMemory, MemoryConfig
 from musicrel.generation.row_random import RowRandom
 
 
@@ -63,7 +62,6 @@ class LiveRows:
     max_new: Tensor  # (n,) long: the most a row draws
     random: RowRandom
     grammar: Grammar
-    memory: CopyMemory | None  # the model's copy memory, where its checkpoint has one (`generation.memory`)
     # The sampler's work that some row needs (top-k/top-p; a shift temperature; a temperature): Python
     # flags, refreshed only as rows join and leave, so a step asks the device nothing.
     truncate: bool = field(init=False, default=False)
@@ -75,18 +73,10 @@ class LiveRows:
 
     @classmethod
     def start(
-        cls,
-        rows: list[LiveRow],
-        seeds: list[int],
-        grammar: Grammar,
-        vocab_size: int,
-        device: torch.device,
-        memory: MemoryConfig | None = None,
-        window: int = 0,
+        cls, rows: list[LiveRow], seeds: list[int], grammar: Grammar, vocab_size: int, device: torch.device
     ) -> LiveRows:
         """The state of `rows` as they join: each pending on its prompt's last token, its job's sampling
-        settings (top_k None: the whole vocabulary), nothing drawn, a random stream per seed, and with a
-        `memory` its copy memory of the prompt's last `window` tokens."""
+        settings (top_k None: the whole vocabulary), nothing drawn, a random stream per seed."""
         specs = [row.job.spec for row in rows]
 
         def tensor(values: list, dtype=torch.float32) -> Tensor:
@@ -103,9 +93,6 @@ class LiveRows:
             max_new=tensor([j.max_new_tokens for j in specs], torch.long),
             random=RowRandom(seeds, device),
             grammar=grammar,
-            memory=None
-            if memory is None
-            else CopyMemory(memory, [row.job.tokens for row in rows], window, device),
         )
 
     def _flags(self) -> None:
@@ -118,8 +105,6 @@ class LiveRows:
         """Each row's next token (B,), drawn under its grammar with its own settings and random stream (the
         eager and the static step alike; `ahead`: the eager step's, the streams' draws made many steps at
         once, the same numbers)."""
-        if self.memory is not None:
-            logits = self.memory.mix(logits)
         return sample(
             self.grammar.constrain(logits),
             self.temperature,
@@ -133,20 +118,12 @@ class LiveRows:
             scale=self.scale,
         )
 
-    def took(self, token: Tensor) -> Tensor:
-        """The rows' tokens (B,) as drawn: the grammar's (which may change one) and the memory's; returns the
-        grammar's, the next to feed."""
-        token = self.grammar.advance(token)
-        if self.memory is not None:
-            self.memory.advance(token)
-        return token
-
     def select(self, order: list[int]) -> None:
         """Keep the rows at `order`, in that order."""
         index = torch.as_tensor(order, dtype=torch.long, device=self.pending.device)
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (Grammar, RowRandom, CopyMemory)):
+            if isinstance(value, (Grammar, RowRandom)):
                 value.select(index)
             elif isinstance(value, Tensor):
                 setattr(self, f.name, value[index])
@@ -160,6 +137,6 @@ class LiveRows:
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, Tensor):
                 setattr(self, f.name, torch.cat([mine, theirs]))
-            elif mine is not None and not isinstance(mine, bool):
-                mine.extend(theirs)  # a list, the RowRandom, the Grammar or the CopyMemory
+            elif not isinstance(mine, bool):
+                mine.extend(theirs)  # a list, the RowRandom or the Grammar
         self._flags()

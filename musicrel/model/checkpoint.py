@@ -70,8 +70,6 @@ def save_model(
     }
     if codec is not None:
         config["codec"] = codec.config.to_dict()
-    if model.memory is not None:
-        config["memory"] = model.memory.to_dict()
     tensors, aliases = _tensors_to_store(model, dtype)
     metadata = {"format": FORMAT, **aliases}
     shards = _plan_shards(tensors, max_shard_bytes, metadata)
@@ -221,21 +219,11 @@ def read_config(folder) -> dict[str, Any]:
     return config
 
 
-def write_memory(folder, memory) -> None:
-    """Set (a `MemoryConfig`) or remove (None) the copy-memory gate in `folder`'s config.json; the weights
-    are not touched."""
-    config = read_config(folder)
-    config.pop("memory", None)
-    if memory is not None:
-        config["memory"] = memory.to_dict()
-    _config_path(folder).write_text(json.dumps(config, indent=2) + "\n")
-
-
 def load_model(folder, device="cpu", weights: str = "float32"):
     """Rebuild the model saved in `folder` (one file or shards, float32 or bfloat16 storage), on `device`, in
     eval mode, with the model's own float32 parameters; `weights="int8"` then quantizes it for decoding,
     "auto" where that decodes faster here (musicrel.model.quantize; `held_weights` says which)."""
-    from musicrel.model.config import MemoryConfig, ModelConfig
+    from musicrel.model.config import ModelConfig
     from musicrel.model.transformer import MusicTransformer
 
     check_decode_weights(weights)
@@ -246,11 +234,6 @@ def load_model(folder, device="cpu", weights: str = "float32"):
         raise CheckpointError(f"{Path(folder) / CONFIG_FILE}: bad model settings: {exc}") from None
     files = weights_files(folder)
     model = MusicTransformer(cfg)
-    if "memory" in config:
-        try:
-            model.memory = MemoryConfig.from_dict(config["memory"])
-        except (ConfigError, TypeError) as exc:
-            raise CheckpointError(f"{Path(folder) / CONFIG_FILE}: bad memory settings: {exc}") from None
     if (Path(folder) / INDEX_FILE).is_file():
         _load_shards(model, Path(folder), files)
     else:

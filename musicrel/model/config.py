@@ -6,7 +6,6 @@ Imports nothing heavy (no torch) so that configs can be read and checked anywher
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -14,10 +13,6 @@ from musicrel.errors import ConfigError, is_int, is_number
 
 ATTENTION_KINDS = ("skew", "shaw", "t5", "absolute")
 ABSOLUTE_KINDS = ("learned", "sinusoidal")
-# The copy memory beside a model (`generation.memory`): the longest match it tells apart (tokens), and what
-# its gate reads, in order, after its bias (`generation.memory.CopyMemory.mix`).
-MAX_MATCH = 32
-FEATURES = ("log_match", "log_votes", "log_choices", "top_share", "log_agreement", "entropy")
 
 
 @dataclass
@@ -134,33 +129,3 @@ class ModelConfig:
             return cls.from_dict(dict(hparams["config"]))
         known = {f.name for f in fields(cls)}
         return cls.from_dict({k: v for k, v in hparams.items() if k in known})
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    """The gate: bias then one weight per FEATURES entry (the share of the memory in the mixture is
-    sigmoid(bias + weights . features), and none where no earlier match exists)."""
-
-    gate: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        gate = tuple(self.gate)
-        if len(gate) != len(FEATURES) + 1 or not all(
-            isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) for w in gate
-        ):
-            raise ConfigError(
-                f"memory gate must be {len(FEATURES) + 1} finite numbers (bias, {', '.join(FEATURES)}), "
-                f"got {self.gate!r}",
-            )
-        object.__setattr__(self, "gate", tuple(float(w) for w in gate))
-
-    def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "gate": list(self.gate), "features": list(FEATURES)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> MemoryConfig:
-        if not isinstance(d, dict) or list(d.get("features", FEATURES)) != list(FEATURES):
-            raise ConfigError(
-                f"memory config must name the features {list(FEATURES)}, got {d!r}", code="bad_config"
-            )
-        return cls(gate=tuple(d.get("gate", ())))

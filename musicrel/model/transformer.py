@@ -244,8 +244,6 @@ class MusicTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        # the checkpoint's copy-memory gate (`model.config.MemoryConfig`), which decoding reads; None: none
-        self.memory = None
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.attention == "absolute" and cfg.absolute_kind == "learned":
             self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)

@@ -19,7 +19,11 @@ DRUMS_NAME = "Drums"
 # instrument or voice, as orchestration texts give them (Adler, *The Study of Orchestration*; a few semitones
 # of room at the top, where players reach): a model with instruments strikes no note of such an instrument
 # outside it, nor outside the notes the upload gives that instrument (`playable`). Ensembles, keyboards,
-# guitars, basses, synthesizers and percussion are left free: their "range" is the patch's, not a player's.
+# guitars, basses, synthesizers and pitched percussion are left free: their "range" is the patch's, not a
+# player's. Drums strike the keys of the General MIDI 2 percussion map (27 High Q to 87 Open Surdo; GM 1's
+# 35-81 inside it): a key outside it sounds nothing or a player's own choice (the instruments model struck
+# 95 and 119 on pop songs; its training drums never did, but for the Groove kit's 22 and 26, which a motif
+# that plays them widens the range to).
 RANGES = {
     40: (55, 103),  # violin: G3 up
     41: (48, 93),  # viola: C3
@@ -44,6 +48,7 @@ RANGES = {
     71: (50, 94),  # clarinet
     72: (74, 108),  # piccolo
     73: (59, 98),  # flute
+    DRUMS: (27, 87),  # the General MIDI 2 percussion keys
 }
 
 

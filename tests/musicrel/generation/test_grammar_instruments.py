@@ -121,6 +121,16 @@ def test_after_an_instrument_a_note_event_comes():
     assert _allowed(grammar)[SHIFT : SHIFT + 100].all()
 
 
+@pytest.mark.parametrize(("motif_kit", "low"), [((36, 38, 42), 27), ((36, 22, 42), 22)])
+def test_drums_strike_the_general_midi_percussion_keys(motif_kit, low):
+    # a kit's keys are 27-87; a motif whose drums strike below (the Groove kit's 22) widens them to its own
+    prompt = [VIOLIN, ON + 60, SHIFT + 9, KIT] + [t for key in motif_kit for t in (ON + key, SHIFT + 4)]
+    grammar = Grammar(BAND, [np.array(prompt + [VIOLIN, ON + 62])], [1000])
+    grammar.advance(torch.tensor([KIT]))
+    strikes = _allowed(grammar)[ON : ON + 128].nonzero().flatten().tolist()
+    assert strikes == list(range(low, 88))
+
+
 def test_another_instruments_overdue_note_forces_a_switch_then_its_note_off():
     # the violin's 60 was struck 50 steps before the cut; max_hold 60 steps: due 10 steps after the cut
     prompt = np.array([VIOLIN, ON + 60, SHIFT + 49, CELLO, ON + 48])
@@ -286,8 +296,8 @@ def test_the_uploads_tracks_may_all_play_even_those_silent_in_the_motif():
 
 def test_an_orchestral_instrument_strikes_within_its_range_or_the_prompt_s():
     """A violin strikes nothing under G3 (55) nor over its top, unless the prompt gives the violin such notes
-    (then down to them); the piano and the drums strike anything; the rule reads each row's own prompt and
-    follows a switch of instrument."""
+    (then down to them); the piano strikes anything, the drums the percussion keys; the rule reads each row's
+    own prompt and follows a switch of instrument."""
     low, high = RANGES[40]
     plain = np.array([VIOLIN, ON + 67, SHIFT + 9, OFF + 67])
     low_violin = np.array([VIOLIN, ON + 48, SHIFT + 9, OFF + 48])
@@ -296,15 +306,18 @@ def test_an_orchestral_instrument_strikes_within_its_range_or_the_prompt_s():
     assert allowed[0, ON + low : ON + high + 1].all()
     assert not allowed[0, ON : ON + low].any() and not allowed[0, ON + high + 1 : ON + 128].any()
     assert allowed[1, ON + 48 : ON + high + 1].all() and not allowed[1, ON : ON + 48].any()
-    grammar.advance(torch.tensor([BAND.instrument_offset + 0, KIT]))  # a piano, the drums: anything
+    grammar.advance(torch.tensor([BAND.instrument_offset + 0, KIT]))  # a piano: anything; the drums
     allowed = grammar.constrain(torch.zeros(2, BAND.vocab_size)).isfinite()
-    assert allowed[:, ON : ON + 128].all()
+    assert allowed[0, ON : ON + 128].all()
+    kit_low, kit_high = RANGES[DRUMS]
+    assert allowed[1, ON + kit_low : ON + kit_high + 1].all() and allowed[1, ON : ON + 128].sum() == 61
 
 
 def test_a_batch_without_a_ranged_instrument_skips_the_range_rule():
-    """Drums and a piano strike anything: their batch skips the rule (`any_range`); a violin joining turns
-    it on, and its leaving turns it off again."""
-    band = Grammar(BAND, [np.array([KIT, ON + 36, SHIFT + 9, BAND.instrument_offset, ON + 60])], [1000])
+    """A bass and a piano strike anything: their batch skips the rule (`any_range`); a violin joining turns
+    it on, and its leaving turns it off again (drums have a range: the percussion keys)."""
+    bass = BAND.instrument_offset + 33
+    band = Grammar(BAND, [np.array([bass, ON + 36, SHIFT + 9, BAND.instrument_offset, ON + 60])], [1000])
     assert not band.inst.any_range
     band.extend(Grammar(BAND, [np.array([VIOLIN, ON + 67, SHIFT + 9])], [1000]))
     assert band.inst.any_range

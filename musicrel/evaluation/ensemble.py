@@ -110,6 +110,23 @@ def drum_groove(generated: Parts, truth: Parts) -> float:
     return histogram_overlap(_histogram(generated_ioi), _histogram(truth_ioi))
 
 
+def drum_kit(generated: Parts, truth: Parts) -> float:
+    """Overlap (0..1) of the drum-key histograms (how often each drum sound is struck) of the continuation
+    and the truth: does the drumming keep the truth's kit (a percussion groove played on a rock kit scores
+    low; the classifier reads no drum keys). NaN where the truth has no drums; 0 where the continuation
+    drops them."""
+    truth_keys = [n.pitch for n in truth.get(DRUMS, [])]
+    if not truth_keys:
+        return math.nan
+    keys = [n.pitch for n in generated.get(DRUMS, [])]
+    return histogram_overlap(_key_histogram(keys), _key_histogram(truth_keys))
+
+
+def _key_histogram(keys) -> np.ndarray:
+    counts = np.bincount(np.asarray(keys, dtype=np.int64), minlength=128).astype(np.float64)
+    return counts / counts.sum() if counts.sum() else counts
+
+
 def _histogram(values) -> np.ndarray:
     counts = np.histogram(values, bins=IOI_EDGES)[0].astype(np.float64)
     return counts / counts.sum() if counts.sum() else counts
@@ -120,6 +137,7 @@ def scores(context: Parts, truth: Parts, generated: Parts) -> dict[str, float]:
     return {
         "instrument_continuity": continuity(context, truth, generated),
         "drum_groove": drum_groove(generated, truth),
+        "drum_kit": drum_kit(generated, truth),
     }
 
 

@@ -83,9 +83,11 @@ METRICS = (
     Metric("copied_notes", "longest copy from train (notes)", "reference", intrinsic=True, index=True),
     # Of the instruments sounding in the motif's last 5 s that the truth plays in its first 10 s, the share
     # the continuation plays there (evaluation.ensemble.continuity); the drums' onset-IOI overlap with the
-    # truth's, where the truth has drums (ensemble.drum_groove).
+    # truth's, where the truth has drums (ensemble.drum_groove); the overlap of their drum keys
+    # (ensemble.drum_kit: which drum sounds are struck, how often).
     Metric("instrument_continuity", "motif's instruments kept", "higher", instruments=True),
     Metric("drum_groove", "drum IOI overlap", "higher", instruments=True),
+    Metric("drum_kit", "drum-key overlap", "higher", instruments=True),
     Metric("grammar_error", "grammar errors", "lower", tokens=True),
     Metric("restrikes", "re-strikes", "", tokens=True),
 )

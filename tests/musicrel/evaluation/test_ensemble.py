@@ -18,6 +18,7 @@ from musicrel.evaluation.ensemble import (
     continuity,
     continuity_cases,
     drum_groove,
+    drum_kit,
     feature_names,
     features,
     midi_parts,
@@ -69,6 +70,16 @@ def test_drum_groove_is_the_overlap_of_drum_onset_intervals():
     # no groove to keep: no drums, or a single hit, in the truth
     assert math.isnan(drum_groove(half, {BASS: [N(40, 0.0, 1.0)]}))
     assert math.isnan(drum_groove(half, {DRUMS: beats([0.5])}))
+
+
+def test_drum_kit_is_the_overlap_of_drum_keys():
+    truth = {DRUMS: beats([0.0, 0.5], pitch=36) + beats([0.25, 0.75], pitch=38), BASS: [N(40, 0.0, 1.0)]}
+    assert drum_kit(truth, truth) == 1.0
+    # the same groove on another snare (40 for 38): half the hits on the truth's keys
+    other = {DRUMS: beats([0.0, 0.5], pitch=36) + beats([0.25, 0.75], pitch=40)}
+    assert drum_kit(other, truth) == pytest.approx(0.5)
+    assert drum_kit({BASS: [N(40, 0.0, 1.0)]}, truth) == 0.0  # the drums dropped
+    assert math.isnan(drum_kit(other, {BASS: [N(40, 0.0, 1.0)]}))  # no kit to keep
 
 
 def test_repeat_parts_keeps_every_instrument_on_the_motifs_period():

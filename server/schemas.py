@@ -339,7 +339,7 @@ class InfillParams(MusicForm):
     chords: str | None = _retold(
         "chords",
         'chords for the span, repeated from its start: "C:2 G:2 Am:2 F:2" (seconds) or "C:4b G:4b" (beats '
-        "at the file's tempo)",
+        "at the tempo the span is at)",
     )
 
     @field_validator("tracks")
@@ -465,7 +465,9 @@ class PrimerInfo(BaseModel):
         description="true when the window is shorter than primer_seconds because the model reads at most so "
         "many tokens (a dense motif): start_time moved later"
     )
-    tempo: float
+    tempo: float = Field(
+        description="bpm: the tempo the primer window is at for the longest time, the continuation file's"
+    )
     program: int = Field(description="the motif's instrument: General MIDI program of the output by default")
     instrument: str = Field(description="that program's General MIDI name")
     program_reason: str = Field(description="why that program, in words (the share of notes it plays)")

@@ -36,7 +36,7 @@ from musicrel.generation.melody import (
 )
 from musicrel.generation.sampling import TOKENS_PER_SECOND_CAP, draw_seed
 from musicrel.midi.codec import EventCodec, shift_steps
-from musicrel.midi.files import copy_midi
+from musicrel.midi.files import DEFAULT_BPM, copy_midi, prevailing_tempo
 
 # The model hears the melody up to now; the grammar lets it hear LOOKAHEAD_SECONDS ahead: note-ons of the
 # pitch classes the melody sounds in that window gain TUNE_BIAS nats, their semitone neighbours lose
@@ -205,7 +205,7 @@ def melody_schedule(codec: EventCodec, notes) -> tuple[np.ndarray, np.ndarray]:
     return steps.astype(np.int64), toks.astype(np.int64)
 
 
-def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0):
+def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = DEFAULT_BPM):
     """The accompaniment of a melody (notes, file time) per sample, as token arrays (file time 0 = step 0),
     with the seed used and the resolved controls. One batch of num_samples rows."""
     from musicrel.generation.decode import run_to_end
@@ -213,7 +213,9 @@ def accompany_notes(model, codec: EventCodec, notes, params: AccompanimentParams
     return run_to_end(accompany_notes_steps(model, codec, notes, params, tempo))
 
 
-def accompaniment_job(model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0):
+def accompaniment_job(
+    model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = DEFAULT_BPM
+):
     """The decode job (`decode_job.DecodeJob`) that accompanies a melody (notes, file time): num_samples
     rows that start from bos under a `MelodyGrammar` placing the melody, until the melody is placed and its
     last note has ended TAIL_SECONDS ago. The controls are resolved against the melody (GenerationError, a
@@ -252,7 +254,7 @@ def accompaniment_job(model, codec: EventCodec, notes, params: AccompanimentPara
 
 
 def accompany_notes_steps(
-    model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = 120.0
+    model, codec: EventCodec, notes, params: AccompanimentParams, tempo: float = DEFAULT_BPM
 ) -> Generator[None, None, tuple[list[np.ndarray], int, dict | None, list[str]]]:
     """`accompany_notes` one token at a time (it yields after each token but the last): what the server's
     engine runs beside its continuation batch, a step at a time. The rows decode on a `DecodeBatch` of their
@@ -271,7 +273,7 @@ def accompany_notes_steps(
 
 # ---------------------------------------------------------------- a model with instruments
 def instruments_job(
-    model, codec: EventCodec, pm, track: int, params: AccompanimentParams, tempo: float = 120.0
+    model, codec: EventCodec, pm, track: int, params: AccompanimentParams, tempo: float = DEFAULT_BPM
 ):
     """The decode job that accompanies the melody track `track` of `pm` with a model whose codec has
     instruments (and no melody tokens): num_samples rows from bos under a `placed.PlacedGrammar` that places
@@ -366,8 +368,7 @@ def accompany_instruments_steps(
     from musicrel.midi.tracks import read_tracks
 
     params = params or AccompanimentParams()
-    tempi = pm.get_tempo_changes()[1]
-    job = instruments_job(model, codec, pm, track, params, float(tempi[0]) if len(tempi) else 120.0)
+    job = instruments_job(model, codec, pm, track, params, prevailing_tempo(pm))
     began = time.perf_counter()
     batch = DecodeBatch(model, codec, max_rows=job.num_samples)
     batch.admit([job])
@@ -447,9 +448,10 @@ def accompany_steps(
     if codec.instrument_offset is not None:  # a model with instruments: the melody track's notes are placed
         return (yield from accompany_instruments_steps(model, codec, pm, track, params))
     notes = melody_notes(pm, track)
-    tempo = float(pm.get_tempo_changes()[1][0]) if len(pm.get_tempo_changes()[1]) else 120.0
     start = time.perf_counter()
-    tokens, seed, applied, warnings = yield from accompany_notes_steps(model, codec, notes, params, tempo)
+    tokens, seed, applied, warnings = yield from accompany_notes_steps(
+        model, codec, notes, params, prevailing_tempo(pm)
+    )
     decode_seconds = time.perf_counter() - start
     program = params.controls.program if params.controls and params.controls.program is not None else 0
     parts = [codec.decode_notes(t) for t in tokens]

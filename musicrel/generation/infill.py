@@ -52,6 +52,7 @@ from musicrel.generation.span import (  # noqa: F401  (the torch-free half, re-e
     past_velocity,
     route,
 )
+from musicrel.midi.files import prevailing_tempo
 from musicrel.midi.tracks import read_tracks
 
 # The controls read the music this far either side of the gap: the key `auto` finds, the rate the density
@@ -93,7 +94,7 @@ def _hold_steps(codec, notes) -> int:
 def around_gap(codec, seg: InfillSegments) -> Primer:
     """What the controls read for a gap (a Primer as `Controls.resolve` takes one): the notes that start in
     the CONTROL_CONTEXT_SECONDS before and after it, never the gap's own (they are what is replaced), and the
-    file's first tempo (chords in beats)."""
+    tempo that prevails over the gap (chords in beats: `midi.files.prevailing_tempo`)."""
     step_s, reach = codec.config.step_ms / 1000.0, CONTROL_CONTEXT_SECONDS
     start, end = seg.start_step * step_s, seg.end_step * step_s
     near = [
@@ -102,8 +103,7 @@ def around_gap(codec, seg: InfillSegments) -> Primer:
     around = [seg.notes[k] for k in near]
     # with instruments, which of them are drum hits (`key=auto` reads pitches, not drum sounds)
     instruments = None if seg.instruments is None else [seg.instruments[k] for k in near]
-    _, tempi = seg.pm.get_tempo_changes()
-    tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
+    tempo = prevailing_tempo(seg.pm, start, end)
     bos = np.array([codec.bos_id])
     return Primer(bos, start, start, tempo, 0, around, motif_notes=around, motif_instruments=instruments)
 

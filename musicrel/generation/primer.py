@@ -20,6 +20,7 @@ from musicrel.generation.join import cut_steps
 from musicrel.generation.streaming import NoteStream
 from musicrel.midi.codec import CodecConfig, EventCodec, open_pitches, shift_steps
 from musicrel.midi.decode import decode_tokens
+from musicrel.midi.files import DEFAULT_BPM, prevailing_tempo
 from musicrel.midi.instruments import DRUMS, is_ensemble, played
 from musicrel.midi.tracks import Tracks, read_tracks
 
@@ -33,7 +34,7 @@ class Primer:
     tokens: np.ndarray  # events of the primer window from time 0 (led by bos when it holds the whole motif)
     start_time: float  # seconds in the source file where the primer window starts
     end_time: float  # seconds in the source file where the motif ends (last note-off): continuation starts
-    tempo: float  # bpm: the motif's first tempo
+    tempo: float  # bpm: the tempo prevailing over the primer window (`midi.files.prevailing_tempo`)
     program: int  # the output's instrument: see `motif_program`
     notes: list  # pretty_midi.Note in the primer window (times in the source file)
     motif_notes: list = field(default_factory=list)  # every note of the motif (times in the source file)
@@ -87,7 +88,7 @@ def primer_at_cut(
     cut: float,
     primer_seconds: float = PRIMER_SECONDS,
     max_tokens: int | None = None,
-    tempo: float = 120.0,
+    tempo: float = DEFAULT_BPM,
     program: int = 0,
     instruments=None,
 ) -> Primer:
@@ -171,8 +172,6 @@ def prepare_primer(
         notes, instruments = parts.notes, parts.instruments
     else:
         notes = codec.to_notes(pm)
-    _, tempi = pm.get_tempo_changes()
-    tempo = float(tempi[0]) if len(tempi) and tempi[0] > 0 else 120.0
     end_time = max(n.end for n in notes)
     if motif_end is not None and motif_end < end_time:
         if not any(n.start < motif_end for n in notes):
@@ -182,13 +181,13 @@ def prepare_primer(
                 code="no_notes",
             )
         end_time = float(motif_end)
-    primer = primer_at_cut(
-        codec, notes, end_time, primer_seconds, max_tokens, tempo=tempo, instruments=instruments
-    )
+    primer = primer_at_cut(codec, notes, end_time, primer_seconds, max_tokens, instruments=instruments)
+    # the beats of what the model reads, which the continuation goes on from (chords in beats, the file's)
+    tempo = prevailing_tempo(pm, primer.start_time, primer.end_time)
     program, reason = motif_program(pm, tracks, primer.start_time, primer.end_time)
     if instruments is None:
         reason += flattened(played(pm, tracks))
-    primer = replace(primer, program=program, program_reason=reason)
+    primer = replace(primer, tempo=tempo, program=program, program_reason=reason)
     if instruments is not None:
         selection = codec.config.tracks
         found, places = read_tracks(pm, selection, primer.motif_notes, primer.motif_instruments, end_time)

@@ -1,9 +1,10 @@
-"""MIDI files: finding them on disk (the one place that says which names count as MIDI), and copying a
-parsed one."""
+"""MIDI files: finding them on disk (the one place that says which names count as MIDI), copying a parsed
+one, and the tempo that prevails over a stretch of it."""
 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ if TYPE_CHECKING:  # the commands import this module at start-up, before anythin
     import pretty_midi
 
 MIDI_SUFFIXES = (".mid", ".midi")
+DEFAULT_BPM = 120.0  # MIDI's tempo where a file sets none
 
 
 def find_midi_files(path: Path) -> list[Path]:
@@ -47,3 +49,27 @@ def copy_midi(pm: pretty_midi.PrettyMIDI, instruments: list[int] | None = None) 
         ]
         out.instruments.append(inst)
     return out
+
+
+def prevailing_tempo(pm: pretty_midi.PrettyMIDI, start: float = 0.0, end: float | None = None) -> float:
+    """The tempo (bpm) `pm` is at for the longest time within [start, end] seconds (the whole file by default;
+    a tempo returning later adds up), the later one on a tie; the tempo in effect at `start` for an empty
+    stretch; DEFAULT_BPM for a file without a tempo. What a stretch's beats mean: a score converted from
+    MusicXML changes tempo often (35 of 40 OpenScore quartets sampled; a Bartok quartet 205 times,
+    accelerandos written out as steps from 60 bpm to 130), so the file's first tempo may be far from the
+    music's where a job reads it."""
+    times, tempi = pm.get_tempo_changes()
+    valid = [(float(t), float(b)) for t, b in zip(times, tempi, strict=True) if math.isfinite(b) and b > 0]
+    if not valid:
+        return DEFAULT_BPM
+    end = max(pm.get_end_time(), start) if end is None else end
+    held: dict[float, float] = {}  # bpm -> seconds at it within the stretch
+    last: dict[float, int] = {}  # bpm -> its latest change that falls in the stretch
+    untils = [at for at, _ in valid[1:]] + [math.inf]
+    for k, ((at, bpm), until) in enumerate(zip(valid, untils, strict=True)):
+        seconds = min(until, end) - max(at, start)
+        if seconds > 0:
+            held[bpm], last[bpm] = held.get(bpm, 0.0) + seconds, k
+    if not held:  # an empty stretch
+        return next((bpm for at, bpm in reversed(valid) if at <= start), valid[0][1])
+    return max(held, key=lambda bpm: (held[bpm], last[bpm]))

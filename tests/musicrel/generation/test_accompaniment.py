@@ -400,3 +400,25 @@ def test_accompaniment_params_take_sampling_params_defaults_and_checks():
     with pytest.raises(GenerationError, match="seed") as info:
         AccompanimentParams(seed=MAX_SEED + 1)
     assert info.value.code == "invalid_params"
+
+
+def test_chords_in_beats_are_at_the_tempo_that_prevails_over_the_melody(model):
+    """A tune whose file starts at 60 bpm for 2 s and goes on at 150: the chords' beats are 150's."""
+    import io
+
+    import mido
+
+    from musicrel.generation.controls import Controls
+
+    conductor, tune_track = mido.MidiTrack(), mido.MidiTrack()
+    conductor.append(mido.MetaMessage("set_tempo", tempo=mido.bpm2tempo(60)))
+    conductor.append(mido.MetaMessage("set_tempo", tempo=mido.bpm2tempo(150), time=2 * 480))  # at 2 s
+    for k in range(20):  # an eighth at 150 (0.2 s) every beat, from 2 s to 10 s
+        rest = 240 if k else 2 * 480  # the rest of the beat before it
+        tune_track.append(mido.Message("note_on", note=64 + k % 5, velocity=90, time=rest))
+        tune_track.append(mido.Message("note_off", note=64 + k % 5, time=240))
+    out = io.BytesIO()
+    mido.MidiFile(ticks_per_beat=480, tracks=[conductor, tune_track]).save(file=out)
+    params = AccompanimentParams(seed=0, controls=Controls(chords="C:4b"))
+    result = accompany_midi(model, CODEC, out.getvalue(), params=params)
+    assert result.controls["chords"][0]["seconds"] == pytest.approx(4 * 60 / 150)

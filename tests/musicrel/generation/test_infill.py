@@ -401,3 +401,17 @@ def test_bar_span_counts_bars_by_the_files_tempo_and_time_signatures():
         with pytest.raises(InfillError) as exc:
             bar_span(pm, first, last)
         assert exc.value.code == "invalid_span", (first, last)
+
+
+def test_the_controls_read_the_tempo_the_gap_is_at():
+    """Chords in beats inside a gap at 150 bpm of a file that starts at 60: the gap's tempo."""
+    from musicrel.generation.controls import Controls
+    from musicrel.generation.infill import around_gap
+    from tests.musicrel.midi.test_files import tempo_map_file
+
+    data = tempo_map_file(notes_every=0.5)
+    assert around_gap(CODEC, infill_segments(CODEC, data, 10.2, 11.8)).tempo == pytest.approx(150.0)
+    around = around_gap(CODEC, infill_segments(CODEC, data, 4.0, 8.0))
+    assert around.tempo == pytest.approx(60.0)
+    chords = Controls(chords="C:2b").resolve(around, CODEC.config.step_ms).applied["chords"]
+    assert chords[0]["seconds"] == pytest.approx(2.0)

@@ -265,3 +265,20 @@ def test_a_window_shortened_by_the_token_cap_says_so(real_midi_files, read_real_
             cropped.append(primer.end_time - primer.start_time)
     assert cropped and all(seconds < 30.0 for seconds in cropped)
     assert not prepare_primer(CODEC, real_midi_files[0], 30.0).cropped  # no cap, no crop
+
+
+def test_the_tempo_is_the_one_the_primer_window_is_at():
+    """A score that changes tempo (60 bpm for 10 s, 150 for 2 s, then 90): the continuation's file and its
+    chords in beats take the tempo of what the model read, not the file's first."""
+    from musicrel.generation.controls import Controls
+    from tests.musicrel.midi.test_files import tempo_map_file
+
+    data = tempo_map_file(notes_every=0.5)
+    late = prepare_primer(CODEC, data, 1.0, motif_end=11.5)  # the window 10.5-11.5 s: all at 150
+    assert late.tempo == pytest.approx(150.0)
+    assert prepare_primer(CODEC, data, 30.0, motif_end=11.5).tempo == pytest.approx(60.0)  # 10 s of 11.5
+    assert prepare_primer(CODEC, data, 10.0, motif_end=29.0).tempo == pytest.approx(90.0)
+    pm = render(CODEC, late, [])
+    assert pm.get_tempo_changes()[1][0] == pytest.approx(150.0, abs=0.01)
+    chords = Controls(chords="C:4b").resolve(late, CODEC.config.step_ms).applied["chords"]
+    assert chords[0]["seconds"] == pytest.approx(4 * 60 / 150)

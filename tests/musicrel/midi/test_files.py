@@ -7,7 +7,7 @@ import io
 import pretty_midi
 import pytest
 
-from musicrel.midi.files import copy_midi, find_midi_files
+from musicrel.midi.files import DEFAULT_BPM, copy_midi, find_midi_files, prevailing_tempo
 
 
 def _song() -> pretty_midi.PrettyMIDI:
@@ -65,3 +65,69 @@ def test_find_midi_files(tmp_path):
     assert find_midi_files(tmp_path / "y.MIDI") == [tmp_path / "y.MIDI"]
     with pytest.raises(FileNotFoundError):
         find_midi_files(tmp_path / "missing")
+
+
+def tempo_map_file(notes_every: float | None = None) -> bytes:
+    """60 bpm for 10 s, 150 bpm for 2 s, 90 bpm to 30 s (a note held over all of it; with `notes_every`, a
+    note struck every that many seconds as well)."""
+    import mido
+
+    ticks, spans = 480, [(60, 10.0), (150, 2.0), (90, 18.0)]  # (bpm, seconds)
+    conductor, played = mido.MidiTrack(), mido.MidiTrack()
+    now = 0
+    for bpm, seconds in spans:
+        conductor.append(mido.MetaMessage("set_tempo", tempo=mido.bpm2tempo(bpm), time=0))
+        conductor.append(mido.MetaMessage("marker", text=f"{bpm}", time=round(seconds * bpm / 60 * ticks)))
+    onsets = [0.0] if notes_every is None else [k * notes_every for k in range(int(30 / notes_every))]
+
+    def tick(t: float) -> int:  # seconds -> ticks through the map above
+        out, at = 0.0, 0.0
+        for bpm, seconds in spans:
+            part = min(max(t - at, 0.0), seconds)
+            out, at = out + part * bpm / 60 * ticks, at + seconds
+        return round(out)
+
+    events = [(0, mido.Message("note_on", note=40, velocity=70))]
+    events += [(tick(30.0), mido.Message("note_off", note=40))]
+    for t in onsets[1:] if notes_every else []:
+        events += [(tick(t), mido.Message("note_on", note=60, velocity=80))]
+        events += [(tick(t + notes_every / 2), mido.Message("note_off", note=60))]
+    for t, msg in sorted(events, key=lambda e: (e[0], e[1].type == "note_on")):
+        played.append(msg.copy(time=t - now))
+        now = t
+    out = io.BytesIO()
+    mido.MidiFile(ticks_per_beat=ticks, tracks=[conductor, played]).save(file=out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "bpm"),
+    [
+        (0.0, None, 90.0),  # the whole file: 18 s at 90
+        (0.0, 11.0, 60.0),
+        (9.5, 11.9, 150.0),  # 1.9 s at 150 against 0.5 at 60
+        (9.0, 11.0, 150.0),  # a tie (1 s each): the later tempo
+        (11.0, 11.0, 150.0),  # an empty stretch: the tempo in effect there
+        (40.0, 50.0, 90.0),  # past the end: the last tempo goes on
+    ],
+)
+def test_the_prevailing_tempo_is_the_one_held_longest_in_the_stretch(start, end, bpm):
+    pm = pretty_midi.PrettyMIDI(io.BytesIO(tempo_map_file()))
+    assert pm.get_end_time() == pytest.approx(30.0, abs=0.01)
+    assert prevailing_tempo(pm, start, end) == pytest.approx(bpm)
+
+
+def test_a_tempo_that_returns_adds_up():
+    """60 bpm for 4 s, 200 for 4.5 s, 60 again from 8.5 s: 60 held 6 s of the first 10.5 against 4.5."""
+    import mido
+
+    conductor = mido.MidiTrack()
+    for bpm, beats in [(60, 4), (200, 15), (60, 2)]:
+        conductor.append(mido.MetaMessage("set_tempo", tempo=mido.bpm2tempo(bpm), time=0))
+        conductor.append(mido.MetaMessage("marker", text="", time=beats * 96))
+    out = io.BytesIO()
+    mido.MidiFile(ticks_per_beat=96, tracks=[conductor]).save(file=out)
+    pm = pretty_midi.PrettyMIDI(io.BytesIO(out.getvalue()))
+    assert prevailing_tempo(pm, 0.0, 10.5) == pytest.approx(60.0)
+    assert prevailing_tempo(pm, 3.0, 10.5) == pytest.approx(200.0)
+    assert prevailing_tempo(pretty_midi.PrettyMIDI(), 0.0, 5.0) == DEFAULT_BPM  # no tempo set: MIDI's

@@ -289,8 +289,8 @@ def render(
     (`musicrel.generation.controls`), as JSON, into another.
 
     A primer with tracks (a codec with instruments): the motif's tracks in their order (names, programs,
-    drums), each new note on its instrument's track (`musicrel.midi.tracks`), placed as `NoteStream` reports
-    it; instruments the motif lacks on new tracks after them.
+    drums, the mix: `Tracks.write`), each new note on its instrument's track (`musicrel.midi.tracks`),
+    placed as `NoteStream` reports it; instruments the motif lacks on new tracks after them.
     """
     if primer.tracks is not None:
         pm, end = _render_tracks(codec, primer, new_tokens, include_primer)
@@ -400,7 +400,10 @@ def _render_tracks(
         ]
         if pedal and pedal[-1].value >= 64:
             pedal.append(pretty_midi.ControlChange(64, 0, offset + length))
-    pm = primer.tracks.write(placer.tracks, by_track, primer.tempo, control_changes=pedal)
+    motif_until = primer.end_time if include_primer else None  # the upload's controllers up to the cut
+    pm = primer.tracks.write(
+        placer.tracks, by_track, primer.tempo, control_changes=pedal, motif_until=motif_until
+    )
     return pm, offset + length
 
 

@@ -26,7 +26,10 @@ it doubles (`Placer.copies`), so it keeps playing where nearest voice left it si
 The output (`Tracks.write`): the tracks in their order with their names, programs and is_drum (pretty_midi
 writes drums on channel 10; with more than 15 pitched tracks it reuses channels 0, 1, ... but every track
 keeps its program), every track written even when it has no notes, so a track's index in the answer is its
-index here."""
+index here. Each of the upload's tracks keeps its mix: a continuation's track starts with the values its
+`MIX_CONTROLLERS` have at the cut (a quiet guitar panned left stays so in the answer; band files set them:
+875 of Freedoom's 960 tracks with notes set a volume, 845 a pan), and with the motif included, the track's
+own controller changes and pitch bends before the cut come back at their times."""
 
 from __future__ import annotations
 
@@ -45,6 +48,14 @@ VOICE_WINDOW_SECONDS = 10.0
 # written (DOUBLING_MIN_NOTES or more) are struck by the other at the same time and pitch (`doublings`).
 DOUBLING_SHARE = 0.9
 DOUBLING_MIN_NOTES = 4
+# The controllers that set a track's mix (volume, balance, pan, expression, the sound controllers, the
+# effects' depths), which a continuation's track starts with as the upload's has them at the cut. Not bank
+# select (0/32: heard only at a program change), modulation or breath (1/2: a gesture under way), data
+# entry and (N)RPN (6/38/96-101: sequences, not states), the pedals or channel mode messages (120-127).
+MIX_CONTROLLERS = frozenset({7, 8, 10, 11, *range(70, 80), *range(91, 96)})
+# The pedals (sustain, portamento, sostenuto, soft, legato, hold 2) never come back: the codec has already
+# held the motif's notes by them (`pedal`), and a pedal down at the cut would hold the continuation's.
+PEDALS = frozenset(range(64, 70))
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,24 @@ class Track:
     is_drum: bool
     instrument: int  # the codec's instrument: the program, or DRUMS
     source: int | None = None  # the upload's track index; None: a track the upload does not have
+    # the upload's track up to the cut: (time, number, value) of its controller changes, pedals left out,
+    # and (time, pitch) of its pitch bends
+    controls: tuple[tuple[float, int, int], ...] = ()
+    bends: tuple[tuple[float, int], ...] = ()
+
+    def mix(self) -> list[pretty_midi.ControlChange]:
+        """The track's `MIX_CONTROLLERS` as they stand at the cut, at time 0: a continuation's start."""
+        last = {number: value for _, number, value in self.controls if number in MIX_CONTROLLERS}
+        return [pretty_midi.ControlChange(number, value, 0.0) for number, value in sorted(last.items())]
+
+    def motif_controls(self, cut: float) -> tuple[list, list]:
+        """(control changes, pitch bends) of the track up to the cut at their times, for a file that includes
+        the motif; a bend still held at the cut is released there, so the continuation plays in tune."""
+        changes = [pretty_midi.ControlChange(number, value, t) for t, number, value in self.controls]
+        bends = [pretty_midi.PitchBend(pitch, t) for t, pitch in self.bends]
+        if bends and bends[-1].pitch != 0:
+            bends.append(pretty_midi.PitchBend(0, cut))
+        return changes, bends
 
     def describe(self, index: int) -> dict:
         """The track as the answers list it (`index`: its place in the answer's file)."""
@@ -190,15 +219,23 @@ class Tracks:
         tempo: float,
         resolution: int = 960,
         control_changes: Sequence[pretty_midi.ControlChange] = (),
+        motif_until: float | None = None,
     ) -> pretty_midi.PrettyMIDI:
         """`tracks` (the upload's, then a placer's new ones) with their notes (parallel), sorted by (start,
-        pitch); `control_changes` (the pedal) on every track but the drums'."""
+        pitch); `control_changes` (the pedal) on every track but the drums'. Each of the upload's tracks with
+        its mix at the cut (`Track.mix`), or, for a file that includes the motif up to `motif_until` (the
+        cut, in the file's seconds), with its own controller changes and bends up to there
+        (`Track.motif_controls`)."""
         pm = pretty_midi.PrettyMIDI(resolution=resolution, initial_tempo=tempo)
         for track, track_notes in zip(tracks, notes, strict=True):
             inst = pretty_midi.Instrument(program=track.program, is_drum=track.is_drum, name=track.name)
             inst.notes = sorted(track_notes, key=lambda n: (n.start, n.pitch))
+            if motif_until is None:
+                inst.control_changes = track.mix()
+            else:
+                inst.control_changes, inst.pitch_bends = track.motif_controls(motif_until)
             if not track.is_drum:
-                inst.control_changes = [
+                inst.control_changes += [
                     pretty_midi.ControlChange(c.number, c.value, c.time) for c in control_changes
                 ]
             pm.instruments.append(inst)
@@ -249,18 +286,24 @@ def read_tracks(
 ) -> tuple[Tracks, list[tuple[int, ...]]]:
     """The `selection` ("merge": every track, drums included; else pretty_midi instrument indices) of the
     upload's tracks, each one's voice (`voices` of the music before `cut`, or around the gap [cut, `end`)
-    of an infill), and the track of each of `notes` (the codec's reading of the upload: `instruments`
+    of an infill) and its controller changes and bends up to `cut` (`Track.controls`), and the track of each
+    of `notes` (the codec's reading of the upload: `instruments`
     parallel) by its own tracks: the tracks of its instrument that strike its pitch at its start (both of a
     unison double, which the codec reads as one note), else nearest voice's one."""
     indices = range(len(pm.instruments)) if selection == "merge" else sorted(set(selection))
     tracks, strikes = [], []
     for i in indices:
         inst = pm.instruments[i]
-        tracks.append(
-            Track(
-                inst.name, int(inst.program), bool(inst.is_drum), instrument_of(inst.program, inst.is_drum), i
-            )
+        controls = tuple(
+            (c.time, c.number, c.value)
+            for c in sorted(inst.control_changes, key=lambda c: c.time)
+            if c.time <= cut + _EPS and c.number not in PEDALS
         )
+        bends = tuple(
+            (b.time, b.pitch) for b in sorted(inst.pitch_bends, key=lambda b: b.time) if b.time <= cut + _EPS
+        )
+        instrument = instrument_of(inst.program, inst.is_drum)
+        tracks.append(Track(inst.name, int(inst.program), bool(inst.is_drum), instrument, i, controls, bends))
         strikes.append({(n.pitch, round(n.start, 4)) for n in inst.notes})
     heard, doubled = voices(pm, indices, cut, end), doublings(pm, indices, cut, end)
     place = {i: k for k, i in enumerate(indices)}

@@ -351,3 +351,46 @@ def test_new_tracks_come_only_where_the_instruments_control_lets_them(model):
     assert any(added)  # the random model brings in others once it may
     for new in added:  # each new instrument on a track of its own
         assert len(set(new)) == len(new) and not set(new) & own
+
+
+def mixed_band() -> pretty_midi.PrettyMIDI:
+    """`band` with a mix: the bass turned down at 2 s (and again after the 3 s cut), the guitar panned right
+    with reverb, a modulation gesture, the sustain pedal down and a bend held at the cut; the kit's volume."""
+    pm = band()
+    cc = pretty_midi.ControlChange
+    drums, bass, guitar = pm.instruments
+    drums.control_changes = [cc(7, 100, 0.0)]
+    bass.control_changes = [cc(7, 90, 0.0), cc(10, 30, 0.0), cc(7, 60, 2.0), cc(7, 20, 3.5)]
+    guitar.control_changes = [cc(10, 100, 0.0), cc(91, 40, 0.0), cc(1, 64, 1.0), cc(64, 127, 2.5)]
+    guitar.pitch_bends = [pretty_midi.PitchBend(2000, 1.0), pretty_midi.PitchBend(4000, 2.5)]
+    return pm
+
+
+def _controls(inst) -> list[tuple[int, int, float]]:
+    return [(c.number, c.value, round(c.time, 2)) for c in inst.control_changes]
+
+
+def test_a_continuation_starts_each_track_with_its_mix_at_the_cut():
+    primer = prepare_primer(CODEC, as_bytes(mixed_band()), motif_end=3.0)
+    # every track plays, so that each is read back; the piano is a new track
+    new = tokens(
+        ("shift", 30), ("inst", DRUMS), ("on", 36), ("inst", 33), ("on", 40), ("inst", 29), ("on", 64),
+        ("inst", 0), ("on", 60), ("shift", 20), ("off", 60), ("inst", 29), ("off", 64), ("inst", 33),
+        ("off", 40), ("inst", DRUMS), ("off", 36),
+    )  # fmt: skip
+    pm = written(render(CODEC, primer, new))
+    drums, bass, guitar, piano = pm.instruments
+    assert _controls(drums) == [(7, 100, 0.0)]
+    assert _controls(bass) == [(7, 60, 0.0), (10, 30, 0.0)]  # the volume at the cut, not the first or later
+    assert _controls(guitar) == [(10, 100, 0.0), (91, 40, 0.0)]  # no modulation gesture, no pedal
+    assert piano.name == "Acoustic Grand Piano" and _controls(piano) == [] and piano.pitch_bends == []
+    assert guitar.pitch_bends == []  # the continuation plays in tune
+
+
+def test_include_primer_brings_back_the_motifs_controllers_and_bends_up_to_the_cut():
+    primer = prepare_primer(CODEC, as_bytes(mixed_band()), motif_end=3.0)
+    pm = written(render(CODEC, primer, tokens(("shift", 30)), include_primer=True))
+    drums, bass, guitar = pm.instruments
+    assert _controls(bass) == [(7, 90, 0.0), (10, 30, 0.0), (7, 60, 2.0)]  # none after the cut
+    assert _controls(guitar) == [(10, 100, 0.0), (91, 40, 0.0), (1, 64, 1.0)]  # the pedal never
+    assert [(b.pitch, round(b.time, 2)) for b in guitar.pitch_bends] == [(2000, 1.0), (4000, 2.5), (0, 3.0)]

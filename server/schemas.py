@@ -172,7 +172,10 @@ class ContinuationParams(MusicForm):
         "primer is the primer_seconds before it; empty: at the last note",
     )
     include_primer: bool = Field(
-        _D.include_primer, description="return the motif followed by the continuation"
+        _D.include_primer,
+        description="return the motif followed by the continuation: the motif at its times in the upload, on "
+        "the upload's tempo map and time and key signatures up to the cut (its bars), the continuation's "
+        "tempo after",
     )
     tracks: str = Field(
         "merge",

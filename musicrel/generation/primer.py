@@ -20,7 +20,7 @@ from musicrel.generation.join import cut_steps
 from musicrel.generation.streaming import NoteStream
 from musicrel.midi.codec import CodecConfig, EventCodec, open_pitches, shift_steps
 from musicrel.midi.decode import decode_tokens
-from musicrel.midi.files import DEFAULT_BPM, prevailing_tempo
+from musicrel.midi.files import DEFAULT_BPM, Timeline, prevailing_tempo
 from musicrel.midi.instruments import DRUMS, is_ensemble, played
 from musicrel.midi.tracks import Tracks, read_tracks
 
@@ -50,6 +50,9 @@ class Primer:
     motif_instruments: list | None = None
     tracks: Tracks | None = None
     motif_tracks: list | None = None
+    # the upload's tempo map and signatures up to the cut (a file read by prepare_primer), which a file that
+    # includes the motif is written with
+    timeline: Timeline | None = None
 
 
 def _codec_for_tracks(codec, tracks):
@@ -187,7 +190,9 @@ def prepare_primer(
     program, reason = motif_program(pm, tracks, primer.start_time, primer.end_time)
     if instruments is None:
         reason += flattened(played(pm, tracks))
-    primer = replace(primer, tempo=tempo, program=program, program_reason=reason)
+    primer = replace(
+        primer, tempo=tempo, program=program, program_reason=reason, timeline=Timeline.of(pm, end_time)
+    )
     if instruments is not None:
         selection = codec.config.tracks
         found, places = read_tracks(pm, selection, primer.motif_notes, primer.motif_instruments, end_time)
@@ -284,9 +289,10 @@ def render(
     before it; nothing struck before it, by the primer or the tokens, is the continuation's), and lasts as
     long as their time shifts after it (a text marker "end" holds that length even when the last notes end
     earlier). include_primer: every note of the motif at its original time, then the continuation from the
-    motif's end. Notes still sounding at the end are closed there; any token stream renders to a valid file.
-    The seed (and sample index) go into a text event, and the controls applied
-    (`musicrel.generation.controls`), as JSON, into another.
+    motif's end, with the upload's tempo map and signatures up to there (`Primer.timeline`: its bars where
+    the upload has them) and the continuation's tempo after. Notes still sounding at the end are closed
+    there; any token stream renders to a valid file. The seed (and sample index) go into a text event, and
+    the controls applied (`musicrel.generation.controls`), as JSON, into another.
 
     A primer with tracks (a codec with instruments): the motif's tracks in their order (names, programs,
     drums, the mix: `Tracks.write`), each new note on its instrument's track (`musicrel.midi.tracks`),
@@ -296,6 +302,8 @@ def render(
         pm, end = _render_tracks(codec, primer, new_tokens, include_primer)
     else:
         pm, end = _render_piano(codec, primer, new_tokens, include_primer)
+    if include_primer and primer.timeline is not None:
+        primer.timeline.write_into(pm, primer.end_time, primer.tempo)
     if seed is not None:
         label = f"musicrel seed={seed}" + ("" if sample_index is None else f" sample={sample_index}")
         pm.text_events.append(pretty_midi.Text(label, 0.0))

@@ -1,10 +1,11 @@
 """MIDI files: finding them on disk (the one place that says which names count as MIDI), copying a parsed
-one, and the tempo that prevails over a stretch of it."""
+one, the tempo that prevails over a stretch of it, and its timeline (tempo map, signatures) up to a cut."""
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,3 +74,48 @@ def prevailing_tempo(pm: pretty_midi.PrettyMIDI, start: float = 0.0, end: float 
     if not held:  # an empty stretch
         return next((bpm for at, bpm in reversed(valid) if at <= start), valid[0][1])
     return max(held, key=lambda bpm: (held[bpm], last[bpm]))
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A file's tempo changes and signatures up to a cut: what a file that includes the motif is written
+    with (`write_into`), so that a DAW shows its bars where the upload has them (a file written with one
+    tempo keeps every note's time but moves every bar line after the upload's first tempo change)."""
+
+    tempi: tuple[tuple[float, float], ...] = ()  # (seconds, bpm), the first at 0
+    time_signatures: tuple[tuple[float, int, int], ...] = ()  # (seconds, numerator, denominator)
+    key_signatures: tuple[tuple[float, int], ...] = ()  # (seconds, pretty_midi's key number)
+
+    @classmethod
+    def of(cls, pm: pretty_midi.PrettyMIDI, cut: float) -> Timeline:
+        """`pm`'s changes before `cut` (seconds)."""
+        times, tempi = pm.get_tempo_changes()
+        return cls(
+            tuple((float(t), float(b)) for t, b in zip(times, tempi, strict=True) if t < cut),
+            tuple(
+                (float(c.time), int(c.numerator), int(c.denominator))
+                for c in pm.time_signature_changes
+                if c.time < cut
+            ),
+            tuple((float(c.time), int(c.key_number)) for c in pm.key_signature_changes if c.time < cut),
+        )
+
+    def write_into(self, pm: pretty_midi.PrettyMIDI, cut: float, bpm: float) -> None:
+        """Give `pm` (a file being written, its notes in seconds) this tempo map up to `cut` and `bpm` from
+        there on (a continuation's tempo), and these signatures. Tick positions only: every note keeps its
+        time (each tempo change lands on the nearest tick, under 1 ms at pretty_midi's resolutions)."""
+        import pretty_midi
+
+        changes = [(t, b) for t, b in self.tempi if math.isfinite(b) and b > 0] or [(0.0, bpm)]
+        if abs(changes[-1][1] - bpm) > 1e-6:
+            changes.append((cut, bpm))
+        scales, tick, at, scale = [], 0, 0.0, None
+        for t, b in changes:
+            if scale is not None:
+                tick += round((t - at) / scale)
+            at, scale = t, 60.0 / (b * pm.resolution)
+            scales.append((tick, scale))
+        pm._tick_scales = scales
+        pm._update_tick_to_time(scales[-1][0] + 1)  # pretty_midi extends past the last change by itself
+        pm.time_signature_changes = [pretty_midi.TimeSignature(n, d, t) for t, n, d in self.time_signatures]
+        pm.key_signature_changes = [pretty_midi.KeySignature(k, t) for t, k in self.key_signatures]

@@ -282,3 +282,25 @@ def test_the_tempo_is_the_one_the_primer_window_is_at():
     assert pm.get_tempo_changes()[1][0] == pytest.approx(150.0, abs=0.01)
     chords = Controls(chords="C:4b").resolve(late, CODEC.config.step_ms).applied["chords"]
     assert chords[0]["seconds"] == pytest.approx(4 * 60 / 150)
+
+
+def test_a_file_that_includes_the_motif_has_the_uploads_bars_up_to_the_cut():
+    """The motif at its own times, on the upload's tempo map and signatures; the continuation at its tempo."""
+    from tests.musicrel.midi.test_files import tempo_map_file
+
+    data = tempo_map_file(notes_every=0.5)
+    upload = pretty_midi.PrettyMIDI(io.BytesIO(data))
+    primer = prepare_primer(CODEC, data, 30.0, motif_end=11.5)  # the window is mostly at 60 bpm
+    new = np.array([CODEC.time_shift_offset + 49, CODEC.note_on_offset + 67, CODEC.time_shift_offset + 49])
+    pm = pretty_midi.PrettyMIDI(io.BytesIO(midi_bytes(render(CODEC, primer, new, include_primer=True))))
+    times, bpms = pm.get_tempo_changes()
+    assert [(round(t, 2), round(b, 2)) for t, b in zip(times, bpms, strict=True)] == [
+        (0, 60), (10, 150), (11.5, 60)
+    ]  # fmt: skip
+    assert [(c.numerator, c.denominator) for c in pm.time_signature_changes] == [(3, 4)]
+    ours, theirs = pm.get_downbeats(), upload.get_downbeats()
+    assert ours[ours < 11.5] == pytest.approx(theirs[theirs < 11.5], abs=1e-3)
+    motif = sorted(round(n.start, 3) for n in pm.instruments[0].notes if n.start < 11.5)
+    assert motif == sorted(round(n.start, 3) for i in upload.instruments for n in i.notes if n.start < 11.5)
+    alone = pretty_midi.PrettyMIDI(io.BytesIO(midi_bytes(render(CODEC, primer, new))))
+    assert len(alone.get_tempo_changes()[1]) == 1  # the continuation alone: one tempo (pretty_midi's 4/4)

@@ -7,7 +7,7 @@ import io
 import pretty_midi
 import pytest
 
-from musicrel.midi.files import DEFAULT_BPM, copy_midi, find_midi_files, prevailing_tempo
+from musicrel.midi.files import DEFAULT_BPM, Timeline, copy_midi, find_midi_files, prevailing_tempo
 
 
 def _song() -> pretty_midi.PrettyMIDI:
@@ -68,12 +68,14 @@ def test_find_midi_files(tmp_path):
 
 
 def tempo_map_file(notes_every: float | None = None) -> bytes:
-    """60 bpm for 10 s, 150 bpm for 2 s, 90 bpm to 30 s (a note held over all of it; with `notes_every`, a
-    note struck every that many seconds as well)."""
+    """60 bpm for 10 s, 150 bpm for 2 s, 90 bpm to 30 s, in 3/4 and E flat (a note held over all of it; with
+    `notes_every`, a note struck every that many seconds as well)."""
     import mido
 
     ticks, spans = 480, [(60, 10.0), (150, 2.0), (90, 18.0)]  # (bpm, seconds)
     conductor, played = mido.MidiTrack(), mido.MidiTrack()
+    conductor.append(mido.MetaMessage("time_signature", numerator=3, denominator=4))
+    conductor.append(mido.MetaMessage("key_signature", key="Eb"))
     now = 0
     for bpm, seconds in spans:
         conductor.append(mido.MetaMessage("set_tempo", tempo=mido.bpm2tempo(bpm), time=0))
@@ -131,3 +133,30 @@ def test_a_tempo_that_returns_adds_up():
     assert prevailing_tempo(pm, 0.0, 10.5) == pytest.approx(60.0)
     assert prevailing_tempo(pm, 3.0, 10.5) == pytest.approx(200.0)
     assert prevailing_tempo(pretty_midi.PrettyMIDI(), 0.0, 5.0) == DEFAULT_BPM  # no tempo set: MIDI's
+
+
+@pytest.mark.parametrize(
+    ("bpm", "tempi"), [(150.0, [(0, 60), (10, 150)]), (90.0, [(0, 60), (10, 150), (11, 90)])]
+)
+def test_a_timeline_up_to_a_cut_is_written_into_a_file_without_moving_a_note(bpm, tempi):
+    upload = pretty_midi.PrettyMIDI(io.BytesIO(tempo_map_file()))
+    timeline = Timeline.of(upload, 11.0)
+    assert timeline.tempi == ((0.0, 60.0), (10.0, 150.0))  # the 90 at 12 s is past the cut
+    assert timeline.time_signatures == ((0.0, 3, 4),) and len(timeline.key_signatures) == 1
+    out = pretty_midi.PrettyMIDI(resolution=960, initial_tempo=120)
+    piano = pretty_midi.Instrument(0)
+    piano.notes = [pretty_midi.Note(80, 60, t, t + 0.3) for t in (0.5, 9.9, 10.7, 11.4, 25.0)]
+    out.instruments.append(piano)
+    timeline.write_into(out, 11.0, bpm)
+    back = pretty_midi.PrettyMIDI(io.BytesIO(_bytes(out)))
+    times, bpms = back.get_tempo_changes()
+    assert [(round(t, 3), round(b, 3)) for t, b in zip(times, bpms, strict=True)] == tempi
+    assert [n.start for n in back.instruments[0].notes] == pytest.approx(
+        [0.5, 9.9, 10.7, 11.4, 25.0], abs=1e-3
+    )
+    assert [(c.numerator, c.denominator) for c in back.time_signature_changes] == [(3, 4)]
+    assert [c.key_number for c in back.key_signature_changes] == [upload.key_signature_changes[0].key_number]
+    # bars up to the cut: the 3/4 downbeats where the upload's are (every 3 s at 60 bpm, 1.2 s at 150)
+    ours, theirs = back.get_downbeats(), upload.get_downbeats()
+    assert ours[ours < 11.0] == pytest.approx(theirs[theirs < 11.0], abs=1e-3)
+    assert len(ours[ours < 11.0]) == 5  # 0, 3, 6, 9, 10.8

@@ -53,9 +53,15 @@ DOUBLING_MIN_NOTES = 4
 # select (0/32: heard only at a program change), modulation or breath (1/2: a gesture under way), data
 # entry and (N)RPN (6/38/96-101: sequences, not states), the pedals or channel mode messages (120-127).
 MIX_CONTROLLERS = frozenset({7, 8, 10, 11, *range(70, 80), *range(91, 96)})
-# The pedals (sustain, portamento, sostenuto, soft, legato, hold 2) never come back: the codec has already
-# held the motif's notes by them (`pedal`), and a pedal down at the cut would hold the continuation's.
-PEDALS = frozenset(range(64, 70))
+# What never comes back, even with the motif: the pedals (64-69: the codec has already held the motif's
+# notes by them, and a pedal down at the cut would hold the continuation's), and the messages that only mean
+# something in their order (bank select before a program change, data entry after its (N)RPN, channel mode
+# messages), which pretty_midi writes sorted by controller number where they share a tick (an RPN setting a
+# bend range of 12 came out as data entry first, then the RPN: the range lost).
+LEFT_OUT = frozenset({0, 32, 6, 38, *range(64, 70), *range(96, 102), *range(120, 128)})
+# A data entry or (N)RPN: a track that sends one may set its own bend range, which cannot be written back
+# (above), so its pitch bends do not come back either (they would sound at the default range: out of tune).
+RANGE_SETTERS = frozenset({6, 38, 98, 99, 100, 101})
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,8 @@ class Track:
     is_drum: bool
     instrument: int  # the codec's instrument: the program, or DRUMS
     source: int | None = None  # the upload's track index; None: a track the upload does not have
-    # the upload's track up to the cut: (time, number, value) of its controller changes, pedals left out,
-    # and (time, pitch) of its pitch bends
+    # the upload's track up to the cut: (time, number, value) of its controller changes (not LEFT_OUT), and
+    # (time, pitch) of its pitch bends where it keeps the default bend range
     controls: tuple[tuple[float, int, int], ...] = ()
     bends: tuple[tuple[float, int], ...] = ()
 
@@ -294,14 +300,15 @@ def read_tracks(
     tracks, strikes = [], []
     for i in indices:
         inst = pm.instruments[i]
-        controls = tuple(
-            (c.time, c.number, c.value)
-            for c in sorted(inst.control_changes, key=lambda c: c.time)
-            if c.time <= cut + _EPS and c.number not in PEDALS
-        )
-        bends = tuple(
-            (b.time, b.pitch) for b in sorted(inst.pitch_bends, key=lambda b: b.time) if b.time <= cut + _EPS
-        )
+        before = [c for c in sorted(inst.control_changes, key=lambda c: c.time) if c.time <= cut + _EPS]
+        controls = tuple((c.time, c.number, c.value) for c in before if c.number not in LEFT_OUT)
+        bends = ()
+        if not any(c.number in RANGE_SETTERS for c in before):
+            bends = tuple(
+                (b.time, b.pitch)
+                for b in sorted(inst.pitch_bends, key=lambda b: b.time)
+                if b.time <= cut + _EPS
+            )
         instrument = instrument_of(inst.program, inst.is_drum)
         tracks.append(Track(inst.name, int(inst.program), bool(inst.is_drum), instrument, i, controls, bends))
         strikes.append({(n.pitch, round(n.start, 4)) for n in inst.notes})

@@ -354,13 +354,16 @@ def test_new_tracks_come_only_where_the_instruments_control_lets_them(model):
 
 
 def mixed_band() -> pretty_midi.PrettyMIDI:
-    """`band` with a mix: the bass turned down at 2 s (and again after the 3 s cut), the guitar panned right
-    with reverb, a modulation gesture, the sustain pedal down and a bend held at the cut; the kit's volume."""
+    """`band` with a mix: the bass turned down at 2 s (and again after the 3 s cut), its bend range set to an
+    octave (RPN 0) and bent; the guitar panned right with reverb, a modulation gesture, the sustain pedal down
+    and a bend held at the cut; the kit's volume and a reset of all controllers."""
     pm = band()
     cc = pretty_midi.ControlChange
     drums, bass, guitar = pm.instruments
-    drums.control_changes = [cc(7, 100, 0.0)]
-    bass.control_changes = [cc(7, 90, 0.0), cc(10, 30, 0.0), cc(7, 60, 2.0), cc(7, 20, 3.5)]
+    drums.control_changes = [cc(121, 0, 0.0), cc(7, 100, 0.0)]
+    octave = [cc(101, 0, 0.0), cc(100, 0, 0.0), cc(6, 12, 0.0), cc(101, 127, 0.0), cc(100, 127, 0.0)]
+    bass.control_changes = [*octave, cc(7, 90, 0.0), cc(10, 30, 0.0), cc(7, 60, 2.0), cc(7, 20, 3.5)]
+    bass.pitch_bends = [pretty_midi.PitchBend(4096, 1.0), pretty_midi.PitchBend(0, 1.5)]
     guitar.control_changes = [cc(10, 100, 0.0), cc(91, 40, 0.0), cc(1, 64, 1.0), cc(64, 127, 2.5)]
     guitar.pitch_bends = [pretty_midi.PitchBend(2000, 1.0), pretty_midi.PitchBend(4000, 2.5)]
     return pm
@@ -391,6 +394,8 @@ def test_include_primer_brings_back_the_motifs_controllers_and_bends_up_to_the_c
     primer = prepare_primer(CODEC, as_bytes(mixed_band()), motif_end=3.0)
     pm = written(render(CODEC, primer, tokens(("shift", 30)), include_primer=True))
     drums, bass, guitar = pm.instruments
-    assert _controls(bass) == [(7, 90, 0.0), (10, 30, 0.0), (7, 60, 2.0)]  # none after the cut
+    assert _controls(drums) == [(7, 100, 0.0)]  # no reset
+    assert _controls(bass) == [(7, 90, 0.0), (10, 30, 0.0), (7, 60, 2.0)]  # none after the cut, no RPN
+    assert bass.pitch_bends == []  # its bend range (an octave) cannot be written back: in tune only without
     assert _controls(guitar) == [(10, 100, 0.0), (91, 40, 0.0), (1, 64, 1.0)]  # the pedal never
     assert [(b.pitch, round(b.time, 2)) for b in guitar.pitch_bends] == [(2000, 1.0), (4000, 2.5), (0, 3.0)]

@@ -85,9 +85,11 @@ class Track:
 
     def motif_controls(self, cut: float) -> tuple[list, list]:
         """(control changes, pitch bends) of the track up to the cut at their times, for a file that includes
-        the motif; a bend still held at the cut is released there, so the continuation plays in tune."""
-        changes = [pretty_midi.ControlChange(number, value, t) for t, number, value in self.controls]
-        bends = [pretty_midi.PitchBend(pitch, t) for t, pitch in self.bends]
+        the motif; a bend still held at the cut is released there, so the continuation plays in tune. Of two
+        values at one time the later (pretty_midi would write them in the order of their values)."""
+        last = {(t, number): value for t, number, value in self.controls}
+        changes = [pretty_midi.ControlChange(number, value, t) for (t, number), value in last.items()]
+        bends = [pretty_midi.PitchBend(pitch, t) for t, pitch in dict(self.bends).items()]
         if bends and bends[-1].pitch != 0:
             bends.append(pretty_midi.PitchBend(0, cut))
         return changes, bends

@@ -203,3 +203,14 @@ def test_write_keeps_every_track_and_drums_on_channel_10():
         ("Electric Bass (finger)", 33, False, 1),
     ]  # pretty_midi drops a track without notes when it reads a file back: written, it is there
     assert len(out.instruments) == 5
+
+
+def test_of_two_values_at_one_time_the_motif_keeps_the_later():
+    """pretty_midi writes a tick's controllers in the order of their values: 20 after 100 would come out
+    100 last."""
+    track = Track("Guitar", 29, False, 29, 0, controls=((0.0, 10, 100), (0.0, 10, 20), (1.0, 7, 90)),
+                  bends=((0.5, 300), (0.5, -200)))  # fmt: skip
+    changes, bends = track.motif_controls(2.0)
+    assert [(c.number, c.value, c.time) for c in changes] == [(10, 20, 0.0), (7, 90, 1.0)]
+    assert [(b.pitch, b.time) for b in bends] == [(-200, 0.5), (0, 2.0)]  # and released at the cut
+    assert [(c.number, c.value) for c in track.mix()] == [(7, 90), (10, 20)]

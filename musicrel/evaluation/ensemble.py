@@ -16,7 +16,13 @@ import math
 import numpy as np
 import pretty_midi
 
-from musicrel.evaluation.metrics import IOI_EDGES, METRICS, histogram_overlap, inter_onset_intervals
+from musicrel.evaluation.metrics import (
+    IOI_EDGES,
+    METRICS,
+    histogram,
+    histogram_overlap,
+    inter_onset_intervals,
+)
 from musicrel.midi.instruments import DRUMS, instrument_of
 
 Parts = dict[int, list]  # instrument (program 0..127, DRUMS) -> its notes (pretty_midi.Note)
@@ -28,6 +34,7 @@ HEAD_SECONDS = 10.0
 # General MIDI's 16 instrument classes of 8 programs (pretty_midi's names): the classifier's columns per
 # class, since one column per program (128) would be empty in nearly every piece.
 CLASSES = tuple(pretty_midi.program_to_instrument_class(8 * k) for k in range(16))
+KEY_EDGES = np.arange(129)  # one bin per MIDI key (drum sounds, for `drum_kit`)
 MISSING_PITCH = math.nan  # a class that does not play has no register (twosample reads NaN as "no value")
 
 
@@ -107,7 +114,7 @@ def drum_groove(generated: Parts, truth: Parts) -> float:
     if not len(truth_ioi):
         return math.nan
     generated_ioi = inter_onset_intervals(generated.get(DRUMS, []))
-    return histogram_overlap(_histogram(generated_ioi), _histogram(truth_ioi))
+    return histogram_overlap(histogram(generated_ioi, IOI_EDGES), histogram(truth_ioi, IOI_EDGES))
 
 
 def drum_kit(generated: Parts, truth: Parts) -> float:
@@ -119,17 +126,7 @@ def drum_kit(generated: Parts, truth: Parts) -> float:
     if not truth_keys:
         return math.nan
     keys = [n.pitch for n in generated.get(DRUMS, [])]
-    return histogram_overlap(_key_histogram(keys), _key_histogram(truth_keys))
-
-
-def _key_histogram(keys) -> np.ndarray:
-    counts = np.bincount(np.asarray(keys, dtype=np.int64), minlength=128).astype(np.float64)
-    return counts / counts.sum() if counts.sum() else counts
-
-
-def _histogram(values) -> np.ndarray:
-    counts = np.histogram(values, bins=IOI_EDGES)[0].astype(np.float64)
-    return counts / counts.sum() if counts.sum() else counts
+    return histogram_overlap(histogram(keys, KEY_EDGES), histogram(truth_keys, KEY_EDGES))
 
 
 def scores(context: Parts, truth: Parts, generated: Parts) -> dict[str, float]:
@@ -201,5 +198,5 @@ def features(parts: Parts, context: Parts, seconds: float) -> np.ndarray:
         ]
     onsets = drum_onsets(parts)
     cols += [float(bool(len(onsets))), len(onsets) / seconds]
-    cols += list(_histogram(inter_onset_intervals(parts.get(DRUMS, []))))
+    cols += list(histogram(inter_onset_intervals(parts.get(DRUMS, [])), IOI_EDGES))
     return np.asarray(cols, dtype=np.float64)

@@ -97,7 +97,8 @@ METRICS = (
 # Statistics of one note list
 
 
-def _histogram(values, edges) -> np.ndarray:
+def histogram(values, edges) -> np.ndarray:
+    """The share of `values` in each bin of `edges` (all zeros for no values)."""
     counts = np.histogram(values, bins=edges)[0].astype(np.float64)
     return counts / counts.sum() if counts.sum() else counts
 
@@ -119,15 +120,15 @@ def durations(notes) -> np.ndarray:
 
 
 def ioi_histogram(notes) -> np.ndarray:
-    return _histogram(inter_onset_intervals(notes), IOI_EDGES)
+    return histogram(inter_onset_intervals(notes), IOI_EDGES)
 
 
 def duration_histogram(notes) -> np.ndarray:
-    return _histogram(durations(notes), DURATION_EDGES)
+    return histogram(durations(notes), DURATION_EDGES)
 
 
 def velocity_histogram(notes) -> np.ndarray:
-    return _histogram([n.velocity for n in notes], VELOCITY_EDGES)
+    return histogram([n.velocity for n in notes], VELOCITY_EDGES)
 
 
 def histogram_overlap(p: np.ndarray, q: np.ndarray) -> float:

@@ -46,6 +46,7 @@ from musicrel.evaluation.metrics import (
     IOI_EDGES,
     VELOCITY_EDGES,
     durations,
+    histogram,
     histogram_overlap,
     inter_onset_intervals,
     polyphony,
@@ -108,11 +109,6 @@ def feature_names(instruments: bool = False) -> list[str]:
     return names + (ensemble.feature_names() if instruments else [])
 
 
-def _hist(values, edges) -> np.ndarray:
-    counts = np.histogram(values, bins=edges)[0].astype(np.float64)
-    return counts / counts.sum() if counts.sum() else counts
-
-
 def _intervals(notes) -> np.ndarray:
     ordered = sorted(notes, key=lambda n: (round(n.start, 2), n.pitch))
     return np.abs(np.diff([n.pitch for n in ordered]))
@@ -139,10 +135,10 @@ def features(notes, context, seconds: float, key_notes=None) -> np.ndarray:
     velocity = np.array([n.velocity for n in notes], dtype=np.float64)
     nan = math.nan
     cols: list[float] = list(np.roll(pitch_class_histogram(notes), -tonic))
-    cols += list(_hist(_intervals(notes), INTERVAL_EDGES))
-    cols += list(_hist(inter_onset_intervals(notes), IOI_EDGES))
-    cols += list(_hist(durations(notes), DURATION_EDGES))
-    cols += list(_hist(velocity, VELOCITY_EDGES))
+    cols += list(histogram(_intervals(notes), INTERVAL_EDGES))
+    cols += list(histogram(inter_onset_intervals(notes), IOI_EDGES))
+    cols += list(histogram(durations(notes), DURATION_EDGES))
+    cols += list(histogram(velocity, VELOCITY_EDGES))
     cols += [velocity.mean() if len(notes) else nan, velocity.std() if len(notes) else nan]
     cols += list(polyphony(notes))
     onsets = np.unique(np.round([n.start for n in notes], 2))
